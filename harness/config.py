@@ -1,0 +1,210 @@
+"""Typed Hydra schemas of the harness, registered in Hydra's ConfigStore.
+
+YAML files under `configs/` sit on top of these schemas: a key that is not declared here, or a value
+of the wrong type, fails at composition with the key's full name. `__post_init__` checks values that
+types cannot (choices, ranges) with a message that names the bad value and the valid ones.
+Entry points convert the composed DictConfig into these objects once (`OmegaConf.to_object`).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any
+
+from hydra.core.config_store import ConfigStore
+from omegaconf import MISSING
+
+from workloads.config import WorkloadConfig
+
+HYDRA_VERSION_BASE = "1.3"
+
+
+class ConfigError(ValueError):
+    """A configuration value is wrong; the message names it and says how to fix it."""
+
+
+def check_choice(what: str, value: Any, choices: list | tuple) -> None:
+    if value not in choices:
+        raise ConfigError(f"{what}={value!r} is not valid; choose one of: {', '.join(map(str, choices))}")
+
+
+@dataclass
+class LogChecks:
+    """Regexes searched in the server log after readiness and again at the end of the run."""
+
+    must: list[str] = field(default_factory=list)
+    must_not: list[str] = field(default_factory=list)
+
+
+@dataclass
+class ServerConfig:
+    """A server backend and the flags every arm shares."""
+
+    backend: str = "embedded"  # embedded | sglang
+    python: str | None = None  # interpreter; None = the one running the harness
+    module: str = "harness.engine"  # run as `python -m MODULE`
+    model_path: str = MISSING
+    host: str = "127.0.0.1"
+    port: int = 0  # 0 = a free port per run
+    args: list[str] = field(default_factory=list)
+    env: dict[str, str] = field(default_factory=dict)
+    ready_timeout_s: float = 900.0
+    stop_timeout_s: float = 30.0
+    log_checks: LogChecks = field(default_factory=LogChecks)
+
+    def __post_init__(self) -> None:
+        check_choice("server.backend", self.backend, ("embedded", "sglang"))
+        if not 0 <= self.port < 65536:
+            raise ConfigError(f"server.port={self.port} is out of range; use 0 for a free port or 1-65535")
+
+
+@dataclass
+class ArmConfig:
+    """One server arm: a name and what differs from the common server config."""
+
+    name: str = MISSING
+    args: list[str] = field(default_factory=list)
+    env: dict[str, str] = field(default_factory=dict)
+    python: str | None = None  # a different interpreter / install (before vs after builds)
+    log_checks: LogChecks = field(default_factory=LogChecks)
+
+
+@dataclass
+class SamplingConfig:
+    temperature: float = 1.0
+    top_p: float = 1.0
+    top_k: int = -1
+    min_p: float = 0.0
+    max_new_tokens: int = 256
+    ignore_eos: bool = False
+    stop: list[str] = field(default_factory=list)
+
+    def __post_init__(self) -> None:
+        if self.temperature < 0:
+            raise ConfigError(f"sampling.temperature={self.temperature} must be >= 0 (0 = greedy)")
+        if not 0 < self.top_p <= 1:
+            raise ConfigError(f"sampling.top_p={self.top_p} must be in (0, 1]")
+        if self.top_k == 0 or self.top_k < -1:
+            raise ConfigError(f"sampling.top_k={self.top_k} must be -1 (whole vocabulary) or >= 1")
+        if self.max_new_tokens < 1:
+            raise ConfigError(f"sampling.max_new_tokens={self.max_new_tokens} must be >= 1")
+
+
+@dataclass
+class ClientConfig:
+    route: str = "generate"  # generate (native, streaming) | chat (OpenAI chat completions)
+    stream: bool = True
+    concurrency: int = 8
+    request_rate: float | None = None  # requests/s, Poisson arrivals; None = closed loop
+    timeout_s: float = 7200.0
+    store_output_text: bool = True
+    chat_template_kwargs: dict[str, Any] = field(default_factory=dict)
+
+    def __post_init__(self) -> None:
+        check_choice("client.route", self.route, ("generate", "chat"))
+        if self.concurrency < 1:
+            raise ConfigError(f"client.concurrency={self.concurrency} must be >= 1")
+        if self.request_rate is not None and self.request_rate <= 0:
+            raise ConfigError(f"client.request_rate={self.request_rate} must be > 0, or null for closed loop")
+
+
+@dataclass
+class WarmupConfig:
+    requests: int = 8  # N requests filling N slots before the measured window
+    max_new_tokens: int = 16
+    flush_cache: bool = True
+
+
+@dataclass
+class ExperimentConfig:
+    name: str = MISSING
+    description: str = ""
+    declared_difference: str = ""  # the one thing the arms differ in, in words
+    arms: list[ArmConfig] = field(default_factory=list)
+    baseline: str = MISSING
+    base_seeds: list[int] = field(default_factory=lambda: [980406, 981406, 982406])
+    repeats: int = 1
+    seeded_requests: bool = True  # request seed = base seed + the item's numeric id
+    warmup: WarmupConfig = field(default_factory=WarmupConfig)
+    order: str = "alternate"  # alternate (seed 1: A,B; seed 2: B,A; ...) | fixed
+    placement: str = "sequential"  # sequential | parallel (one GPU per arm)
+    gpus: list[int] = field(default_factory=lambda: [0, 1])
+    fresh_server_per_run: bool = True
+
+    def __post_init__(self) -> None:
+        check_choice("experiment.order", self.order, ("alternate", "fixed"))
+        check_choice("experiment.placement", self.placement, ("sequential", "parallel"))
+        names = [a.name for a in self.arms]
+        if len(names) < 2:
+            raise ConfigError(f"experiment.arms has {len(names)} arm(s); an experiment needs two or more")
+        if len(set(names)) != len(names):
+            raise ConfigError(f"experiment.arms names must be unique, got {names}")
+        check_choice("experiment.baseline", self.baseline, names)
+        if not self.base_seeds:
+            raise ConfigError("experiment.base_seeds is empty; give at least one seed")
+        if self.repeats < 1:
+            raise ConfigError(f"experiment.repeats={self.repeats} must be >= 1")
+        if self.placement == "parallel" and len(self.gpus) < len(self.arms):
+            raise ConfigError(
+                f"experiment.placement=parallel needs one GPU per arm: {len(self.arms)} arms but "
+                f"experiment.gpus={self.gpus}"
+            )
+
+
+@dataclass
+class BenchConfig:
+    """Top level of `python -m harness.bench`."""
+
+    experiment: ExperimentConfig = field(default_factory=ExperimentConfig)
+    server: ServerConfig = field(default_factory=ServerConfig)
+    workload: WorkloadConfig = field(default_factory=WorkloadConfig)
+    sampling: SamplingConfig = field(default_factory=SamplingConfig)
+    client: ClientConfig = field(default_factory=ClientConfig)
+    results_dir: str = "results"
+    campaign: str | None = None  # None = a new timestamped campaign; an existing id resumes it
+    dry_run: bool = False
+    report: bool = True  # write the analysis report at the end
+
+
+@dataclass
+class MicroConfig:
+    """The verify-probability builder microbenchmark (`python -m harness.micro`)."""
+
+    name: str = "cpu_small"
+    vocab: int = 32000
+    rows: list[int] = field(default_factory=lambda: [16, 64, 256])
+    top_k: int = 20
+    top_p: float = 0.95
+    temperature: float = 1.0
+    dtype: str = "float32"  # float32 | bfloat16 | float16
+    impls: list[str] = field(default_factory=lambda: ["full_vocab", "topk_first", "topk_first_torch", "sglang"])
+    baseline: str = "full_vocab"
+    padding_fraction: float = 0.0  # fraction of rows whose logits are all equal (the all-ties case)
+    device: str = "auto"  # auto | cpu | cuda
+    warmup: int = 3
+    repeats: int = 20
+    min_rotate_bytes: int = 256 * 2**20  # rotate input copies until they exceed this (beats the cache)
+    seed: int = 0
+
+    def __post_init__(self) -> None:
+        check_choice("micro.dtype", self.dtype, ("float32", "bfloat16", "float16"))
+        check_choice("micro.device", self.device, ("auto", "cpu", "cuda"))
+        if not 0 <= self.padding_fraction <= 1:
+            raise ConfigError(f"micro.padding_fraction={self.padding_fraction} must be in [0, 1]")
+        if self.vocab < 2 or any(r < 1 for r in self.rows):
+            raise ConfigError(f"micro.vocab={self.vocab} and micro.rows={self.rows} must be positive")
+        if self.repeats < 1:
+            raise ConfigError(f"micro.repeats={self.repeats} must be >= 1")
+
+
+@dataclass
+class MicroAppConfig:
+    micro: MicroConfig = field(default_factory=MicroConfig)
+    results_dir: str = "results"
+
+
+def register_configs() -> None:
+    """Register the schemas; the primary YAML files list them first in their defaults."""
+    cs = ConfigStore.instance()
+    cs.store(name="bench_schema", node=BenchConfig)
+    cs.store(name="microbench_schema", node=MicroAppConfig)

@@ -1,0 +1,372 @@
+"""The verification core: verify-probability builders, radix top-k, token-wise and block verifiers.
+
+One module, used by the embedded server (`harness.engine`) and the microbenchmark (`harness.micro`).
+Shapes: B = requests, G = gamma (draft tokens per step), V = vocabulary, rows = any batch of rows.
+
+Builders turn target logits into the distribution that sampled drafts are verified against
+(temperature, then top-k, then top-p; min_p is not applied on this path, as in SGLang):
+- `full_vocab` ("before"): divide the whole [rows, V] matrix by the temperature, then top-k.
+- `topk_first` ("after"): top-k on the raw logits (radix top-k), then divide only the k values.
+Dividing by a positive temperature keeps the order, so both give bitwise the same probabilities
+(ties aside: which of several tied logits is kept may differ, the values may not).
+"""
+
+from __future__ import annotations
+
+import functools
+from collections.abc import Callable
+from dataclasses import dataclass
+
+import torch
+from torch import Tensor
+
+GREEDY_TEMPERATURE = 1e-6  # SGLang: a temperature below this means greedy
+
+BuilderFn = Callable[[Tensor, Tensor, Tensor, Tensor], Tensor]
+TopkFn = Callable[[Tensor, int], tuple[Tensor, Tensor]]
+
+
+# ---------------------------------------------------------------------------------------------
+# top-k
+# ---------------------------------------------------------------------------------------------
+
+
+def torch_topk(x: Tensor, k: int) -> tuple[Tensor, Tensor]:
+    """torch.topk, sorted descending. x: [rows, V] -> ([rows, k], [rows, k] int64)."""
+    return torch.topk(x, k, dim=-1, largest=True, sorted=True)
+
+
+@functools.cache
+def _flashinfer_top_k() -> Callable | None:
+    """FlashInfer's radix top-k function, or None when FlashInfer does not import (resolved once)."""
+    try:
+        import flashinfer  # noqa: PLC0415
+    except Exception:  # noqa: BLE001  (any import failure means: not available)
+        return None
+    fn = getattr(flashinfer, "top_k", None)
+    return fn if callable(fn) else None
+
+
+def radix_topk_backend(device: torch.device | str) -> str:
+    """Which implementation `radix_topk` uses for tensors on `device`: 'flashinfer' or 'torch'."""
+    is_cuda = torch.device(device).type == "cuda"
+    return "flashinfer" if is_cuda and _flashinfer_top_k() is not None else "torch"
+
+
+def radix_topk(x: Tensor, k: int) -> tuple[Tensor, Tensor]:
+    """Top-k values and indices of each row, sorted descending; any k up to the vocabulary.
+
+    FlashInfer's radix top-k (`sorted=True, deterministic=True`) for CUDA tensors when FlashInfer
+    imports, `torch.topk` otherwise. x: [rows, V] -> ([rows, k], [rows, k] int64).
+    """
+    if not 1 <= k <= x.shape[-1]:
+        raise ValueError(f"radix_topk: k={k} must be in [1, {x.shape[-1]}] (the row length)")
+    if radix_topk_backend(x.device) == "torch":
+        return torch_topk(x, k)
+    fi_top_k = _flashinfer_top_k()
+    values, indices = fi_top_k(x.contiguous(), k, sorted=True, deterministic=True)
+    return values, indices.long()
+
+
+# ---------------------------------------------------------------------------------------------
+# verify-probability builders
+# ---------------------------------------------------------------------------------------------
+
+
+def _greedy_rows(temperature: Tensor, top_k: Tensor) -> Tensor:
+    return (temperature <= GREEDY_TEMPERATURE) | (top_k == 1)
+
+
+def _effective_top_k(top_k: Tensor, vocab: int) -> Tensor:
+    """top_k <= 0 (SGLang's -1) or >= V means the whole vocabulary."""
+    return torch.where((top_k <= 0) | (top_k >= vocab), torch.full_like(top_k, vocab), top_k)
+
+
+def top_p_renorm_sorted(probs: Tensor, top_p: Tensor) -> Tensor:
+    """Keep the smallest descending prefix whose mass reaches top_p, renormalise.
+
+    probs: [rows, k] sorted descending along the last dim; top_p: [rows]. Returns [rows, k] fp32.
+    A token is dropped when the mass strictly before it already reaches top_p; rows with top_p >= 1
+    keep everything (no rounding of the cumulative sum can drop a token there).
+    """
+    mass_before = torch.cumsum(probs, dim=-1) - probs
+    drop = (mass_before >= top_p.unsqueeze(-1)) & (top_p < 1.0).unsqueeze(-1)
+    kept = probs.masked_fill(drop, 0.0)
+    return kept / kept.sum(dim=-1, keepdim=True)
+
+
+def _sparse_probs_into(out: Tensor, rows: Tensor | None, vals: Tensor, idx: Tensor, k_eff: Tensor,
+                       top_p: Tensor) -> None:
+    """Mask ranks >= top_k, softmax, top-p, and scatter into `out` (rows `rows`, or all when None).
+
+    vals: [n, kmax] fp32 sorted descending (already divided by the temperature); idx: [n, kmax];
+    out: [rows_total, V] fp32 zeros. Writes in place: no dense temporary.
+    """
+    ranks = torch.arange(vals.shape[-1], device=vals.device)
+    vals = vals.masked_fill(ranks.unsqueeze(0) >= k_eff.unsqueeze(-1), float("-inf"))
+    probs = top_p_renorm_sorted(torch.softmax(vals, dim=-1), top_p)
+    if rows is None:
+        out.scatter_(1, idx, probs)
+    else:
+        out.index_put_((rows.unsqueeze(-1).expand_as(idx), idx), probs)
+
+
+def _dense_probs(scaled: Tensor, top_p: Tensor) -> Tensor:
+    """Rows whose top-k covers the vocabulary: softmax then top-p (top-k renorm is the identity).
+
+    scaled: [rows, V] fp32 already divided by the temperature.
+    """
+    probs = torch.softmax(scaled, dim=-1)
+    if not bool((top_p < 1.0).any()):
+        return probs
+    sorted_probs, order = torch.sort(probs, dim=-1, descending=True)
+    return torch.empty_like(probs).scatter_(1, order, top_p_renorm_sorted(sorted_probs, top_p))
+
+
+def _subset(x: Tensor, rows: Tensor, n_total: int) -> Tensor:
+    """x[rows] without a copy when `rows` is every row."""
+    return x if rows.numel() == n_total else x[rows]
+
+
+def _build(logits: Tensor, temperature: Tensor, top_k: Tensor, top_p: Tensor,
+           topk_fn: TopkFn, scale_first: bool) -> Tensor:
+    """Shared skeleton of the builders; only where the temperature is applied differs.
+
+    logits: [rows, V]; temperature, top_k, top_p: [rows]. -> [rows, V] fp32.
+    """
+    n, vocab = logits.shape
+    temperature = temperature.to(device=logits.device, dtype=torch.float32).reshape(n)
+    top_k = top_k.to(device=logits.device, dtype=torch.int64).reshape(n)
+    top_p = top_p.to(device=logits.device, dtype=torch.float32).reshape(n)
+    out = torch.zeros(n, vocab, dtype=torch.float32, device=logits.device)
+
+    greedy = _greedy_rows(temperature, top_k)
+    k_eff = _effective_top_k(top_k, vocab)
+    dense = ~greedy & (k_eff >= vocab)
+    sparse = ~greedy & (k_eff < vocab)
+
+    if bool(greedy.any()):
+        g = greedy.nonzero().squeeze(-1)
+        out[g, _subset(logits, g, n).argmax(dim=-1)] = 1.0
+    if bool(dense.any()):
+        d = dense.nonzero().squeeze(-1)
+        out[d] = _dense_probs(_subset(logits, d, n).float() / temperature[d].unsqueeze(-1), top_p[d])
+    if bool(sparse.any()):
+        s = sparse.nonzero().squeeze(-1)
+        kmax = int(k_eff[s].max())
+        t = temperature[s].unsqueeze(-1)
+        x = _subset(logits, s, n)
+        if scale_first:  # "before": an fp32 temporary of the full [rows, V] size
+            vals, idx = topk_fn(x.float() / t, kmax)
+        else:  # "after": top-k of the raw logits, scale only the k values of each row
+            vals, idx = topk_fn(x, kmax)
+            vals = vals.float() / t
+        _sparse_probs_into(out, None if s.numel() == n else s, vals, idx, k_eff[s], top_p[s])
+    return out
+
+
+def full_vocab_probs(logits: Tensor, temperature: Tensor, top_k: Tensor, top_p: Tensor) -> Tensor:
+    """"before": scale the whole logits matrix by the temperature, then torch.topk. -> [rows, V] fp32."""
+    return _build(logits, temperature, top_k, top_p, torch_topk, scale_first=True)
+
+
+def topk_first_probs(logits: Tensor, temperature: Tensor, top_k: Tensor, top_p: Tensor) -> Tensor:
+    """"after": radix top-k on the raw logits, then scale the k values. -> [rows, V] fp32."""
+    return _build(logits, temperature, top_k, top_p, radix_topk, scale_first=False)
+
+
+def topk_first_torch_probs(logits: Tensor, temperature: Tensor, top_k: Tensor, top_p: Tensor) -> Tensor:
+    """"after" with torch.topk forced (the fallback path on every device). -> [rows, V] fp32."""
+    return _build(logits, temperature, top_k, top_p, torch_topk, scale_first=False)
+
+
+BUILDERS: dict[str, BuilderFn] = {
+    "full_vocab": full_vocab_probs,
+    "topk_first": topk_first_probs,
+    "topk_first_torch": topk_first_torch_probs,
+}
+
+
+def get_builder(name: str) -> BuilderFn:
+    """The builder called `name`; a ValueError lists the valid names."""
+    try:
+        return BUILDERS[name]
+    except KeyError:
+        raise ValueError(f"unknown verify-probability builder {name!r}; valid: {', '.join(BUILDERS)}") from None
+
+
+# ---------------------------------------------------------------------------------------------
+# sampling helpers
+# ---------------------------------------------------------------------------------------------
+
+
+def draw_uniforms(generators: list[torch.Generator], n: int, device: torch.device | str) -> Tensor:
+    """n uniforms in [0, 1) per row, row b drawn from generators[b] (on its own device). -> [B, n]."""
+    rows = [torch.rand(n, generator=g, device=g.device, dtype=torch.float32) for g in generators]
+    return torch.stack(rows).to(device=device, dtype=torch.float32) if rows else torch.empty(0, n)
+
+
+def sample_from_probs(probs: Tensor, u: Tensor) -> Tensor:
+    """Inverse-CDF sample of each row of probs [B, V] (need not be normalised) with u [B] in [0, 1)."""
+    cdf = torch.cumsum(probs.double(), dim=-1)  # float64: exact enough that u * total never overshoots
+    target = (u.double() * cdf[:, -1]).unsqueeze(-1)
+    idx = torch.searchsorted(cdf, target, right=True).squeeze(-1)
+    # Skip zero-probability tokens a rounding edge could land on: take the last token with mass.
+    last_nonzero = (probs > 0).long().cumsum(-1).argmax(dim=-1)
+    return torch.minimum(idx, last_nonzero)
+
+
+def _uniforms(uniforms: Tensor | None, generators: list[torch.Generator] | None, shape: tuple[int, int],
+              device: torch.device) -> Tensor:
+    if (uniforms is None) == (generators is None):
+        raise ValueError("give exactly one of `uniforms` or `generators`")
+    if uniforms is None:
+        if len(generators) != shape[0]:
+            raise ValueError(f"{len(generators)} generators for {shape[0]} rows")
+        return draw_uniforms(generators, shape[1], device)
+    if tuple(uniforms.shape) != shape:
+        raise ValueError(f"uniforms has shape {tuple(uniforms.shape)}, expected {shape} (B, gamma + 1)")
+    return uniforms.to(device=device, dtype=torch.float32)
+
+
+# ---------------------------------------------------------------------------------------------
+# verifiers
+# ---------------------------------------------------------------------------------------------
+
+
+@dataclass
+class VerifyOutput:
+    """Per row: accepted drafts and the emitted tokens (accepted prefix + one token, padded -1)."""
+
+    num_accepted: Tensor  # [B] int64, 0..G
+    tokens: Tensor  # [B, G+1] int64
+
+    @property
+    def num_emitted(self) -> Tensor:
+        return self.num_accepted + 1
+
+
+def _draft_prob_of_token(draft_tokens: Tensor, draft_probs: Tensor | None) -> Tensor:
+    """q_j(x_{j+1}) for j = 0..G-1 -> [B, G]; 1 for point-mass drafts."""
+    if draft_probs is None:
+        return torch.ones(draft_tokens.shape, dtype=torch.float32, device=draft_tokens.device)
+    return draft_probs.gather(2, draft_tokens.unsqueeze(-1)).squeeze(-1)
+
+
+def _residual(p_scale: Tensor, p_row: Tensor, q_row: Tensor | None, q_token: Tensor) -> Tensor:
+    """max(p_scale * p - q, 0) per row. p_row: [B, V]; q_row: [B, V] or None for a point mass at q_token."""
+    scaled = p_scale.unsqueeze(-1) * p_row
+    if q_row is not None:
+        return torch.clamp(scaled - q_row, min=0.0)
+    # point mass: subtract 1 at the draft token (a row whose position has no draft, q_token = -1, keeps p)
+    one_hot = torch.zeros_like(scaled)
+    has = q_token >= 0
+    one_hot[has.nonzero().squeeze(-1), q_token[has]] = 1.0
+    return torch.clamp(scaled - one_hot, min=0.0)
+
+
+def _emit(draft_tokens: Tensor, n_acc: Tensor, last: Tensor) -> VerifyOutput:
+    """Tokens = drafts[:n_acc] + [last], padded with -1. draft_tokens: [B, G]; n_acc, last: [B]."""
+    bsz, gamma = draft_tokens.shape
+    pos = torch.arange(gamma + 1, device=draft_tokens.device).unsqueeze(0)
+    padded = torch.cat([draft_tokens, torch.full((bsz, 1), -1, device=draft_tokens.device)], dim=1)
+    tokens = torch.where(pos < n_acc.unsqueeze(-1), padded, torch.full_like(padded, -1))
+    tokens.scatter_(1, n_acc.unsqueeze(-1), last.unsqueeze(-1))
+    return VerifyOutput(num_accepted=n_acc, tokens=tokens)
+
+
+def _final_token(target_probs: Tensor, draft_tokens: Tensor, draft_probs: Tensor | None, stop: Tensor,
+                 p_scale: Tensor, u_last: Tensor) -> Tensor:
+    """Sample the token after `stop` accepted drafts: from the residual where stop < G, else the bonus.
+
+    Residual = norm(max(p_scale * p(.|prefix_stop) - q(.|prefix_stop), 0)); falls back to p where the
+    residual has no mass (only reachable through rounding).
+    """
+    bsz, gamma = draft_tokens.shape
+    rows = torch.arange(bsz, device=target_probs.device)
+    p_row = target_probs[rows, stop]  # [B, V]
+    is_bonus = stop >= gamma
+    at = stop.clamp(max=gamma - 1)
+    q_row = None if draft_probs is None else draft_probs[rows, at]
+    q_token = torch.where(is_bonus, torch.full_like(stop, -1), draft_tokens[rows, at])
+    if q_row is not None:
+        q_row = torch.where(is_bonus.unsqueeze(-1), torch.zeros_like(q_row), q_row)
+    scale = torch.where(is_bonus, torch.ones_like(p_scale), p_scale)
+    dist = _residual(scale, p_row, q_row, q_token)
+    empty = dist.sum(dim=-1) <= 0
+    dist = torch.where(empty.unsqueeze(-1), p_row, dist)
+    return sample_from_probs(dist, u_last)
+
+
+def _check_shapes(target_probs: Tensor, draft_tokens: Tensor, draft_probs: Tensor | None) -> None:
+    bsz, gamma = draft_tokens.shape
+    if target_probs.dim() != 3 or target_probs.shape[:2] != (bsz, gamma + 1):
+        raise ValueError(f"target_probs {tuple(target_probs.shape)} must be [B, G+1, V] for drafts [{bsz}, {gamma}]")
+    if draft_probs is not None and tuple(draft_probs.shape) != (bsz, gamma, target_probs.shape[2]):
+        raise ValueError(f"draft_probs {tuple(draft_probs.shape)} must be [B, G, V] = [{bsz}, {gamma}, {target_probs.shape[2]}]")
+
+
+def verify_tokenwise(target_probs: Tensor, draft_tokens: Tensor, draft_probs: Tensor | None, *,
+                     uniforms: Tensor | None = None,
+                     generators: list[torch.Generator] | None = None) -> VerifyOutput:
+    """Chain verification (Leviathan et al.): accept x_i with probability min(1, p/q), stop at the first
+    rejection and sample from norm(max(p - q, 0)); when all G are accepted, sample a bonus from p_G.
+
+    target_probs: [B, G+1, V]; draft_tokens: [B, G]; draft_probs: [B, G, V] or None (point masses).
+    """
+    _check_shapes(target_probs, draft_tokens, draft_probs)
+    bsz, gamma = draft_tokens.shape
+    u = _uniforms(uniforms, generators, (bsz, gamma + 1), target_probs.device)
+    p_tok = target_probs[:, :gamma].gather(2, draft_tokens.unsqueeze(-1)).squeeze(-1)  # [B, G]
+    q_tok = _draft_prob_of_token(draft_tokens, draft_probs)  # [B, G]
+    accept = u[:, :gamma] * q_tok < p_tok  # P(accept) = min(1, p/q)
+    n_acc = accept.long().cumprod(dim=1).sum(dim=1)
+    last = _final_token(target_probs, draft_tokens, draft_probs, n_acc, torch.ones(bsz, device=u.device), u[:, gamma])
+    return _emit(draft_tokens, n_acc, last)
+
+
+def block_weights(target_probs: Tensor, draft_tokens: Tensor, draft_probs: Tensor | None) -> tuple[Tensor, Tensor]:
+    """Sun et al.'s p_i (i = 0..G) and h_i (i = 1..G) for each row. -> ([B, G+1], [B, G]).
+
+    p_0 = 1, p_i = min(1, p_{i-1} p(x_i)/q(x_i)); for i < G h_i = r_i / (r_i + 1 - p_i) with
+    r_i = sum_x max(p_i p(x|prefix_i) - q(x|prefix_i), 0); h_G = p_G. A 0/0 (r_i = 0, p_i = 1) is 0:
+    stopping there would leave an empty residual.
+    """
+    bsz, gamma = draft_tokens.shape
+    p_tok = target_probs[:, :gamma].gather(2, draft_tokens.unsqueeze(-1)).squeeze(-1)  # [B, G]
+    q_tok = _draft_prob_of_token(draft_tokens, draft_probs)
+    ratio = p_tok / q_tok.clamp(min=1e-30)  # a draft token always has q > 0; guard 0/0 anyway
+    p_acc = [torch.ones(bsz, dtype=torch.float32, device=target_probs.device)]
+    for i in range(gamma):
+        p_acc.append(torch.clamp(p_acc[-1] * ratio[:, i], max=1.0))
+    p_acc_t = torch.stack(p_acc, dim=1)  # [B, G+1]
+    h = torch.empty(bsz, gamma, dtype=torch.float32, device=target_probs.device)
+    for i in range(1, gamma):
+        q_row = None if draft_probs is None else draft_probs[:, i]
+        r = _residual(p_acc_t[:, i], target_probs[:, i], q_row, draft_tokens[:, i]).sum(dim=-1)
+        denom = r + 1.0 - p_acc_t[:, i]
+        h[:, i - 1] = torch.where(denom > 0, r / denom.clamp(min=1e-30), torch.zeros_like(r))
+    h[:, gamma - 1] = p_acc_t[:, gamma]
+    return p_acc_t, h
+
+
+def verify_block(target_probs: Tensor, draft_tokens: Tensor, draft_probs: Tensor | None, *,
+                 uniforms: Tensor | None = None,
+                 generators: list[torch.Generator] | None = None) -> VerifyOutput:
+    """Block verification (Sun et al., ICLR 2025): draw eta_i ~ U(0,1) for i = 1..G, tau = the largest i
+    with eta_i < h_i (0 if none), no early stop; emit x_1..x_tau and one token from p_G (tau = G) or
+    from norm(max(p_tau p(.|prefix_tau) - q(.|prefix_tau), 0)). Same arguments as verify_tokenwise.
+    """
+    _check_shapes(target_probs, draft_tokens, draft_probs)
+    bsz, gamma = draft_tokens.shape
+    u = _uniforms(uniforms, generators, (bsz, gamma + 1), target_probs.device)
+    p_acc, h = block_weights(target_probs, draft_tokens, draft_probs)
+    hit = u[:, :gamma] < h  # [B, G], column i-1 is position i
+    positions = torch.arange(1, gamma + 1, device=u.device).unsqueeze(0)
+    tau = torch.where(hit, positions, torch.zeros_like(positions)).max(dim=1).values  # [B]
+    p_tau = p_acc.gather(1, tau.unsqueeze(-1)).squeeze(-1)
+    last = _final_token(target_probs, draft_tokens, draft_probs, tau, p_tau, u[:, gamma])
+    return _emit(draft_tokens, tau, last)
+
+
+VERIFIERS: dict[str, Callable[..., VerifyOutput]] = {"token": verify_tokenwise, "block": verify_block}
