@@ -44,10 +44,12 @@ class ServerConfig:
     python: str | None = None  # interpreter; None = the one running the harness
     module: str = "harness.engine"  # run as `python -m MODULE`
     model_path: str = MISSING
+    draft_model_path: str | None = None  # passed as --speculative-draft-model-path when set
     host: str = "127.0.0.1"
     port: int = 0  # 0 = a free port per run
     args: list[str] = field(default_factory=list)
     env: dict[str, str] = field(default_factory=dict)
+    seed_arg: str | None = "--random-seed"  # passed the run's base seed; null to pass none
     ready_timeout_s: float = 900.0
     stop_timeout_s: float = 30.0
     log_checks: LogChecks = field(default_factory=LogChecks)
@@ -131,7 +133,8 @@ class ExperimentConfig:
     gpus: list[int] = field(default_factory=lambda: [0, 1])
     fresh_server_per_run: bool = True
 
-    def __post_init__(self) -> None:
+    def validate(self) -> None:
+        """Checked once composed (not in __post_init__: the schema's own empty default has no arms)."""
         check_choice("experiment.order", self.order, ("alternate", "fixed"))
         check_choice("experiment.placement", self.placement, ("sequential", "parallel"))
         names = [a.name for a in self.arms]
@@ -165,10 +168,17 @@ class BenchConfig:
     dry_run: bool = False
     report: bool = True  # write the analysis report at the end
 
+    def validate(self) -> BenchConfig:
+        self.experiment.validate()
+        return self
+
 
 @dataclass
 class MicroConfig:
-    """The verify-probability builder microbenchmark (`python -m harness.micro`)."""
+    """The verify-probability builder microbenchmark (`python -m harness.micro`).
+
+    Implementation names are checked against the registry in `harness.micro.impls` at start-up.
+    """
 
     name: str = "cpu_small"
     vocab: int = 32000
@@ -178,23 +188,29 @@ class MicroConfig:
     temperature: float = 1.0
     dtype: str = "float32"  # float32 | bfloat16 | float16
     impls: list[str] = field(default_factory=lambda: ["full_vocab", "topk_first", "topk_first_torch", "sglang"])
-    baseline: str = "full_vocab"
+    baseline: str = "full_vocab"  # "before": every output is compared with this one
+    after: str = "topk_first"  # "after" in the report's before/after table
     padding_fraction: float = 0.0  # fraction of rows whose logits are all equal (the all-ties case)
     device: str = "auto"  # auto | cpu | cuda
     warmup: int = 3
     repeats: int = 20
     min_rotate_bytes: int = 256 * 2**20  # rotate input copies until they exceed this (beats the cache)
     seed: int = 0
+    out_dir: str | None = None  # write exactly here (e.g. results/published/...) instead of a timestamped dir
 
     def __post_init__(self) -> None:
         check_choice("micro.dtype", self.dtype, ("float32", "bfloat16", "float16"))
         check_choice("micro.device", self.device, ("auto", "cpu", "cuda"))
         if not 0 <= self.padding_fraction <= 1:
             raise ConfigError(f"micro.padding_fraction={self.padding_fraction} must be in [0, 1]")
-        if self.vocab < 2 or any(r < 1 for r in self.rows):
-            raise ConfigError(f"micro.vocab={self.vocab} and micro.rows={self.rows} must be positive")
-        if self.repeats < 1:
-            raise ConfigError(f"micro.repeats={self.repeats} must be >= 1")
+        if self.vocab < 2 or not self.rows or any(r < 1 for r in self.rows):
+            raise ConfigError(f"micro.vocab={self.vocab} and micro.rows={self.rows} must be positive (rows non-empty)")
+        if self.repeats < 1 or self.warmup < 0:
+            raise ConfigError(f"micro.repeats={self.repeats} must be >= 1 and micro.warmup={self.warmup} >= 0")
+        if not self.impls:
+            raise ConfigError("micro.impls is empty; name at least one implementation")
+        if self.temperature < 0 or not 0 < self.top_p <= 1:
+            raise ConfigError(f"micro.temperature={self.temperature} must be >= 0 and micro.top_p={self.top_p} in (0, 1]")
 
 
 @dataclass

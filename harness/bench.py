@@ -1,0 +1,95 @@
+"""`python -m harness.bench experiment=NAME [overrides]`: run an A/B campaign and write its report.
+
+Examples:
+  python -m harness.bench                                   # the default experiment, embedded server
+  python -m harness.bench experiment=embedded_aa            # the A/A noise floor
+  python -m harness.bench experiment=dflash_block_vs_token dry_run=true   # print the exact commands
+  python -m harness.bench campaign=20261129-101500-c8       # resume a campaign
+  python -m harness.bench -m experiment=dflash_verify_probs_speedbench client.concurrency=64,128
+"""
+
+from __future__ import annotations
+
+import asyncio
+import sys
+
+import hydra
+from omegaconf import DictConfig, OmegaConf
+from omegaconf.errors import MissingMandatoryValue, OmegaConfBaseException
+from rich.console import Console
+
+from harness.cli import CONFIG_DIR, OverrideError, check_overrides
+from harness.config import HYDRA_VERSION_BASE, BenchConfig, ConfigError, register_configs
+from harness.dryrun import print_dry_run
+from harness.runner import build_campaign, run_campaign, summary
+from workloads import load_workload
+from workloads.base import WorkloadError
+
+GROUPS = ("experiment", "server", "workload", "client")
+
+
+def to_typed(cfg: DictConfig) -> BenchConfig:
+    """The composed config as typed objects; schema checks in __post_init__ run here."""
+    return OmegaConf.to_object(cfg).validate()
+
+
+def write_report(campaign_dir, console: Console) -> None:
+    from analysis.report import main as report_main  # noqa: PLC0415  (heavy imports only when needed)
+
+    report_main([str(campaign_dir)])
+
+
+def run(cfg_node: DictConfig, console: Console) -> int:
+    """Compose -> plan -> (dry run | runs -> report). Returns the process exit code."""
+    cfg = to_typed(cfg_node)
+    if cfg.dry_run:
+        print_dry_run(cfg, console)
+        return 0
+    config_dict = OmegaConf.to_container(cfg_node, resolve=True)
+    workload = load_workload(cfg.workload)
+    campaign = build_campaign(cfg, config_dict, workload, console)
+    console.print(f"[bold]{cfg.experiment.name}[/]: {len(campaign.plan)} runs x {len(workload.items)} requests "
+                  f"({workload.name}, sha256 {workload.sha256[:12]}) -> {campaign.root}")
+    campaign.open()
+    statuses = asyncio.run(run_campaign(campaign))
+    console.print(f"runs: {summary(statuses)}")
+    if cfg.report:
+        write_report(campaign.root, console)
+    console.print(f"[bold green]records:[/] {campaign.root}/runs/*/records.jsonl")
+    failed = [r for r, s in statuses.items() if s != "finished"]
+    if failed:
+        console.print(f"[bold red]{len(failed)} run(s) failed[/]: {', '.join(failed)}; rerun with "
+                      f"campaign={campaign.root.name} to resume them")
+        return 1
+    return 0
+
+
+@hydra.main(version_base=HYDRA_VERSION_BASE, config_path=str(CONFIG_DIR), config_name="bench")
+def hydra_main(cfg: DictConfig) -> None:
+    console = Console()
+    try:
+        code = run(cfg, console)
+    except MissingMandatoryValue as exc:
+        key = exc.full_key or "a value"
+        console.print(f"[bold red]error:[/] {key} is required and has no value: set it on the command line "
+                      f"({key}=...) or in the experiment file")
+        code = 2
+    except (ConfigError, WorkloadError, OmegaConfBaseException) as exc:
+        console.print(f"[bold red]error:[/] {exc}")
+        code = 2
+    if code:
+        sys.exit(code)
+
+
+def main() -> None:
+    register_configs()
+    try:
+        check_overrides(sys.argv[1:], BenchConfig, GROUPS)
+    except OverrideError as exc:
+        Console(stderr=True).print(f"[bold red]error:[/] {exc}")
+        sys.exit(2)
+    hydra_main()
+
+
+if __name__ == "__main__":
+    main()

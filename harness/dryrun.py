@@ -1,0 +1,77 @@
+"""`dry_run=true`: print every planned run's exact argv, environment and placement, and what differs
+between the arms, without launching anything."""
+
+from __future__ import annotations
+
+import difflib
+import shlex
+from pathlib import Path
+
+from rich.console import Console
+from rich.table import Table
+
+from harness.config import BenchConfig
+from harness.launcher import LaunchSpec, build_spec
+from harness.plan import PlannedRun, make_plan
+
+PORT_PLACEHOLDER = 0  # shown as PORT: the real port is picked when the run starts
+
+
+def spec_of(cfg: BenchConfig, run: PlannedRun) -> LaunchSpec:
+    arm = next(a for a in cfg.experiment.arms if a.name == run.arm)
+    return build_spec(cfg.server, arm, port=cfg.server.port or PORT_PLACEHOLDER, base_seed=run.base_seed,
+                      gpu=run.gpu, log_path=Path("server.log"))
+
+
+def shown_argv(spec: LaunchSpec) -> list[str]:
+    return ["PORT" if a == str(PORT_PLACEHOLDER) and prev == "--port" else a
+            for prev, a in zip([""] + spec.argv[:-1], spec.argv, strict=True)]
+
+
+def argv_diff(base: list[str], other: list[str]) -> str:
+    """Tokens removed (-) and added (+) going from the baseline's argv to another arm's."""
+    parts = []
+    for op, i1, i2, j1, j2 in difflib.SequenceMatcher(a=base, b=other, autojunk=False).get_opcodes():
+        if op in ("replace", "delete"):
+            parts.append("- " + shlex.join(base[i1:i2]))
+        if op in ("replace", "insert"):
+            parts.append("+ " + shlex.join(other[j1:j2]))
+    return "; ".join(parts) or "(same argv)"
+
+
+def env_diff(base: dict[str, str], other: dict[str, str]) -> str:
+    keys = sorted(set(base) | set(other))
+    parts = [f"{k}: {base.get(k, '(unset)')} -> {other.get(k, '(unset)')}" for k in keys if base.get(k) != other.get(k)]
+    return "; ".join(parts) or "(same env)"
+
+
+def print_dry_run(cfg: BenchConfig, console: Console) -> None:
+    exp = cfg.experiment
+    plan = make_plan(exp)
+    console.print(f"[bold]dry run[/] of experiment [bold]{exp.name}[/]: {len(plan)} runs, "
+                  f"order={exp.order}, placement={exp.placement}, baseline={exp.baseline}")
+    console.print(f"workload: {cfg.workload.kind}; sampling: {cfg.sampling}; client: route={cfg.client.route} "
+                  f"concurrency={cfg.client.concurrency} request_rate={cfg.client.request_rate}")
+    for run in plan:
+        spec = spec_of(cfg, run)
+        where = f"CUDA_VISIBLE_DEVICES={run.gpu}" if run.gpu is not None else "sequential"
+        console.print(f"\n[bold][{run.index}] {run.run_id}[/]  arm={run.arm} seed={run.base_seed} "
+                      f"repeat={run.repeat} slot={run.slot} placement: {where}", highlight=False, soft_wrap=True)
+        console.print("  argv: " + shlex.join(shown_argv(spec)), highlight=False, soft_wrap=True)
+        env = " ".join(f"{k}={v}" for k, v in sorted(spec.env_overrides.items())) or "(none)"
+        console.print(f"  env:  {env}", highlight=False, soft_wrap=True)
+    first_slot = [r for r in plan if r.slot == 0]
+    base_run = next(r for r in first_slot if r.arm == exp.baseline)
+    base_spec = spec_of(cfg, base_run)
+    table = Table(title=f"What differs from the baseline arm '{exp.baseline}' (declared: {exp.declared_difference!r})")
+    for col in ("arm", "argv", "env"):
+        table.add_column(col, overflow="fold")
+    for run in first_slot:
+        if run.arm != exp.baseline:
+            spec = spec_of(cfg, run)
+            env_base = {k: v for k, v in base_spec.env_overrides.items() if k != "CUDA_VISIBLE_DEVICES"}
+            env_other = {k: v for k, v in spec.env_overrides.items() if k != "CUDA_VISIBLE_DEVICES"}
+            table.add_row(run.arm, argv_diff(base_spec.argv, spec.argv), env_diff(env_base, env_other))
+    console.print()
+    console.print(table)
+    console.print("nothing was launched (dry_run=true)")

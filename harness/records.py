@@ -1,0 +1,92 @@
+"""Raw records and manifests on disk (layout and keys in docs/records.md).
+
+Records are appended and flushed one by one, so a crash loses at most the line being written.
+JSON documents (manifest, campaign) are replaced atomically (write a temporary file, then rename).
+"""
+
+from __future__ import annotations
+
+import json
+import os
+from pathlib import Path
+from typing import Any
+
+from harness.client import SPEC_FIELDS, Outcome, RequestSpec
+from workloads.base import Workload
+
+SCHEMA_VERSION = 1
+
+
+def write_json(path: Path, obj: Any) -> None:
+    """Atomically (re)write a JSON document."""
+    path.parent.mkdir(parents=True, exist_ok=True)
+    tmp = path.with_name(path.name + ".tmp")
+    tmp.write_text(json.dumps(obj, indent=2, sort_keys=False, default=str) + "\n")
+    os.replace(tmp, path)
+
+
+def read_json(path: Path) -> Any:
+    return json.loads(path.read_text())
+
+
+class RecordWriter:
+    """Appends one JSON line per request to records.jsonl and flushes it at once."""
+
+    def __init__(self, path: Path) -> None:
+        path.parent.mkdir(parents=True, exist_ok=True)
+        self.path = path
+        self._file = open(path, "a", encoding="utf-8")  # noqa: SIM115  (closed in close())
+        self.count = 0
+
+    def append(self, record: dict[str, Any]) -> None:
+        self._file.write(json.dumps(record, ensure_ascii=False, default=str) + "\n")
+        self._file.flush()
+        self.count += 1
+
+    def close(self) -> None:
+        self._file.close()
+
+
+def finish_reason(out: Outcome) -> str:
+    """stop | length | abort | error, from the final meta_info."""
+    if out.error is not None:
+        return "error"
+    reason = (out.meta_info or {}).get("finish_reason")
+    kind = reason.get("type") if isinstance(reason, dict) else reason
+    return kind if kind in ("stop", "length", "abort") else "abort"
+
+
+def make_record(ids: dict[str, Any], spec: RequestSpec, out: Outcome, workload: Workload,
+                store_text: bool) -> dict[str, Any]:
+    """One raw record (docs/records.md). `ids` holds campaign_id, run_id, arm, base_seed, repeat."""
+    meta = out.meta_info or {}
+    reason = finish_reason(out)
+    completion = meta.get("completion_tokens")
+    score = workload.score(spec.item, out.text) if out.error is None else None
+    return {
+        "schema_version": SCHEMA_VERSION,
+        **ids,
+        "item_id": spec.item.item_id,
+        "seed_offset": spec.item.seed_offset,
+        "request_seed": spec.request_seed,
+        "category": spec.item.category,
+        "warmup": spec.warmup,
+        "prompt_tokens": meta.get("prompt_tokens"),
+        "completion_tokens": completion,
+        **{k: meta.get(k) for k in SPEC_FIELDS},
+        "max_new_tokens": spec.max_new_tokens,
+        "finish_reason": reason,
+        "hit_cap": reason == "length" and completion is not None and completion >= spec.max_new_tokens,
+        "t_scheduled": out.t_scheduled,
+        "t_sent": out.t_sent,
+        "t_first_token": out.t_first_token,
+        "t_end": out.t_end,
+        "n_chunks": out.n_chunks,
+        "error": out.error,
+        "output_text": out.text if store_text else None,
+        "answer": score.answer if score else None,
+        "reference_answer": spec.item.answer,
+        "correct": score.correct if score else None,
+        "score_fallback": bool(score.fallback) if score else False,
+        "meta_info": out.meta_info,
+    }

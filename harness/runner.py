@@ -1,0 +1,302 @@
+"""Run a campaign: every planned run gets a fresh server, a warmup, a cache flush, the measured
+requests, and a manifest. Finished runs of an existing campaign are kept; unfinished ones are set
+aside (never mixed in) and run again from scratch."""
+
+from __future__ import annotations
+
+import asyncio
+import hashlib
+import json
+import os
+import shutil
+import time
+from dataclasses import dataclass, field
+from datetime import UTC, datetime
+from pathlib import Path
+from typing import Any
+
+from rich.console import Console
+from rich.panel import Panel
+from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
+
+from harness import envinfo
+from harness.client import Outcome, RequestSpec, drive
+from harness.config import BenchConfig, ConfigError
+from harness.launcher import LaunchSpec, Server, ServerError, build_spec, check_log, describe_failed_checks
+from harness.launcher import flush_cache, free_port, get_json, redact
+from harness.plan import PlannedRun, make_plan, slots
+from harness.records import SCHEMA_VERSION, RecordWriter, make_record, read_json, write_json
+from workloads.base import Workload
+
+
+@dataclass
+class Campaign:
+    """A campaign directory: results/<experiment>/<campaign_id>/."""
+
+    cfg: BenchConfig
+    config_dict: dict[str, Any]
+    workload: Workload
+    plan: list[PlannedRun]
+    root: Path
+    console: Console = field(default_factory=Console)
+
+    @property
+    def campaign_id(self) -> str:
+        return self.root.name
+
+    def run_dir(self, run_id: str) -> Path:
+        return self.root / "runs" / run_id
+
+    def campaign_doc(self) -> dict[str, Any]:
+        exp, cfg = self.cfg.experiment, self.cfg
+        return {
+            "schema_version": SCHEMA_VERSION,
+            "campaign_id": self.campaign_id,
+            "experiment": exp.name,
+            "created": datetime.now(UTC).isoformat(timespec="seconds"),
+            "config": self.config_dict,
+            "arms": [{"name": a.name, "args": list(a.args), "env": dict(a.env), "python": a.python} for a in exp.arms],
+            "baseline": exp.baseline,
+            "declared_difference": exp.declared_difference,
+            "concurrency": cfg.client.concurrency,
+            "request_rate": cfg.client.request_rate,
+            "max_new_tokens": cfg.sampling.max_new_tokens,
+            "workload": workload_doc(self.workload),
+            "plan": [r.to_dict() for r in self.plan],
+            "order_run": [],
+        }
+
+    def open(self) -> None:
+        """Create campaign.json, or check that an existing campaign was made by the same config."""
+        path = self.root / "campaign.json"
+        if not path.exists():
+            write_json(path, self.campaign_doc())
+            return
+        old = read_json(path)
+        diffs = config_differences(old.get("config", {}), self.config_dict)
+        if diffs:
+            raise ConfigError(
+                f"campaign {self.root} was created with a different config (differs at: {', '.join(diffs[:10])}); "
+                "resume it with the same overrides, or start a new campaign (leave out `campaign=`)")
+        self.console.print(f"[bold]resuming[/] campaign {self.root}")
+
+    def run_status(self, run_id: str) -> str | None:
+        path = self.run_dir(run_id) / "manifest.json"
+        return read_json(path).get("status") if path.exists() else None
+
+    def set_aside(self, run_id: str) -> Path | None:
+        """Move an unfinished run's files to attempts/<run_id>.<n> so a rerun starts clean."""
+        src = self.run_dir(run_id)
+        if not src.exists():
+            return None
+        n = 1
+        while (dst := self.root / "attempts" / f"{run_id}.{n}").exists():
+            n += 1
+        dst.parent.mkdir(parents=True, exist_ok=True)
+        shutil.move(str(src), str(dst))
+        return dst
+
+    def log_order(self, run_id: str, status: str, t_start: float, t_end: float) -> None:
+        path = self.root / "campaign.json"
+        doc = read_json(path)
+        doc["order_run"].append({"run_id": run_id, "status": status, "t_start_unix": t_start, "t_end_unix": t_end})
+        write_json(path, doc)
+
+
+def workload_doc(workload: Workload) -> dict[str, Any]:
+    return {
+        "name": workload.name, "dataset_id": workload.dataset_id, "revision": workload.revision,
+        "sha256": workload.sha256, "skipped_placeholders": workload.skipped_placeholders,
+        "items": [{"item_id": i.item_id, "seed_offset": i.seed_offset, "category": i.category, "answer": i.answer}
+                  for i in workload.items],
+    }
+
+
+def config_differences(old: Any, new: Any, prefix: str = "") -> list[str]:
+    """Dotted keys whose values differ, ignoring the keys that do not change what is measured."""
+    ignored = {"campaign", "dry_run", "report"}
+    if isinstance(old, dict) and isinstance(new, dict):
+        out = []
+        for key in sorted(set(old) | set(new)):
+            if not prefix and key in ignored:
+                continue
+            out += config_differences(old.get(key), new.get(key), f"{prefix}{key}.")
+        return out
+    return [] if old == new else [prefix.rstrip(".")]
+
+
+def request_specs(cfg: BenchConfig, workload: Workload, base_seed: int) -> tuple[list[RequestSpec], list[RequestSpec]]:
+    """(warmup specs, measured specs) of one run. Request seed = base seed + the item's numeric id."""
+    def seed(offset: int) -> int | None:
+        return base_seed + offset if cfg.experiment.seeded_requests else None
+
+    items = workload.items
+    warm = [RequestSpec(items[i % len(items)], seed(items[i % len(items)].seed_offset), True,
+                        cfg.experiment.warmup.max_new_tokens) for i in range(cfg.experiment.warmup.requests)]
+    measured = [RequestSpec(it, seed(it.seed_offset), False, cfg.sampling.max_new_tokens) for it in items]
+    return warm, measured
+
+
+def env_sha256(env_overrides: dict[str, str]) -> str:
+    """Hash of the server's whole environment (secrets redacted): equal hashes, equal environments."""
+    full = redact({**os.environ, **env_overrides})
+    return hashlib.sha256(json.dumps(full, sort_keys=True).encode()).hexdigest()
+
+
+class RunFailed(RuntimeError):
+    pass
+
+
+@dataclass
+class RunContext:
+    campaign: Campaign
+    planned: PlannedRun
+    spec: LaunchSpec
+    manifest: dict[str, Any]
+    progress: Progress
+
+    def save(self) -> None:
+        write_json(self.campaign.run_dir(self.planned.run_id) / "manifest.json", self.manifest)
+
+
+def start_manifest(c: Campaign, run: PlannedRun, spec: LaunchSpec) -> dict[str, Any]:
+    cfg = c.cfg
+    mono, unix = time.monotonic(), time.time()
+    return {
+        "schema_version": SCHEMA_VERSION, "campaign_id": c.campaign_id, "run_id": run.run_id, "arm": run.arm,
+        "base_seed": run.base_seed, "repeat": run.repeat, "gpu": run.gpu, "status": "running", "error": None,
+        "command": spec.argv, "env": redact(spec.env_overrides), "env_full_sha256": env_sha256(spec.env_overrides),
+        "server_info": None, "model_info": None, "seeds_honoured": None,
+        "versions": {"harness": envinfo.git_info(), **envinfo.versions()},
+        "gpu_info": envinfo.gpu_info(), "host": envinfo.host_info(),
+        "dataset": {"id": c.workload.dataset_id, "revision": c.workload.revision, "sha256": c.workload.sha256},
+        "model_path": cfg.server.model_path, "log_checks": None,
+        "wall_anchor": {"monotonic": mono, "unix": unix}, "t_start_unix": unix, "t_end_unix": None,
+        "concurrency": cfg.client.concurrency, "request_rate": cfg.client.request_rate,
+        "max_new_tokens": cfg.sampling.max_new_tokens,
+    }
+
+
+def seeds_honoured(cfg: BenchConfig, server_info: dict | None) -> bool:
+    if not cfg.experiment.seeded_requests:
+        return True
+    return bool((server_info or {}).get("enable_deterministic_inference", False))
+
+
+async def drive_run(ctx: RunContext, server: Server) -> None:
+    """Warm up, flush, send the measured requests, appending every record."""
+    c, run, cfg = ctx.campaign, ctx.planned, ctx.campaign.cfg
+    base = ctx.spec.base_url
+    ctx.manifest["server_info"] = await get_json(base, "/server_info") or await get_json(base, "/get_server_info")
+    ctx.manifest["model_info"] = await get_json(base, "/model_info") or await get_json(base, "/get_model_info")
+    ctx.manifest["seeds_honoured"] = seeds_honoured(cfg, ctx.manifest["server_info"])
+    if not ctx.manifest["seeds_honoured"]:
+        c.console.print(Panel(
+            f"run {run.run_id}: per-request seeds are sent but the server does not run with "
+            "--enable-deterministic-inference, so it ignores them; results are NOT reproducible "
+            "(recorded as seeds_honoured: false)", title="WARNING: seeds not honoured", style="bold red"))
+    ctx.save()
+    ids = {"campaign_id": c.campaign_id, "run_id": run.run_id, "arm": run.arm, "base_seed": run.base_seed,
+           "repeat": run.repeat}
+    writer = RecordWriter(c.run_dir(run.run_id) / "records.jsonl")
+    task = ctx.progress.add_task(f"{run.run_id}", total=None)
+    model = (ctx.manifest["model_info"] or {}).get("model_path") or cfg.server.model_path
+
+    def on_done(spec: RequestSpec, out: Outcome) -> None:
+        writer.append(make_record(ids, spec, out, c.workload, cfg.client.store_output_text))
+        ctx.progress.advance(task)
+
+    try:
+        warm, measured = request_specs(cfg, c.workload, run.base_seed)
+        if warm:
+            ctx.progress.update(task, total=len(warm), completed=0, description=f"{run.run_id} warmup")
+            await drive(base, warm, sampling=cfg.sampling, client=cfg.client, model=model,
+                        concurrency=len(warm), arrival_seed=run.base_seed, on_done=on_done)
+        if cfg.experiment.warmup.flush_cache:
+            await flush_cache(base)
+        ctx.progress.update(task, total=len(measured), completed=0, description=f"{run.run_id}")
+        await drive(base, measured, sampling=cfg.sampling, client=cfg.client, model=model,
+                    concurrency=cfg.client.concurrency, arrival_seed=run.base_seed, on_done=on_done)
+    finally:
+        writer.close()
+        ctx.progress.remove_task(task)
+
+
+async def run_one(c: Campaign, run: PlannedRun, progress: Progress) -> str:
+    """One run from a fresh server to its manifest. Returns its final status."""
+    if c.run_status(run.run_id) == "finished":
+        c.console.print(f"[dim]{run.run_id}: finished earlier, kept[/]")
+        return "finished"
+    if (moved := c.set_aside(run.run_id)) is not None:
+        c.console.print(f"[yellow]{run.run_id}: an unfinished earlier attempt was set aside in {moved}[/]")
+    arm = next(a for a in c.cfg.experiment.arms if a.name == run.arm)
+    port = c.cfg.server.port or free_port(c.cfg.server.host)
+    spec = build_spec(c.cfg.server, arm, port=port, base_seed=run.base_seed, gpu=run.gpu,
+                      log_path=c.run_dir(run.run_id) / "server.log")
+    ctx = RunContext(c, run, spec, start_manifest(c, run, spec), progress)
+    ctx.save()
+    checks: dict[str, Any] = {}
+    try:
+        async with Server(spec) as server:
+            await server.wait_ready()
+            checks["after_ready"] = check_log(spec.log_path, spec.log_checks)
+            if not checks["after_ready"]["passed"]:
+                raise RunFailed(f"log check after readiness failed: {describe_failed_checks(checks['after_ready'])}")
+            await drive_run(ctx, server)
+            checks["at_end"] = check_log(spec.log_path, spec.log_checks)
+            if not server.alive():
+                raise RunFailed(f"the server exited (code {server.proc.returncode}) during the run; see {spec.log_path}")
+            if not checks["at_end"]["passed"]:
+                raise RunFailed(f"log check at the end failed: {describe_failed_checks(checks['at_end'])}")
+        ctx.manifest["status"] = "finished"
+    except (ServerError, RunFailed, OSError) as exc:
+        ctx.manifest.update(status="failed", error=str(exc))
+        c.console.print(f"[bold red]{run.run_id} failed:[/] {exc}")
+    except BaseException as exc:  # Ctrl-C, cancellation, a crash: record it, the server is already stopped
+        ctx.manifest.update(status="failed", error=f"interrupted: {type(exc).__name__}: {exc}")
+        raise
+    finally:
+        checks["passed"] = all(v["passed"] for v in checks.values() if isinstance(v, dict)) if checks else False
+        ctx.manifest["log_checks"] = checks
+        ctx.manifest["t_end_unix"] = time.time()
+        ctx.save()
+        c.log_order(run.run_id, ctx.manifest["status"], ctx.manifest["t_start_unix"], ctx.manifest["t_end_unix"])
+    return ctx.manifest["status"]
+
+
+async def run_campaign(c: Campaign) -> dict[str, str]:
+    """Every slot in order; the runs of a slot together when placement is parallel."""
+    statuses: dict[str, str] = {}
+    columns = (TextColumn("{task.description}"), BarColumn(), MofNCompleteColumn(), TimeElapsedColumn())
+    with Progress(*columns, console=c.console) as progress:
+        overall = progress.add_task("runs", total=len(c.plan))
+        for slot in slots(c.plan):
+            if c.cfg.experiment.placement == "parallel":
+                results = await asyncio.gather(*(run_one(c, r, progress) for r in slot))
+            else:
+                results = [await run_one(c, r, progress) for r in slot]
+            for run, status in zip(slot, results, strict=True):
+                statuses[run.run_id] = status
+                progress.advance(overall)
+    return statuses
+
+
+def new_campaign_id(cfg: BenchConfig) -> str:
+    return datetime.now().strftime("%Y%m%d-%H%M%S") + f"-c{cfg.client.concurrency}"
+
+
+def campaign_root(cfg: BenchConfig) -> Path:
+    return Path(cfg.results_dir) / cfg.experiment.name / (cfg.campaign or new_campaign_id(cfg))
+
+
+def build_campaign(cfg: BenchConfig, config_dict: dict, workload: Workload, console: Console) -> Campaign:
+    return Campaign(cfg=cfg, config_dict=config_dict, workload=workload, plan=make_plan(cfg.experiment),
+                    root=campaign_root(cfg), console=console)
+
+
+def summary(statuses: dict[str, str]) -> str:
+    counts: dict[str, int] = {}
+    for s in statuses.values():
+        counts[s] = counts.get(s, 0) + 1
+    return ", ".join(f"{n} {s}" for s, n in sorted(counts.items()))
+
