@@ -134,6 +134,12 @@ async def _generate(session: aiohttp.ClientSession, url: str, payload: dict, out
             out.meta_info = chunk.get("meta_info")
 
 
+def joined_response(reasoning: str | None, content: str | None) -> str:
+    """The entire response: the reasoning (when a reasoning parser split it off) then the content.
+    Scoring reads the whole of it, as the seed's "boxed score over entire response" does."""
+    return "\n".join(part for part in (reasoning, content) if part)
+
+
 def _chat_meta(final: dict, usage: dict | None, details: dict | None) -> dict:
     """A `meta_info`-shaped dict from the chat route's pieces, plus the raw pieces under `raw`."""
     reason = final.get("finish_reason")
@@ -156,11 +162,13 @@ async def _chat(session: aiohttp.ClientSession, url: str, payload: dict, out: Ou
             body = await resp.json(content_type=None)
             out.t_first_token, out.n_chunks = time.monotonic(), 1
             choice = body["choices"][0]
-            out.text = choice["message"].get("content") or ""
+            message = choice["message"]
+            out.text = joined_response(message.get("reasoning_content"), message.get("content"))
             details = (body.get("sglext") or {}).get("spec_tokens_details")
             out.meta_info = _chat_meta(choice, body.get("usage"), details)
             return
         parts: list[str] = []
+        reasoning: list[str] = []
         final: dict = {}
         usage = details = None
         async for chunk in sse_events(resp):
@@ -171,13 +179,15 @@ async def _chat(session: aiohttp.ClientSession, url: str, payload: dict, out: Ou
             usage = chunk.get("usage") or usage
             details = (chunk.get("sglext") or {}).get("spec_tokens_details") or details
             for choice in chunk.get("choices") or []:
-                delta = (choice.get("delta") or {}).get("content") or ""
-                if delta and out.t_first_token is None:
+                delta = choice.get("delta") or {}
+                content, thought = delta.get("content") or "", delta.get("reasoning_content") or ""
+                if (content or thought) and out.t_first_token is None:
                     out.t_first_token = time.monotonic()
-                parts.append(delta)
+                parts.append(content)
+                reasoning.append(thought)
                 if choice.get("finish_reason") is not None:
                     final = choice
-        out.text = "".join(parts)
+        out.text = joined_response("".join(reasoning), "".join(parts))
         out.meta_info = _chat_meta(final, usage, details)
 
 

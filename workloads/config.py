@@ -5,14 +5,12 @@ from __future__ import annotations
 import re
 from dataclasses import dataclass, field
 
+from workloads.errors import WorkloadConfigError
+
 KINDS = ("synthetic", "aime25", "speed_bench", "jsonl")
 ROUTE_FORMATS = ("auto", "text", "chat")
 SCORING_MODES = ("boxed", "none")
 _SHA256 = re.compile(r"[0-9a-f]{64}")
-
-
-class WorkloadConfigError(ValueError):
-    """A `workload.*` value is wrong; the message names it and the valid values."""
 
 
 @dataclass
@@ -39,7 +37,7 @@ class WorkloadConfig:
     subsample_seed: int = 0
     skip_placeholders: bool = False
     # --- prompt and scoring --------------------------------------------------------------------
-    instruction: str | None = None  # None = the kind's default (MathArena's for the math kinds)
+    prompt_template: str | None = None  # math kinds: "{problem}" is replaced; None = MathArena's
     route_format: str = "auto"  # auto | text | chat
     scoring: str = "boxed"  # boxed | none
     fallback_last_integer: bool = True
@@ -55,6 +53,10 @@ class WorkloadConfig:
             raise WorkloadConfigError(f"workload.n_items={self.n_items} must be >= 1")
         if self.subsample is not None and self.subsample < 1:
             raise WorkloadConfigError(f"workload.subsample={self.subsample} must be >= 1, or null for all")
+        if self.prompt_template is not None and "{problem}" not in self.prompt_template:
+            raise WorkloadConfigError(
+                f"workload.prompt_template={self.prompt_template!r} has no {{problem}} placeholder"
+            )
         if self.sha256 is not None and not _SHA256.fullmatch(self.sha256):
             raise WorkloadConfigError(
                 f"workload.sha256={self.sha256!r} is not a SHA256 (64 lowercase hex digits); "

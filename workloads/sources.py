@@ -1,0 +1,121 @@
+"""Reading a split's rows with Hugging Face `datasets`: from the hub (or its local cache, which is
+all `HF_DATASETS_OFFLINE=1` allows), or from a local file or directory in the same format.
+
+`workload.path` wins over `workload.hf_id`:
+- a `.parquet`, `.jsonl`/`.ndjson`/`.json` or `.arrow` file: read as the split `workload.split`;
+- a directory written by `Dataset.save_to_disk` / `DatasetDict.save_to_disk`;
+- any other directory, e.g. a copy of the hub repository (`hf download ID --repo-type dataset
+  --local-dir DIR`), read by `load_dataset(DIR, workload.hf_config)` (the config name only when the
+  directory has the repository's README.md, which declares the configs).
+"""
+
+from __future__ import annotations
+
+import os
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from workloads.base import WorkloadError
+from workloads.config import WorkloadConfig
+
+_FILE_BUILDERS = {".parquet": "parquet", ".jsonl": "json", ".ndjson": "json", ".json": "json", ".arrow": "arrow"}
+
+
+@dataclass(frozen=True)
+class SourceRows:
+    """The materialised rows of one split and where they came from."""
+
+    rows: list[dict[str, Any]]
+    dataset_id: str
+    revision: str | None
+    source: str  # "hub" or "file:<absolute path>"
+    label: str  # for messages: what was read
+
+
+def read_rows(cfg: WorkloadConfig) -> SourceRows:
+    """All rows of the configured split, from `workload.path` if set, else from the hub (or its cache)."""
+    if cfg.path:
+        return _read_local(cfg, Path(cfg.path).expanduser())
+    if cfg.hf_id:
+        return _read_hub(cfg)
+    raise WorkloadError(
+        f"workload.kind={cfg.kind} needs workload.hf_id (a Hugging Face dataset) or workload.path "
+        f"(a local file or directory); select the preset with workload={cfg.kind}"
+    )
+
+
+def dataset_id_of(cfg: WorkloadConfig) -> str:
+    """The logical dataset: `hf_id[:hf_config]`, or `file:<name>` for a file with no hub id."""
+    if cfg.hf_id:
+        return cfg.hf_id + (f":{cfg.hf_config}" if cfg.hf_config else "")
+    return f"file:{Path(cfg.path or '').name}"
+
+
+def _read_hub(cfg: WorkloadConfig) -> SourceRows:
+    import datasets
+
+    label = f"{dataset_id_of(cfg)} split {cfg.split} revision {cfg.revision or 'main (unpinned)'}"
+    try:
+        ds = datasets.load_dataset(
+            cfg.hf_id, cfg.hf_config, split=cfg.split, revision=cfg.revision, cache_dir=cfg.cache_dir
+        )
+    except (OSError, ValueError, datasets.exceptions.DatasetsError) as e:
+        offline = os.environ.get("HF_DATASETS_OFFLINE") or os.environ.get("HF_HUB_OFFLINE")
+        raise WorkloadError(
+            f"workload {cfg.kind}: could not load {label}: {type(e).__name__}: {e}\n"
+            f"HF_DATASETS_OFFLINE={offline or 'unset'}: offline, only the local cache is read. Fetch it "
+            f"once with network access (`hf download {cfg.hf_id} --repo-type dataset --local-dir DIR`"
+            f"{f' --revision {cfg.revision}' if cfg.revision else ''}) and run with workload.path=DIR, "
+            "or load it once online so that it lands in the cache."
+        ) from e
+    return SourceRows(ds.to_list(), dataset_id_of(cfg), cfg.revision, "hub", label)
+
+
+def _read_local(cfg: WorkloadConfig, path: Path) -> SourceRows:
+    if not path.exists():
+        raise WorkloadError(f"workload.path={cfg.path} does not exist")
+    config = f"config {cfg.hf_config}, " if cfg.hf_config and (path / "README.md").exists() else ""
+    label = f"{path} ({config}split {cfg.split})"
+    try:
+        ds = _load_dir(cfg, path) if path.is_dir() else _load_file(cfg, path)
+    except WorkloadError:
+        raise
+    except (OSError, ValueError) as e:
+        raise WorkloadError(f"workload {cfg.kind}: could not read {label}: {type(e).__name__}: {e}") from e
+    return SourceRows(ds.to_list(), dataset_id_of(cfg), cfg.revision, f"file:{path.resolve()}", label)
+
+
+def _load_file(cfg: WorkloadConfig, path: Path) -> Any:
+    import datasets
+
+    builder = _FILE_BUILDERS.get(path.suffix.lower())
+    if builder is None:
+        raise WorkloadError(
+            f"workload.path={cfg.path}: unsupported file type {path.suffix!r}; "
+            f"use one of {', '.join(_FILE_BUILDERS)} or a dataset directory"
+        )
+    return datasets.load_dataset(
+        builder, data_files={cfg.split: str(path)}, split=cfg.split, cache_dir=cfg.cache_dir
+    )
+
+
+def _load_dir(cfg: WorkloadConfig, path: Path) -> Any:
+    import datasets
+
+    if (path / "dataset_dict.json").exists() or (path / "state.json").exists():
+        return _pick_split(cfg, datasets.load_from_disk(str(path)))
+    name = cfg.hf_config if (path / "README.md").exists() else None
+    return datasets.load_dataset(str(path), name, split=cfg.split, cache_dir=cfg.cache_dir)
+
+
+def _pick_split(cfg: WorkloadConfig, loaded: Any) -> Any:
+    import datasets
+
+    if not isinstance(loaded, datasets.DatasetDict):
+        return loaded
+    if cfg.split not in loaded:
+        raise WorkloadError(
+            f"workload.split={cfg.split} is not in {cfg.path}; its splits: {', '.join(loaded)}"
+        )
+    return loaded[cfg.split]
