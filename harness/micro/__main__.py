@@ -1,0 +1,65 @@
+"""Hydra entry point: `python -m harness.micro [overrides]` (see `configs/microbench.yaml`)."""
+
+from __future__ import annotations
+
+import sys
+from pathlib import Path
+
+import hydra
+from hydra.core.hydra_config import HydraConfig
+from omegaconf import DictConfig, OmegaConf
+from rich.console import Console
+from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
+
+from harness.config import HYDRA_VERSION_BASE, ConfigError, MicroAppConfig, register_configs
+from harness.micro.app import RunResult, check_config, progress_steps, run
+from harness.micro.impls import ImplError
+from harness.micro.report import console_table, write_report
+
+CONFIG_DIR = str(Path(__file__).resolve().parents[2] / "configs")
+PIPE_WIDTH = 160  # console width when stdout is not a terminal (logs, CI)
+
+
+def _run_with_progress(app: MicroAppConfig, resolved: dict, overrides: list[str], console: Console) -> RunResult:
+    micro = app.micro
+    total = progress_steps(micro)
+    columns = (TextColumn("{task.description}"), BarColumn(), MofNCompleteColumn(), TimeElapsedColumn())
+    with Progress(*columns, console=console) as progress:
+        task = progress.add_task("timing", total=total)
+
+        def step(label: str) -> None:
+            progress.update(task, advance=1, description=label)
+
+        def say(line: str) -> None:
+            progress.console.print(line, markup=False, highlight=False)
+
+        return run(micro, results_dir=app.results_dir, resolved=resolved, overrides=overrides, step=step, say=say)
+
+
+def _typed_config(cfg: DictConfig) -> MicroAppConfig:
+    """The typed config, checked (values and implementation names); ConfigError / ImplError if wrong."""
+    app: MicroAppConfig = OmegaConf.to_object(cfg)
+    check_config(app.micro)
+    return app
+
+
+@hydra.main(version_base=HYDRA_VERSION_BASE, config_path=CONFIG_DIR, config_name="microbench")
+def main(cfg: DictConfig) -> None:
+    """Check the config, run, write report.md, print the table and where everything went."""
+    console = Console(width=None if sys.stdout.isatty() else PIPE_WIDTH)
+    try:
+        app = _typed_config(cfg)
+        overrides = list(HydraConfig.get().overrides.task)
+        result = _run_with_progress(app, OmegaConf.to_container(cfg, resolve=True), overrides, console)
+    except (ConfigError, ImplError) as exc:
+        print(f"error: {exc}", file=sys.stderr)
+        raise SystemExit(2) from None
+    report = write_report(result.out_dir, result.manifest, result.rows)
+    console.print(console_table(result.rows, title=f"verify-probability builders on {result.manifest['device']['type']}"))
+    console.print(f"results: {result.out_dir}/ (manifest.json, results.jsonl, {report.name})", highlight=False,
+                  soft_wrap=True)
+
+
+if __name__ == "__main__":
+    register_configs()
+    main()

@@ -1,0 +1,326 @@
+"""The microbenchmark run: for each batch size, time the copy floor and every implementation.
+
+`run` is the whole job below the Hydra entry point; it takes typed configuration only.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import os
+import sys
+from collections.abc import Callable
+from dataclasses import dataclass
+from datetime import datetime
+from pathlib import Path
+from typing import Any
+
+import torch
+from torch import Tensor
+
+from harness import envinfo, verify
+from harness.config import ConfigError, MicroConfig
+from harness.micro import measure
+from harness.micro.compare import Comparison, compare_outputs
+from harness.micro.impls import REGISTRY, Impl, ImplError, check_names, resolve_impls
+from harness.micro.inputs import (
+    RowParams,
+    make_logits,
+    make_params,
+    padding_row_count,
+    rotated_copies,
+)
+
+SCHEMA_VERSION = 1
+Step = Callable[[str], None]
+
+
+@dataclass
+class ResultRow:
+    """One line of results.jsonl: one implementation at one batch size."""
+
+    impl: str
+    rows: int
+    vocab: int
+    status: str  # ok | skipped | error
+    top_k: int
+    top_p: float
+    temperature: float
+    dtype: str
+    padding_fraction: float
+    padding_rows: int
+    device: str
+    median_ms: float | None = None
+    min_ms: float | None = None
+    max_ms: float | None = None
+    repeats: int = 0
+    peak_temp_bytes: int | None = None  # None on the CPU: not measured
+    bitwise_equal: bool | None = None  # torch.equal with the baseline's output
+    kept_sets_equal: bool | None = None
+    values_equal: bool | None = None
+    max_abs_diff: float | None = None
+    copy_floor_ms: float | None = None
+    copy_bandwidth_gbs: float | None = None
+    bytes_moved: int = 0  # rows*vocab*elem_size (read) + rows*vocab*4 (fp32 write)
+    bandwidth_gbs: float | None = None
+    floor_fraction: float | None = None  # copy_floor_ms / median_ms
+    speedup_vs_baseline: float | None = None  # baseline median / this median
+    baseline: str = ""
+    rotate_copies: int = 1
+    note: str = ""
+
+
+COPY = "copy floor"  # the plain device copy timed next to the implementations
+
+
+@dataclass(frozen=True)
+class Batch:
+    """Everything one batch size shares: the rotated inputs, the parameters, the reference output."""
+
+    copies: list[Tensor]  # [rows, vocab] each, identical values
+    params: RowParams
+    reference: Tensor  # the baseline's output [rows, vocab] fp32
+
+
+def resolve_device(name: str) -> torch.device:
+    """auto -> cuda when available, else cpu; cuda without a GPU is a ConfigError."""
+    if name == "auto":
+        return torch.device("cuda" if torch.cuda.is_available() else "cpu")
+    if name == "cuda" and not torch.cuda.is_available():
+        raise ConfigError("micro.device=cuda but torch sees no CUDA device; use micro.device=cpu or auto")
+    return torch.device(name)
+
+
+def check_config(cfg: MicroConfig) -> None:
+    """Names the config refers to must be registered, the baseline must be the project's code, and
+    the device must exist."""
+    check_names([*cfg.impls, cfg.baseline, cfg.after])
+    resolve_device(cfg.device)
+    if REGISTRY[cfg.baseline]().external:
+        raise ImplError(f"micro.baseline={cfg.baseline!r} must be one of the project's builders: "
+                        f"{', '.join(verify.BUILDERS)}")
+
+
+def make_out_dir(results_dir: str, out_dir: str | None) -> Path:
+    """`out_dir` as given, else a new `<results_dir>/micro/<YYYYmmdd-HHMMSS>[-n]/`."""
+    if out_dir:
+        path = Path(out_dir)
+        path.mkdir(parents=True, exist_ok=True)
+        return path
+    base = Path(results_dir) / "micro" / datetime.now().strftime("%Y%m%d-%H%M%S")
+    path, n = base, 0
+    while path.exists():
+        n += 1
+        path = base.with_name(f"{base.name}-{n}")
+    path.mkdir(parents=True)
+    return path
+
+
+def _base_row(cfg: MicroConfig, impl: str, rows: int, device: torch.device) -> ResultRow:
+    return ResultRow(
+        impl=impl, rows=rows, vocab=cfg.vocab, status="ok", top_k=cfg.top_k, top_p=cfg.top_p,
+        temperature=cfg.temperature, dtype=cfg.dtype, padding_fraction=cfg.padding_fraction,
+        padding_rows=padding_row_count(rows, cfg.padding_fraction), device=str(device), baseline=cfg.baseline,
+    )
+
+
+def _with_comparison(row: ResultRow, cmp: Comparison) -> None:
+    row.bitwise_equal = cmp.bitwise_equal
+    row.kept_sets_equal = cmp.kept_sets_equal
+    row.values_equal = cmp.values_equal
+    row.max_abs_diff = cmp.max_abs_diff
+    if not cmp.bitwise_equal:
+        row.note = (row.note + "; " if row.note else "") + f"vs {row.baseline}: {cmp.summary()}"
+
+
+def _with_timing(row: ResultRow, stats: measure.TimingStats, floor: measure.TimingStats, batch: Batch) -> None:
+    row.median_ms, row.min_ms, row.max_ms, row.repeats = stats.median_ms, stats.min_ms, stats.max_ms, stats.repeats
+    row.copy_floor_ms = floor.median_ms
+    row.bytes_moved = measure.bytes_moved(row.rows, row.vocab, batch.copies[0].element_size())
+    row.copy_bandwidth_gbs = measure.bandwidth_gbs(row.bytes_moved, floor.median_ms)
+    row.bandwidth_gbs = measure.bandwidth_gbs(row.bytes_moved, stats.median_ms)
+    row.floor_fraction = measure.floor_fraction(floor.median_ms, stats.median_ms)
+    row.rotate_copies = len(batch.copies)
+
+
+def warm_up(call: measure.Call, inputs: list[Tensor], n: int) -> None:
+    """n untimed calls, cycling through the inputs."""
+    for i in range(n):
+        call(inputs[i % len(inputs)])
+
+
+def prepare_impl(impl: Impl, batch: Batch, cfg: MicroConfig, row: ResultRow) -> measure.Call | None:
+    """Bind the parameters, warm up, make one call for peak memory and the comparison (into `row`).
+
+    Returns the call to time, or None when the implementation is skipped or (external only) failed;
+    `row.status` / `row.note` say which.
+    """
+    if not impl.available:
+        row.status, row.note = "skipped", impl.note
+        return None
+    call = impl.prepare(batch.params)
+    try:
+        warm_up(call, batch.copies, max(1, cfg.warmup))
+        out, row.peak_temp_bytes = measure.call_with_peak_memory(call, batch.copies[0])
+    except Exception as exc:
+        if not impl.external:
+            raise
+        row.status, row.note = "error", f"{type(exc).__name__}: {exc}"
+        return None
+    _with_comparison(row, compare_outputs(out, batch.reference))
+    return call
+
+
+def make_batch(cfg: MicroConfig, rows: int, device: torch.device, baseline: Impl) -> Batch:
+    """Seeded logits (seed + rows, so each batch size has its own), rotated copies, reference output."""
+    logits = make_logits(rows, cfg.vocab, dtype=cfg.dtype, device=device, seed=cfg.seed + rows,
+                         padding_fraction=cfg.padding_fraction)
+    params = make_params(rows, temperature=cfg.temperature, top_k=cfg.top_k, top_p=cfg.top_p, device=device)
+    copies = rotated_copies(logits, cfg.min_rotate_bytes)
+    return Batch(copies=copies, params=params, reference=baseline.prepare(params)(logits))
+
+
+def progress_steps(cfg: MicroConfig) -> int:
+    """How many times `bench_rows` calls `step` over the whole run."""
+    return len(cfg.rows) * (len(cfg.impls) + cfg.warmup + cfg.repeats)
+
+
+def time_batch(calls: dict[str, measure.Call], batch: Batch, cfg: MicroConfig,
+               on_round: Callable[[int], None]) -> dict[str, measure.TimingStats]:
+    """Time the copy floor (a plain device copy of the logits into a preallocated fp32 [rows, vocab]
+    buffer) and every call, interleaved (each round calls each once, in a shuffled order).
+
+    Returns the stats per name, the copy's under COPY.
+    """
+    buf = torch.empty(batch.copies[0].shape, dtype=torch.float32, device=batch.copies[0].device)
+    times = measure.time_interleaved({COPY: buf.copy_, **calls}, batch.copies, warmup=cfg.warmup,
+                                     repeats=cfg.repeats, on_round=on_round)
+    return {name: measure.summarize(t) for name, t in times.items()}
+
+
+def _fill_speedups(rows: list[ResultRow], baseline: str) -> None:
+    base = next((r.median_ms for r in rows if r.impl == baseline and r.median_ms), None)
+    for r in rows:
+        if base and r.median_ms:
+            r.speedup_vs_baseline = base / r.median_ms
+
+
+def bench_rows(cfg: MicroConfig, rows: int, device: torch.device, impls: list[Impl], baseline: Impl,
+               step: Step) -> list[ResultRow]:
+    """Every implementation at one batch size: prepare each (memory, comparison), then time them all
+    with the copy floor, interleaved. `step(label)` is called once per implementation prepared and
+    once per timing round (warm-up rounds included)."""
+    batch = make_batch(cfg, rows, device, baseline)
+    results, calls = [], {}
+    for impl in impls:
+        row = _base_row(cfg, impl.name, rows, device)
+        call = prepare_impl(impl, batch, cfg, row)
+        if call is not None:
+            calls[impl.name] = call
+        results.append(row)
+        step(f"rows={rows}: {impl.name} prepared")
+    total = cfg.warmup + cfg.repeats
+    stats = time_batch(calls, batch, cfg, on_round=lambda r: step(f"rows={rows}: round {r + 1}/{total}"))
+    for row in results:
+        if row.impl in stats:
+            _with_timing(row, stats[row.impl], stats[COPY], batch)
+    _fill_speedups(results, cfg.baseline)
+    del batch
+    if device.type == "cuda":
+        torch.cuda.empty_cache()
+    return results
+
+
+def _load_avg() -> float | None:
+    try:
+        return round(os.getloadavg()[0], 2)
+    except (OSError, AttributeError):
+        return None
+
+
+def device_info(device: torch.device) -> dict[str, Any]:
+    """What torch says about the device the benchmark ran on."""
+    if device.type != "cuda":  # a shared CPU's load skews its times: keep it next to them
+        return {"type": "cpu", "torch_threads": torch.get_num_threads(), "load_avg_1m": _load_avg()}
+    index = torch.cuda.current_device() if device.index is None else device.index
+    props = torch.cuda.get_device_properties(index)
+    return {"type": "cuda", "index": index, "name": props.name, "capability": f"{props.major}.{props.minor}",
+            "total_memory_bytes": props.total_memory, "torch_threads": torch.get_num_threads()}
+
+
+def build_manifest(cfg: MicroConfig, resolved: dict, device: torch.device, impls: list[Impl],
+                   overrides: list[str]) -> dict[str, Any]:
+    """manifest.json: config, command, versions, device, GPU (nvidia-smi), git, host, implementations."""
+    return {
+        "schema_version": SCHEMA_VERSION,
+        "kind": "micro",
+        "status": "running",
+        "started_at": datetime.now().astimezone().isoformat(timespec="seconds"),
+        "finished_at": None,
+        "command": [sys.executable, "-m", "harness.micro", *overrides],
+        "overrides": overrides,
+        "config": resolved,
+        "device": device_info(device),
+        "radix_topk_backend": verify.radix_topk_backend(device),
+        "impls": {i.name: {"available": i.available, "note": i.note, **i.info} for i in impls},
+        "versions": envinfo.versions(),
+        "git": envinfo.git_info(),
+        "gpu": envinfo.gpu_info() if device.type == "cuda" else None,
+        "host": envinfo.host_info(),
+    }
+
+
+def write_json(path: Path, obj: Any) -> None:
+    path.write_text(json.dumps(obj, indent=2, default=str) + "\n")
+
+
+def _bench_all(cfg: MicroConfig, device: torch.device, impls: list[Impl], baseline: Impl, path: Path,
+               step: Step) -> list[ResultRow]:
+    """Every batch size in turn; each row is appended to `path` (JSONL) and flushed as it is measured."""
+    results: list[ResultRow] = []
+    with path.open("w") as f:
+        for rows in cfg.rows:
+            for row in bench_rows(cfg, rows, device, impls, baseline, step):
+                f.write(json.dumps(dataclasses.asdict(row)) + "\n")
+                f.flush()
+                results.append(row)
+    return results
+
+
+def _finish(out_dir: Path, manifest: dict[str, Any], status: str) -> None:
+    manifest.update(status=status, finished_at=datetime.now().astimezone().isoformat(timespec="seconds"))
+    write_json(out_dir / "manifest.json", manifest)
+
+
+@dataclass(frozen=True)
+class RunResult:
+    out_dir: Path
+    manifest: dict[str, Any]
+    rows: list[ResultRow]
+
+
+def run(cfg: MicroConfig, *, results_dir: str, resolved: dict, overrides: list[str], step: Step,
+        say: Callable[[str], None]) -> RunResult:
+    """The whole benchmark; writes manifest.json and results.jsonl (flushed per row) under the output dir.
+
+    report.md is written by the caller (`harness.micro.report`) from what this returns.
+    """
+    check_config(cfg)
+    device = resolve_device(cfg.device)
+    impls = resolve_impls(cfg.impls)
+    for impl in impls:
+        if not impl.available:
+            say(impl.note)
+    baseline = next((i for i in impls if i.name == cfg.baseline), None) or resolve_impls([cfg.baseline])[0]
+    out_dir = make_out_dir(results_dir, cfg.out_dir)
+    manifest = build_manifest(cfg, resolved, device, impls, overrides)
+    write_json(out_dir / "manifest.json", manifest)
+    say(f"device {device} ({manifest['device'].get('name', manifest['host']['cpu'])}), "
+        f"radix top-k: {manifest['radix_topk_backend']}, writing to {out_dir}/")
+    try:
+        results = _bench_all(cfg, device, impls, baseline, out_dir / "results.jsonl", step)
+    except BaseException:
+        _finish(out_dir, manifest, "failed")
+        raise
+    _finish(out_dir, manifest, "complete")
+    return RunResult(out_dir=out_dir, manifest=manifest, rows=results)
