@@ -22,8 +22,18 @@ from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, T
 from harness import envinfo
 from harness.client import Outcome, RequestSpec, drive
 from harness.config import BenchConfig, ConfigError
-from harness.launcher import LaunchSpec, Server, ServerError, build_spec, check_log, describe_failed_checks
-from harness.launcher import flush_cache, free_port, get_json, redact
+from harness.launcher import (
+    LaunchSpec,
+    Server,
+    ServerError,
+    build_spec,
+    check_log,
+    describe_failed_checks,
+    flush_cache,
+    free_port,
+    get_json,
+    redact,
+)
 from harness.plan import PlannedRun, make_plan, slots
 from harness.records import SCHEMA_VERSION, RecordWriter, make_record, read_json, write_json
 from workloads.base import Workload
