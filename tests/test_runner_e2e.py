@@ -1,0 +1,218 @@
+"""End to end: `python -m harness.bench` drives the embedded server as real subprocesses.
+
+A small campaign runs; the layout and record keys are there; arms alternate; warmup is kept out;
+request seeds are base seed + item id; no server survives; a killed server fails its run and a rerun
+resumes it without losing or duplicating records; seeds that the server ignores are flagged."""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import psutil
+import pytest
+
+pytestmark = pytest.mark.slow
+
+RECORD_KEYS = {
+    "schema_version", "campaign_id", "run_id", "arm", "base_seed", "repeat", "item_id", "request_seed", "warmup",
+    "prompt_tokens", "completion_tokens", "spec_verify_ct", "spec_num_correct_drafts", "finish_reason", "hit_cap",
+    "t_scheduled", "t_sent", "t_first_token", "t_end", "n_chunks", "error", "output_text", "answer", "correct",
+    "meta_info",
+}
+MANIFEST_KEYS = {
+    "command", "env", "versions", "host", "dataset", "t_start_unix", "t_end_unix", "log_checks", "status",
+    "server_info", "model_info", "seeds_honoured", "wall_anchor",
+}
+SMALL = ["workload.n_items=4", "sampling.max_new_tokens=24", "experiment.warmup.requests=2",
+         "experiment.warmup.max_new_tokens=4", "client.concurrency=4", "report=false"]
+
+
+def bench(tmp: Path, *overrides: str, timeout: float = 240) -> subprocess.CompletedProcess:
+    return subprocess.run([sys.executable, "-m", "harness.bench", f"results_dir={tmp}", *overrides],
+                          capture_output=True, text=True, timeout=timeout)
+
+
+def read_jsonl(path: Path) -> list[dict]:
+    return [json.loads(line) for line in path.read_text().splitlines() if line.strip()]
+
+
+def campaign_dir(tmp: Path, experiment: str = "embedded_block_vs_token") -> Path:
+    (only,) = list((tmp / experiment).iterdir())
+    return only
+
+
+def engine_processes(ports: set[int]) -> list[psutil.Process]:
+    """Live processes whose command line starts an embedded server on one of `ports`."""
+    found = []
+    for proc in psutil.process_iter(["cmdline"]):
+        cmd = proc.info["cmdline"] or []
+        if "harness.engine" in cmd and "--port" in cmd and int(cmd[cmd.index("--port") + 1]) in ports:
+            found.append(proc)
+    return found
+
+
+def ports_of(root: Path) -> set[int]:
+    ports = set()
+    for manifest in [*root.glob("runs/*/manifest.json"), *root.glob("attempts/*/manifest.json")]:
+        cmd = json.loads(manifest.read_text())["command"]
+        ports.add(int(cmd[cmd.index("--port") + 1]))
+    return ports
+
+
+def test_small_campaign(tmp_path):
+    proc = bench(tmp_path, "experiment.base_seeds=[11,22,33]", *SMALL)
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    root = campaign_dir(tmp_path)
+    campaign = json.loads((root / "campaign.json").read_text())
+    items = {i["item_id"]: i["seed_offset"] for i in campaign["workload"]["items"]}
+    assert len(items) == 4
+    order = [r["run_id"] for r in campaign["order_run"]]
+    assert [r.split("-")[1] for r in order] == ["token", "block", "block", "token", "token", "block"]
+    assert all(r["status"] == "finished" for r in campaign["order_run"])
+    for run in campaign["plan"]:
+        run_dir = root / "runs" / run["run_id"]
+        manifest = json.loads((run_dir / "manifest.json").read_text())
+        assert MANIFEST_KEYS <= set(manifest) and manifest["status"] == "finished"
+        assert manifest["seeds_honoured"] is True and manifest["log_checks"]["passed"] is True
+        assert (run_dir / "server.log").stat().st_size > 0
+        records = read_jsonl(run_dir / "records.jsonl")
+        for rec in records:
+            assert RECORD_KEYS <= set(rec), RECORD_KEYS - set(rec)
+            assert rec["request_seed"] == run["base_seed"] + items[rec["item_id"]]
+            assert rec["error"] is None and rec["finish_reason"] in ("stop", "length")
+        warm = [r for r in records if r["warmup"]]
+        measured = [r for r in records if not r["warmup"]]
+        assert len(warm) == 2 and all(r["completion_tokens"] <= 4 for r in warm)
+        assert sorted(r["item_id"] for r in measured) == sorted(items)
+        # warmup finished before the measured window began
+        assert max(r["t_end"] for r in warm) <= min(r["t_sent"] for r in measured)
+        for r in measured:
+            assert r["t_scheduled"] <= r["t_sent"] <= r["t_first_token"] <= r["t_end"]
+            assert r["spec_verify_ct"] >= 1 and r["meta_info"]["spec_verify_ct"] == r["spec_verify_ct"]
+            assert r["hit_cap"] == (r["completion_tokens"] >= 24)
+    assert not engine_processes(ports_of(root))
+    assert str(root) in proc.stdout.replace("\n", "")
+
+
+def wait_for(predicate, timeout: float = 120.0, step: float = 0.05):
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        value = predicate()
+        if value:
+            return value
+        time.sleep(step)
+    raise AssertionError("timed out waiting")
+
+
+def running_server_of_first_run(root: Path) -> psutil.Process | None:
+    """The first run's server, once that run has written a measured record."""
+    runs = sorted((root / "runs").glob("*")) if root.exists() else []
+    if not runs or not (runs[0] / "records.jsonl").exists():
+        return None
+    if not any(not r["warmup"] for r in read_jsonl(runs[0] / "records.jsonl")):
+        return None
+    procs = engine_processes(ports_of(root))
+    return procs[0] if procs else None
+
+
+def file_hash(path: Path) -> str:
+    return hashlib.sha256(path.read_bytes()).hexdigest()
+
+
+def test_killed_server_fails_its_run_and_a_rerun_resumes(tmp_path):
+    args = ["experiment.base_seeds=[5,6]", "campaign=resume-test", *SMALL[:-2], "client.concurrency=1",
+            "sampling.max_new_tokens=48", "workload.n_items=6", "report=false"]
+    root = tmp_path / "embedded_block_vs_token" / "resume-test"
+    runner = subprocess.Popen([sys.executable, "-m", "harness.bench", f"results_dir={tmp_path}", *args],
+                              stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+    try:
+        victim = wait_for(lambda: running_server_of_first_run(root))
+        victim.kill()
+        out, _ = runner.communicate(timeout=240)
+    finally:
+        if runner.poll() is None:
+            runner.kill()
+    assert runner.returncode == 1, out
+    campaign = json.loads((root / "campaign.json").read_text())
+    first = campaign["plan"][0]["run_id"]
+    status = {r["run_id"]: r["status"] for r in campaign["order_run"]}
+    assert status[first] == "failed"
+    assert all(s == "finished" for r, s in status.items() if r != first)
+    assert "failed" in json.loads((root / "runs" / first / "manifest.json").read_text())["status"]
+    kept = {r: file_hash(root / "runs" / r / "records.jsonl") for r in status if r != first}
+
+    proc = bench(tmp_path, *args)
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    assert "resuming" in proc.stdout
+    assert (root / "attempts" / f"{first}.1" / "records.jsonl").exists()  # the partial attempt, set aside
+    for run_id, digest in kept.items():  # finished runs untouched
+        assert file_hash(root / "runs" / run_id / "records.jsonl") == digest
+    for run in campaign["plan"]:
+        measured = [r for r in read_jsonl(root / "runs" / run["run_id"] / "records.jsonl") if not r["warmup"]]
+        assert sorted(int(r["item_id"]) for r in measured) == list(range(6))  # each item exactly once
+        assert all(r["error"] is None for r in measured)
+    assert not engine_processes(ports_of(root))
+
+    mismatch = bench(tmp_path, *args, "sampling.top_p=0.5")
+    assert mismatch.returncode == 2 and "sampling.top_p" in mismatch.stdout
+
+
+def test_ctrl_c_leaves_no_server(tmp_path):
+    root_parent = tmp_path / "embedded_block_vs_token"
+    runner = subprocess.Popen([sys.executable, "-m", "harness.bench", f"results_dir={tmp_path}",
+                               "campaign=interrupt", *SMALL[:-1], "client.concurrency=1",
+                               "sampling.max_new_tokens=64", "report=false"],
+                              stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+    root = root_parent / "interrupt"
+    try:
+        wait_for(lambda: running_server_of_first_run(root))
+        ports = ports_of(root)
+        runner.send_signal(signal.SIGINT)
+        runner.communicate(timeout=60)
+    finally:
+        if runner.poll() is None:
+            runner.kill()
+    time.sleep(0.5)
+    assert not engine_processes(ports)
+    manifest = json.loads(next((root / "runs").glob("*/manifest.json")).read_text())
+    assert manifest["status"] == "failed" and "interrupt" in manifest["error"]
+
+
+def test_ignored_seeds_are_flagged(tmp_path):
+    args = ["experiment=embedded_aa", "experiment.base_seeds=[7]", *SMALL,
+            "server.args=[--speculative-algorithm,DFLASH,--speculative-num-draft-tokens,'4']"]
+    proc = bench(tmp_path, *args)
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    assert "seeds not honoured" in proc.stdout
+    root = campaign_dir(tmp_path, "embedded_aa")
+    for manifest in [*root.glob("runs/*/manifest.json"), *root.glob("attempts/*/manifest.json")]:
+        doc = json.loads(manifest.read_text())
+        assert doc["seeds_honoured"] is False
+        assert doc["server_info"]["enable_deterministic_inference"] is False
+
+
+def test_runner_crash_kills_its_server(tmp_path):
+    """SIGKILL of the runner itself: the server gets SIGTERM through PR_SET_PDEATHSIG."""
+    if sys.platform != "linux":
+        pytest.skip("parent-death signal is Linux only")
+    runner = subprocess.Popen([sys.executable, "-m", "harness.bench", f"results_dir={tmp_path}",
+                               "campaign=crash", *SMALL[:-1], "client.concurrency=1",
+                               "sampling.max_new_tokens=64", "report=false"],
+                              stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    root = tmp_path / "embedded_block_vs_token" / "crash"
+    try:
+        wait_for(lambda: running_server_of_first_run(root))
+        ports = ports_of(root)
+        os.kill(runner.pid, signal.SIGKILL)
+        runner.wait(timeout=30)
+    finally:
+        if runner.poll() is None:
+            runner.kill()
+    wait_for(lambda: not engine_processes(ports), timeout=30)
