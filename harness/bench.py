@@ -33,10 +33,14 @@ def to_typed(cfg: DictConfig) -> BenchConfig:
     return OmegaConf.to_object(cfg).validate()
 
 
-def write_report(campaign_dir, console: Console) -> None:
+def write_report(campaign_dir, console: Console) -> int:
+    """The analysis report of the campaign (it prints where it wrote); its exit code."""
     from analysis.report import main as report_main  # noqa: PLC0415  (heavy imports only when needed)
 
-    report_main([str(campaign_dir)])
+    code = report_main([str(campaign_dir)])
+    if code:
+        console.print(f"[bold red]the report of {campaign_dir} failed (exit code {code}); see above[/]")
+    return code
 
 
 def run(cfg_node: DictConfig, console: Console) -> int:
@@ -53,15 +57,14 @@ def run(cfg_node: DictConfig, console: Console) -> int:
     campaign.open()
     statuses = asyncio.run(run_campaign(campaign))
     console.print(f"runs: {summary(statuses)}")
-    if cfg.report:
-        write_report(campaign.root, console)
+    report_code = write_report(campaign.root, console) if cfg.report else 0
     console.print(f"[bold green]records:[/] {campaign.root}/runs/*/records.jsonl")
     failed = [r for r, s in statuses.items() if s != "finished"]
     if failed:
         console.print(f"[bold red]{len(failed)} run(s) failed[/]: {', '.join(failed)}; rerun with "
                       f"campaign={campaign.root.name} to resume them")
         return 1
-    return 0
+    return 1 if report_code else 0
 
 
 @hydra.main(version_base=HYDRA_VERSION_BASE, config_path=str(CONFIG_DIR), config_name="bench")

@@ -176,7 +176,7 @@ def start_manifest(c: Campaign, run: PlannedRun, spec: LaunchSpec) -> dict[str, 
         "schema_version": SCHEMA_VERSION, "campaign_id": c.campaign_id, "run_id": run.run_id, "arm": run.arm,
         "base_seed": run.base_seed, "repeat": run.repeat, "gpu": run.gpu, "status": "running", "error": None,
         "command": spec.argv, "env": redact(spec.env_overrides), "env_full_sha256": env_sha256(spec.env_overrides),
-        "server_info": None, "model_info": None, "seeds_honoured": None,
+        "server_info": None, "server_info_end": None, "model_info": None, "seeds_honoured": None,
         "versions": {"harness": envinfo.git_info(), **envinfo.versions()},
         "gpu_info": envinfo.gpu_info(), "host": envinfo.host_info(),
         "dataset": {"id": c.workload.dataset_id, "revision": c.workload.revision, "sha256": c.workload.sha256},
@@ -253,6 +253,7 @@ async def run_one(c: Campaign, run: PlannedRun, progress: Progress) -> str:
             if not checks["after_ready"]["passed"]:
                 raise RunFailed(f"log check after readiness failed: {describe_failed_checks(checks['after_ready'])}")
             await drive_run(ctx, server)
+            ctx.manifest["server_info_end"] = await get_json(spec.base_url, "/server_info")
             checks["at_end"] = check_log(spec.log_path, spec.log_checks)
             if not server.alive():
                 raise RunFailed(f"the server exited (code {server.proc.returncode}) during the run; see {spec.log_path}")

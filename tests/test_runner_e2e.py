@@ -32,6 +32,7 @@ MANIFEST_KEYS = {
 }
 SMALL = ["workload.n_items=4", "sampling.max_new_tokens=24", "experiment.warmup.requests=2",
          "experiment.warmup.max_new_tokens=4", "client.concurrency=4", "report=false"]
+WITH_REPORT = SMALL[:-1]
 
 
 def bench(tmp: Path, *overrides: str, timeout: float = 240) -> subprocess.CompletedProcess:
@@ -66,8 +67,8 @@ def ports_of(root: Path) -> set[int]:
     return ports
 
 
-def test_small_campaign(tmp_path):
-    proc = bench(tmp_path, "experiment.base_seeds=[11,22,33]", *SMALL)
+def test_small_campaign_and_its_report(tmp_path):
+    proc = bench(tmp_path, "experiment.base_seeds=[11,22,33]", *WITH_REPORT)
     assert proc.returncode == 0, proc.stdout + proc.stderr
     root = campaign_dir(tmp_path)
     campaign = json.loads((root / "campaign.json").read_text())
@@ -99,6 +100,31 @@ def test_small_campaign(tmp_path):
             assert r["hit_cap"] == (r["completion_tokens"] >= 24)
     assert not engine_processes(ports_of(root))
     assert str(root) in proc.stdout.replace("\n", "")
+    check_report_against_records(root)
+
+
+def check_report_against_records(root: Path) -> None:
+    """The report's figures, recomputed here from the raw records alone."""
+    from analysis.report import build_report  # noqa: PLC0415
+
+    report_md = (root / "report.md").read_text()
+    assert "Audit: PASSED" in report_md and (root / "figures").is_dir()
+    pooled = build_report([root]).tables.pooled
+    records = [r for f in root.glob("runs/*/records.jsonl") for r in read_jsonl(f) if not r["warmup"]]
+    for arm in ("token", "block"):
+        mine = [r for r in records if r["arm"] == arm]
+        al = sum(r["completion_tokens"] for r in mine) / sum(r["spec_verify_ct"] for r in mine)
+        drafts = sum(r["spec_num_correct_drafts"] for r in mine) / sum(r["spec_verify_ct"] for r in mine)
+        assert pooled.loc["acceptance_length", arm] == pytest.approx(al, rel=1e-12)
+        assert pooled.loc["correct_drafts_per_step", arm] == pytest.approx(drafts, rel=1e-12)
+        assert f"{al:.4f}" in report_md
+        tokens = windows = 0.0
+        for run_id in {r["run_id"] for r in mine}:
+            run = [r for r in mine if r["run_id"] == run_id]
+            tokens += sum(r["completion_tokens"] for r in run)
+            windows += max(r["t_end"] for r in run) - min(r["t_sent"] for r in run)
+        assert pooled.loc["throughput", arm] == pytest.approx(tokens / windows, rel=1e-9)
+        assert pooled.loc["cap_hits", arm] == sum(r["hit_cap"] for r in mine)
 
 
 def wait_for(predicate, timeout: float = 120.0, step: float = 0.05):

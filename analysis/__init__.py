@@ -1,0 +1,9 @@
+"""Analysis of campaigns: read the raw records and manifests, audit them, compute the metrics and
+their paired statistics, and write report.md with figures.
+
+Modules, one job each: `load` (read files into flat tables), `commands` (command/env diffs between
+arms), `audit` (coverage, seeds, commands, server fields, checked metadata), `metrics` (point
+figures), `stats` (bootstrap and sign-flip test), `compare` (changes against the baseline),
+`tables` (numeric and display tables), `markdown`, `plots`, `report` (API and CLI),
+`bench_report` (timing on 1M synthetic records).
+"""

@@ -1,0 +1,476 @@
+"""The audit: an independent pass over the raw records and manifests.
+
+It decides which records the metrics use (`Selection`) and reports every check as a `Check` with a
+status: `fail` (the tables should not be trusted), `warn`, `ok` or `info`. `--strict` turns any
+`fail` into a non-zero exit.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any
+
+import numpy as np
+import pandas as pd
+
+from analysis.commands import ArmDiff, RunVariant, compare_arms, run_variants
+from analysis.load import SCHEMA_VERSION, Loaded
+
+FAIL, WARN, OK, INFO = "fail", "warn", "ok", "info"
+FINISHED_REASONS = ("stop", "length")
+_RTOL = 1e-6
+
+
+@dataclass(frozen=True)
+class Check:
+    name: str
+    status: str  # fail | warn | ok | info
+    summary: str
+    details: tuple[str, ...] = ()
+
+
+@dataclass(frozen=True)
+class Mismatch:
+    """Checked metadata that differ between runs or campaigns: value -> where it was seen."""
+
+    what: str
+    values: dict[str, list[str]]
+
+    def __str__(self) -> str:
+        parts = [f"{v} ({_few(where)})" for v, where in self.values.items()]
+        return f"{self.what}: " + "; ".join(parts)
+
+
+def _few(names: list[str], n: int = 3) -> str:
+    return ", ".join(names[:n]) + (f" and {len(names) - n} more" if len(names) > n else "")
+
+
+@dataclass(frozen=True)
+class Selection:
+    """Boolean masks over `Loaded.records` (one entry per record line)."""
+
+    measured: np.ndarray  # outside warmup, in a finished planned run: counts for run throughput
+    chosen: np.ndarray  # the first measured record of each planned request
+    errored: np.ndarray  # chosen, but with an error, an abort or no completion_tokens
+    used: np.ndarray  # chosen, not errored, in a finished run: what the metrics use
+
+
+@dataclass(frozen=True)
+class PlanKeys:
+    """The planned requests: run (row of Loaded.runs) and item (row of Loaded.items) of each."""
+
+    run: np.ndarray
+    item: np.ndarray
+    n_items: int
+
+    @property
+    def key(self) -> np.ndarray:
+        return self.run * self.n_items + self.item
+
+
+@dataclass
+class Audit:
+    checks: list[Check]
+    coverage: pd.DataFrame  # per arm: planned, used, missing, duplicated, extra_records, errored, ...
+    missing: pd.DataFrame
+    duplicated: pd.DataFrame
+    errored: pd.DataFrame
+    arm_diffs: list[ArmDiff]
+    variants: list[RunVariant]
+    mismatches: list[Mismatch]
+    selection: Selection
+    plan: PlanKeys
+
+    @property
+    def failed(self) -> list[Check]:
+        return [c for c in self.checks if c.status == FAIL]
+
+    @property
+    def passed(self) -> bool:
+        return not self.failed
+
+
+# ---------------------------------------------------------------------------------------------
+# checked metadata
+
+
+def metadata_mismatches(data: Loaded) -> list[Mismatch]:
+    """Checked metadata that differ: GPU model, model path, dataset SHA256, harness version, and
+    (between campaigns) the experiment, its arms and baseline, and the client settings."""
+    runs = data.runs[data.runs["status"] != "not run"]
+    out = [_distinct(f"run {col}", runs, col) for col in _RUN_CHECKED]
+    out.append(_distinct_campaign(data, "dataset SHA256", lambda c: (c.meta.get("workload") or {}).get("sha256")))
+    for what, get in _CAMPAIGN_CHECKED.items():
+        out.append(_distinct_campaign(data, what, get))
+    return [m for m in out if m is not None]
+
+
+_RUN_CHECKED = ("gpu_name", "model_path", "dataset_sha256", "harness_version", "harness_git_sha")
+_CAMPAIGN_CHECKED = {
+    "experiment": lambda c: c.experiment,
+    "arms (as declared)": lambda c: c.arms,
+    "baseline": lambda c: c.baseline,
+    "max_new_tokens": lambda c: c.meta.get("max_new_tokens"),
+    "concurrency": lambda c: c.meta.get("concurrency"),
+    "request_rate": lambda c: c.meta.get("request_rate"),
+}
+
+
+def _distinct(what: str, runs: pd.DataFrame, col: str) -> Mismatch | None:
+    seen: dict[str, list[str]] = {}
+    for value, run_id, camp in zip(runs[col], runs["run_id"], runs["campaign"], strict=True):
+        seen.setdefault(_key(value), []).append(f"{camp}/{run_id}")
+    return Mismatch(what, seen) if len(seen) > 1 else None
+
+
+def _distinct_campaign(data: Loaded, what: str, get: Any) -> Mismatch | None:
+    seen: dict[str, list[str]] = {}
+    for camp in data.campaigns:
+        seen.setdefault(_key(get(camp)), []).append(camp.label)
+    return Mismatch(what, seen) if len(seen) > 1 else None
+
+
+def _key(value: Any) -> str:
+    if value is None or (isinstance(value, float) and np.isnan(value)):
+        return "(none)"
+    return str(value)
+
+
+# ---------------------------------------------------------------------------------------------
+# coverage
+
+
+def plan_keys(data: Loaded) -> PlanKeys:
+    item_pos = pd.Index(data.items["item_id"])
+    runs_parts, items_parts = [], []
+    planned = data.runs[data.runs["planned"]]
+    for camp in data.campaigns:
+        camp_items = item_pos.get_indexer([str(i.get("item_id")) for i in camp.items]).astype(np.int64)
+        camp_runs = planned.loc[planned["campaign"] == camp.label, "run"].to_numpy(np.int64)
+        runs_parts.append(np.repeat(camp_runs, len(camp_items)))
+        items_parts.append(np.tile(camp_items, len(camp_runs)))
+    run = np.concatenate(runs_parts) if runs_parts else np.empty(0, np.int64)
+    item = np.concatenate(items_parts) if items_parts else np.empty(0, np.int64)
+    return PlanKeys(run, item, len(data.items))
+
+
+def select(data: Loaded, plan: PlanKeys) -> tuple[Selection, np.ndarray]:
+    """The record masks and, per record, its plan key (-1 when it is not a planned request)."""
+    rec, runs = data.records, data.runs
+    run = rec["_run"].to_numpy()
+    finished = (runs["status"] == "finished").to_numpy()[run] & runs["planned"].to_numpy()[run]
+    is_planned = np.zeros(len(runs) * max(plan.n_items, 1), dtype=bool)
+    is_planned[plan.key] = True
+    item = rec["_item"].to_numpy()
+    key = np.where(item >= 0, run * plan.n_items + np.maximum(item, 0), -1)
+    outside_warmup = ~rec["warmup"].to_numpy()
+    in_plan = outside_warmup & (key >= 0) & is_planned[np.maximum(key, 0)]
+    key = np.where(in_plan, key, -1)
+    first = in_plan & ~pd.Series(key).duplicated(keep="first").to_numpy()
+    errored = first & _errored(rec)
+    sel = Selection(
+        measured=outside_warmup & finished,
+        chosen=first,
+        errored=errored,
+        used=first & ~errored & finished,
+    )
+    return sel, key
+
+
+def _errored(rec: pd.DataFrame) -> np.ndarray:
+    reason_ok = rec["finish_reason"].isin(FINISHED_REASONS).to_numpy()
+    return rec["error"].notna().to_numpy() | ~reason_ok | np.isnan(rec["completion_tokens"].to_numpy())
+
+
+def coverage(data: Loaded, plan: PlanKeys, sel: Selection, key: np.ndarray) -> dict[str, pd.DataFrame]:
+    """Per-arm counts of planned, used, missing, duplicated and errored requests, and their lists."""
+    runs, rec = data.runs, data.records
+    size = len(runs) * max(plan.n_items, 1)
+    pk = plan.key
+    n = np.bincount(key[key >= 0], minlength=size)[pk]
+    finished = (runs["status"] == "finished").to_numpy()[plan.run]
+    rec_run = rec["_run"].to_numpy()
+    unplanned = ~rec["warmup"].to_numpy() & (key < 0)
+    counts = {
+        "planned": np.ones(len(pk), dtype=np.int64),
+        "used": _flag_per_key(sel.used, key, pk, size),
+        "missing": (n == 0).astype(np.int64),
+        "duplicated": (n > 1).astype(np.int64),
+        "extra_records": np.maximum(n - 1, 0),
+        "errored": _flag_per_key(sel.errored, key, pk, size),
+        "unfinished_run": ((n > 0) & ~finished).astype(np.int64),
+    }
+    arm_codes, arm_names = pd.factorize(runs["arm"], sort=False)
+    table = pd.DataFrame(
+        {k: np.bincount(arm_codes[plan.run], weights=v, minlength=len(arm_names)).astype(np.int64)
+         for k, v in counts.items()},
+        index=pd.Index(arm_names, name="arm"),
+    )
+    table["unplanned_records"] = np.bincount(arm_codes[rec_run[unplanned]], minlength=len(arm_names))
+    table = table[(table["planned"] > 0) | (table["unplanned_records"] > 0)]
+    err = np.flatnonzero(sel.errored)
+    errored = _key_frame(data, rec_run[err], rec["_item"].to_numpy()[err]).assign(
+        finish_reason=rec["finish_reason"].to_numpy()[err].astype(object),
+        error=rec["error"].to_numpy()[err].astype(object),
+    )
+    return {
+        "table": table,
+        "missing": _key_frame(data, plan.run[n == 0], plan.item[n == 0]),
+        "duplicated": _key_frame(data, plan.run[n > 1], plan.item[n > 1]).assign(records=n[n > 1]),
+        "errored": errored,
+    }
+
+
+def _flag_per_key(mask: np.ndarray, key: np.ndarray, pk: np.ndarray, size: int) -> np.ndarray:
+    """1 for each planned key (pk) that has a record selected by `mask`."""
+    hit = np.zeros(size, dtype=np.int64)
+    hit[key[mask]] = 1
+    return hit[pk]
+
+
+def _key_frame(data: Loaded, run: np.ndarray, item: np.ndarray) -> pd.DataFrame:
+    runs, items = data.runs, data.items
+    return pd.DataFrame({
+        "campaign": runs["campaign"].to_numpy()[run],
+        "run_id": runs["run_id"].to_numpy()[run],
+        "arm": runs["arm"].to_numpy()[run],
+        "base_seed": runs["base_seed"].to_numpy()[run],
+        "repeat": runs["repeat"].to_numpy()[run],
+        "item_id": items["item_id"].to_numpy()[item] if len(items) else np.array([], dtype=object),
+    })
+
+
+# ---------------------------------------------------------------------------------------------
+# the checks
+
+
+def run_audit(data: Loaded, arms: list[str], baseline: str, mismatches: list[Mismatch], allow_mismatch: bool) -> Audit:
+    plan = plan_keys(data)
+    sel, key = select(data, plan)
+    cov = coverage(data, plan, sel, key)
+    arm_diffs = compare_arms(data, arms, baseline)
+    variants = run_variants(data)
+    checks = [
+        check_parsing(data),
+        check_coverage(cov),
+        check_runs(data),
+        check_identity(data, sel),
+        check_seeds(data, sel, plan),
+        check_seeds_honoured(data),
+        check_commands(arm_diffs, variants),
+        check_server_fields(data, sel),
+        check_histograms(data, sel),
+        check_hit_cap(data, sel),
+        check_metadata(mismatches, allow_mismatch),
+    ]
+    order = [a for a in arms if a in cov["table"].index] + [a for a in cov["table"].index if a not in arms]
+    return Audit(
+        checks=checks, coverage=cov["table"].reindex(order), missing=cov["missing"], duplicated=cov["duplicated"],
+        errored=cov["errored"], arm_diffs=arm_diffs, variants=variants, mismatches=mismatches,
+        selection=sel, plan=plan,
+    )
+
+
+def check_parsing(data: Loaded) -> Check:
+    versions = data.records["schema_version"]
+    wrong = int((versions.isna() | (versions != SCHEMA_VERSION)).sum())
+    details = [f"{b.path}:{b.line}: {b.reason}" for b in data.bad_lines]
+    if wrong:
+        details.insert(0, f"{wrong} record(s) without schema_version {SCHEMA_VERSION}")
+    n = len(data.records)
+    if data.bad_lines or wrong:
+        return Check("Records readable", FAIL, f"{len(data.bad_lines)} bad line(s), {wrong} wrong schema version "
+                     f"among {n} records", tuple(details))
+    note = f"; {len(data.slow_files)} file(s) read by the line-by-line reader" if data.slow_files else ""
+    return Check("Records readable", OK, f"{n} records, schema version {SCHEMA_VERSION}{note}")
+
+
+def check_coverage(cov: dict[str, pd.DataFrame]) -> Check:
+    t = cov["table"]
+    total = t.sum()
+    summary = (
+        f"{total['used']}/{total['planned']} planned requests used; {total['missing']} missing, "
+        f"{total['duplicated']} duplicated ({total['extra_records']} extra records), {total['errored']} errored, "
+        f"{total['unfinished_run']} in unfinished runs, {total['unplanned_records']} unplanned records"
+    )
+    bad = total["used"] != total["planned"] or total["duplicated"] or total["unplanned_records"]
+    details = [f"missing: {_req(r)}" for r in cov["missing"].itertuples()]
+    details += [f"duplicated ({r.records} records): {_req(r)}" for r in cov["duplicated"].itertuples()]
+    details += [f"errored ({r.finish_reason}; {r.error}): {_req(r)}" for r in cov["errored"].itertuples()]
+    return Check("Coverage (each planned request once, finished, outside warmup)", FAIL if bad else OK, summary,
+                 tuple(details))
+
+
+def _req(r: Any) -> str:
+    return f"arm {r.arm}, seed {r.base_seed}, repeat {r.repeat}, item {r.item_id} ({r.campaign}/{r.run_id})"
+
+
+def check_runs(data: Loaded) -> Check:
+    runs = data.runs
+    details = [f"{r.campaign}/{r.run_id} ({r.arm}): status {r.status}" for r in runs.itertuples()
+               if r.planned and r.status != "finished"]
+    details += [f"{r.campaign}/{r.run_id}: on disk but not in the plan (ignored)" for r in runs.itertuples()
+                if not r.planned]
+    details += [f"{r.campaign}/{r.run_id} ({r.arm}): server log checks failed" for r in runs.itertuples()
+                if r.planned and r.log_checks_passed is False]
+    n_ok = int(((runs["status"] == "finished") & runs["planned"]).sum())
+    summary = f"{n_ok}/{int(runs['planned'].sum())} planned runs finished"
+    return Check("Runs finished, log checks passed", FAIL if details else OK, summary, tuple(details))
+
+
+def check_identity(data: Loaded, sel: Selection) -> Check:
+    rec, runs = data.records, data.runs
+    run = rec["_run"].to_numpy()
+    bad = np.zeros(len(rec), dtype=bool)
+    for col in ("campaign_id", "run_id", "arm"):
+        codes = rec[col].cat.codes.to_numpy()
+        want = pd.Index(rec[col].cat.categories.astype(str)).get_indexer(runs[col].astype(str))
+        bad |= (codes < 0) | (codes != want[run])
+    for col in ("base_seed", "repeat"):
+        got = rec[col].to_numpy(dtype="float64", na_value=np.nan)
+        bad |= got != runs[col].to_numpy(dtype="float64", na_value=np.nan)[run]
+    details = _rows(data, bad, lambda i: "campaign_id/run_id/arm/base_seed/repeat differ from the run's plan")
+    status = FAIL if bad.any() else OK
+    return Check("Record identity matches its run", status, f"{int(bad.sum())} record(s) with another identity",
+                 tuple(details))
+
+
+def check_seeds(data: Loaded, sel: Selection, plan: PlanKeys) -> Check:
+    rec, runs, items = data.records, data.runs, data.items
+    run, item = rec["_run"].to_numpy(), np.maximum(rec["_item"].to_numpy(), 0)
+    seeded = np.array([_seeded(data, c) for c in runs["campaign"]], dtype=bool)[run]
+    offset = items["seed_offset"].to_numpy(dtype="float64", na_value=np.nan)[item] if len(items) else np.nan
+    base = runs["base_seed"].to_numpy(dtype="float64", na_value=np.nan)[run]
+    planned = np.where(seeded, base + offset, np.nan)
+    got = rec["request_seed"].to_numpy(dtype="float64", na_value=np.nan)
+    rec_offset = rec["seed_offset"].to_numpy(dtype="float64", na_value=np.nan)
+    same = (got == planned) | (np.isnan(got) & np.isnan(planned))
+    bad = sel.chosen & (~same | (rec_offset != offset))
+    details = _rows(data, bad, lambda i: f"request_seed {_int(got[i])}, planned {_int(planned[i])} "
+                    f"(seed_offset {_int(rec_offset[i])}, planned {_int(offset[i])})")
+    n = int(sel.chosen.sum())
+    what = "planned seeds (base seed + item seed_offset)" if seeded.all() else "planned seeds"
+    return Check("Request seeds equal the plan", FAIL if bad.any() else OK,
+                 f"{n - int(bad.sum())}/{n} requests carry their {what}", tuple(details))
+
+
+def _int(x: float) -> str:
+    return "null" if np.isnan(x) else str(int(x))
+
+
+def _seeded(data: Loaded, label: str) -> bool:
+    return next(c for c in data.campaigns if c.label == label).seeded_requests
+
+
+def check_seeds_honoured(data: Loaded) -> Check:
+    runs = data.runs[data.runs["planned"] & (data.runs["status"] != "not run")]
+    if not any(_seeded(data, c.label) for c in data.campaigns):
+        return Check("Seeds honoured by the server", INFO, "requests are not seeded (experiment.seeded_requests=false)")
+    honoured = runs["seeds_honoured"].map(lambda v: v is True)
+    details = [f"{r.campaign}/{r.run_id} ({r.arm}): seeds_honoured={r.seeds_honoured}" for r in runs[~honoured].itertuples()]
+    contradict = runs[honoured & (runs["deterministic_flag"].map(lambda v: v is False))]
+    details += [f"{r.campaign}/{r.run_id}: manifest says seeds honoured but server_info has "
+                f"enable_deterministic_inference=false" for r in contradict.itertuples()]
+    summary = f"{int(honoured.sum())}/{len(runs)} runs honour sampling seeds"
+    if not contradict.empty:
+        return Check("Seeds honoured by the server", FAIL, summary, tuple(details))
+    if not honoured.all():
+        return Check("Seeds honoured by the server", WARN, summary + ": the server ignored sampling_seed in the "
+                     "others, so their outputs are not reproducible", tuple(details))
+    return Check("Seeds honoured by the server", OK, summary)
+
+
+def check_commands(arm_diffs: list[ArmDiff], variants: list[RunVariant]) -> Check:
+    details: list[str] = []
+    for d in arm_diffs:
+        if d.note:
+            details.append(f"{d.arm}: {d.note}")
+        if d.undeclared_removed or d.undeclared_added:
+            details.append(f"{d.arm} vs {d.baseline}: undeclared command tokens: "
+                           f"removed {list(d.undeclared_removed)}, added {list(d.undeclared_added)}; "
+                           f"differences: {'; '.join(map(str, d.hunks))}")
+        details += [f"{d.arm} vs {d.baseline}: undeclared env difference {e}" for e in d.undeclared_env]
+    variant_lines = [f"{v.arm}: run {v.run_id} differs from run {v.first_run_id}: "
+                     f"{'; '.join([*map(str, v.hunks), *map(str, v.env)])}" for v in variants]
+    bad = any(not d.clean for d in arm_diffs)
+    unknown = any(d.note for d in arm_diffs)
+    summary = "; ".join(
+        f"{d.arm}: " + ("identical to the baseline (A/A)" if d.identical else
+                        d.note if d.note else "only the declared difference" if d.clean else "UNDECLARED differences")
+        for d in arm_diffs
+    )
+    status = FAIL if bad else WARN if variants or unknown else OK
+    return Check("Commands and environments differ only as declared", status, summary,
+                 tuple(details + variant_lines))
+
+
+def check_server_fields(data: Loaded, sel: Selection) -> Check:
+    """Each request's server spec_accept_length against completion_tokens / spec_verify_ct."""
+    rec = data.records
+    ct, vct = rec["completion_tokens"].to_numpy(), rec["spec_verify_ct"].to_numpy()
+    server = rec["meta_spec_accept_length"].to_numpy()
+    with np.errstate(divide="ignore", invalid="ignore"):
+        mine = ct / vct
+    have = sel.chosen & ~np.isnan(server) & (vct > 0)
+    bad = have & ~np.isclose(server, mine, rtol=_RTOL, atol=0)
+    details = _rows(data, bad, lambda i: f"server spec_accept_length {server[i]:.6g} vs "
+                    f"completion_tokens/spec_verify_ct {mine[i]:.6g}")
+    summary = (f"{int(have.sum())} requests report spec_accept_length; {int(bad.sum())} differ from "
+               f"completion_tokens/spec_verify_ct")
+    return Check("Server's spec_accept_length matches the recomputed one", FAIL if bad.any() else OK, summary,
+                 tuple(details))
+
+
+def _rows(data: Loaded, mask: np.ndarray, say: Any, limit: int = 200) -> list[str]:
+    """One line per flagged record (the first `limit`), naming its run, line and item."""
+    runs, rec = data.runs, data.records
+    idx = np.flatnonzero(mask)
+    out = []
+    for i in idx[:limit]:
+        r = int(rec["_run"].iat[i])
+        out.append(f"{runs['campaign'].iat[r]}/{runs['run_id'].iat[r]} line {int(rec['_line'].iat[i]) + 1} "
+                   f"(item {rec['item_id'].iat[i]}): {say(i)}")
+    if len(idx) > limit:
+        out.append(f"... and {len(idx) - limit} more records")
+    return out
+
+
+def check_histograms(data: Loaded, sel: Selection) -> Check:
+    hist = data.hist
+    name = "Correct-drafts histograms add up"
+    if not hist.present.any():
+        return Check(name, INFO, "no spec_correct_drafts_histogram in meta_info")
+    rec = data.records
+    steps = hist.dense.sum(axis=1)
+    drafts = hist.dense @ np.arange(hist.dense.shape[1])
+    vct, ncd = rec["spec_verify_ct"].to_numpy(), rec["spec_num_correct_drafts"].to_numpy()
+    bad = sel.chosen & hist.present & (((~np.isnan(vct)) & (steps != vct)) | ((~np.isnan(ncd)) & (drafts != ncd)))
+    details = _rows(data, bad, lambda i: f"histogram sums to {steps[i]} steps / {drafts[i]} correct drafts, "
+                    f"record says {_int(vct[i])} / {_int(ncd[i])}")
+    summary = f"{int((hist.present & sel.chosen).sum())} requests carry a histogram; {int(bad.sum())} inconsistent"
+    return Check(name, WARN if bad.any() else OK, summary, tuple(details))
+
+
+def check_hit_cap(data: Loaded, sel: Selection) -> Check:
+    rec = data.records
+    recomputed = recompute_hit_cap(rec)
+    recorded = rec["hit_cap"].to_numpy(dtype=bool)
+    bad = sel.chosen & (recomputed != recorded)
+    details = _rows(data, bad, lambda i: f"hit_cap={bool(recorded[i])} but recomputed {bool(recomputed[i])}")
+    return Check("hit_cap agrees with finish_reason and max_new_tokens", WARN if bad.any() else OK,
+                 f"{int(bad.sum())} disagreement(s); the report uses the recomputed value", tuple(details))
+
+
+def recompute_hit_cap(rec: pd.DataFrame) -> np.ndarray:
+    """finish_reason == "length" and completion_tokens >= max_new_tokens, per record."""
+    length = (rec["finish_reason"] == "length").to_numpy(dtype=bool, na_value=False)
+    return length & (rec["completion_tokens"].to_numpy() >= rec["max_new_tokens"].to_numpy())
+
+
+def check_metadata(mismatches: list[Mismatch], allow_mismatch: bool) -> Check:
+    name = "Checked metadata match (GPU, model, dataset SHA256, harness version)"
+    if not mismatches:
+        return Check(name, OK, "all runs and campaigns agree")
+    status = WARN if allow_mismatch else FAIL
+    how = "compared anyway (--allow-mismatch)" if allow_mismatch else "refused"
+    return Check(name, status, f"{len(mismatches)} mismatch(es), {how}", tuple(map(str, mismatches)))

@@ -1,0 +1,188 @@
+"""Changes of each arm against the baseline, with their intervals.
+
+- Ratio-of-sums metrics (acceptance length, correct drafts per step, the request-weighted mean AL):
+  one paired bootstrap over items serves every partition (pooled, per seed, per category): each
+  resample draws items with replacement and keeps all of an item's requests (every arm, seed and
+  repeat) together. Per-category intervals restrict the same resamples to the category's items.
+- Per-run metrics (throughput, decode tok/s, latency percentiles): runs are paired by campaign, base
+  seed and repeat; bootstrap over the pairs, and an exact sign-flip test on the per-pair log ratios.
+"""
+
+from __future__ import annotations
+
+from dataclasses import asdict, dataclass
+
+import numpy as np
+import pandas as pd
+
+from analysis.metrics import PERCENTILES, Metrics
+from analysis.stats import Change, bootstrap_sums, item_change, paired_change
+
+# quantities summed per item for each partition, and the ratio metrics built from them
+_QUANTITIES = {
+    "pooled": ("tokens", "verify_steps", "correct_drafts", "al_sum", "requests"),
+    "seed": ("tokens", "verify_steps"),
+    "category": ("tokens", "verify_steps", "correct_drafts"),
+}
+RATIO_METRICS = {
+    "acceptance_length": ("tokens", "verify_steps"),
+    "al_request_mean": ("al_sum", "requests"),
+    "correct_drafts_per_step": ("correct_drafts", "verify_steps"),
+}
+# per-run metrics: (numerator column, denominator column or None for a mean over runs)
+RUN_METRICS = {
+    "throughput": ("tokens", "window_s"),
+    "decode_tps": ("decode_tps", None),
+    **{f"ttft_p{p}": (f"ttft_p{p}", None) for p in PERCENTILES},
+    **{f"e2e_p{p}": (f"e2e_p{p}", None) for p in PERCENTILES},
+}
+PAIR_KEYS = ["campaign_id", "base_seed", "repeat"]
+
+ChangeKey = tuple[str, object, str, str]  # (partition, group, metric, arm)
+
+
+@dataclass
+class Comparison:
+    changes: dict[ChangeKey, Change]
+
+    def get(self, partition: str, group: object, metric: str, arm: str) -> Change | None:
+        return self.changes.get((partition, group, metric, arm))
+
+    def frame(self) -> pd.DataFrame:
+        rows = [
+            {"partition": k[0], "group": k[1], "metric": k[2], "arm": k[3], **asdict(c),
+             "significant": c.significant}
+            for k, c in self.changes.items()
+        ]
+        return pd.DataFrame(rows)
+
+
+def compare(m: Metrics, n_boot: int, seed: int) -> Comparison:
+    changes: dict[ChangeKey, Change] = {}
+    changes.update(item_changes(m, n_boot, np.random.default_rng([seed, 0])))
+    changes.update(run_changes(m, n_boot, seed))
+    return Comparison(changes)
+
+
+# ---------------------------------------------------------------------------------------------
+# ratio metrics: bootstrap over items
+
+
+@dataclass(frozen=True)
+class _Layout:
+    offset: int
+    quantities: tuple[str, ...]
+    n_arms: int
+
+    def col(self, group: int, arm: int, quantity: str) -> int:
+        q = len(self.quantities)
+        return self.offset + (group * self.n_arms + arm) * q + self.quantities.index(quantity)
+
+
+def item_matrix(m: Metrics) -> tuple[np.ndarray, dict[str, _Layout], np.ndarray]:
+    """Per-item sums [items, columns]; the column layout per partition; items present per column group."""
+    req = m.requests
+    run, item, arm = req["run"].to_numpy(), req["item"].to_numpy(), req["arm"].to_numpy()
+    n_items = int(item.max()) + 1 if len(item) else 0
+    n_arms = len(m.arms)
+    weights = {
+        "tokens": np.where(req["spec"].to_numpy(), req["ct"].to_numpy(), 0.0),
+        "verify_steps": req["vct"].to_numpy(),
+        "correct_drafts": req["ncd"].to_numpy(),
+        "al_sum": np.nan_to_num(req["al"].to_numpy()),
+        "requests": req["spec"].to_numpy().astype(float),
+    }
+    blocks, layouts, offset = [], {}, 0
+    ok = arm >= 0
+    for name, part in m.partitions.items():
+        quantities = _QUANTITIES[name]
+        cells = part.size * n_arms
+        flat = item[ok] * cells + part.code(run, item)[ok] * n_arms + arm[ok]
+        block = np.stack(
+            [np.bincount(flat, weights=weights[q][ok], minlength=n_items * cells).reshape(n_items, cells)
+             for q in quantities], axis=2,
+        ).reshape(n_items, cells * len(quantities))
+        blocks.append(block)
+        layouts[name] = _Layout(offset, quantities, n_arms)
+        offset += block.shape[1]
+    matrix = np.concatenate(blocks, axis=1) if blocks else np.zeros((0, 0))
+    return matrix, layouts, item
+
+
+def item_changes(m: Metrics, n_boot: int, rng: np.random.Generator) -> dict[ChangeKey, Change]:
+    matrix, layouts, _ = item_matrix(m)
+    if matrix.size == 0:
+        return {}
+    point = matrix.sum(axis=0)
+    boot = bootstrap_sums(matrix, n_boot, rng)
+    base = m.arms.index(m.baseline)
+    out: dict[ChangeKey, Change] = {}
+    for name, part in m.partitions.items():
+        lay = layouts[name]
+        for metric, (num, den) in RATIO_METRICS.items():
+            if num not in lay.quantities or den not in lay.quantities:
+                continue
+            for g, label in enumerate(part.labels):
+                n_items = _items_in_group(matrix, lay, g, den)
+                for a, arm in enumerate(m.arms):
+                    if a == base:
+                        continue
+                    cols = (lay.col(g, a, num), lay.col(g, a, den), lay.col(g, base, num), lay.col(g, base, den))
+                    out[(name, label, metric, arm)] = item_change(point, boot, cols, n_items)
+    return out
+
+
+def _items_in_group(matrix: np.ndarray, lay: _Layout, group: int, quantity: str) -> int:
+    cols = [lay.col(group, a, quantity) for a in range(lay.n_arms)]
+    return int(np.count_nonzero(matrix[:, cols].sum(axis=1)))
+
+
+# ---------------------------------------------------------------------------------------------
+# per-run metrics: paired runs
+
+
+def run_pairs(runs: pd.DataFrame, arm: str, baseline: str) -> pd.DataFrame:
+    """Runs of `arm` joined with the baseline's run of the same campaign, base seed and repeat."""
+    a = runs[runs["arm"] == baseline].drop_duplicates(PAIR_KEYS)
+    b = runs[runs["arm"] == arm].drop_duplicates(PAIR_KEYS)
+    return b.merge(a, on=PAIR_KEYS, suffixes=("_b", "_a")).sort_values(PAIR_KEYS, kind="stable")
+
+
+def _pair_array(pairs: pd.DataFrame, num: str, den: str | None) -> np.ndarray:
+    ones = np.ones(len(pairs))
+    return np.column_stack([
+        pairs[f"{num}_b"].to_numpy(float), pairs[f"{den}_b"].to_numpy(float) if den else ones,
+        pairs[f"{num}_a"].to_numpy(float), pairs[f"{den}_a"].to_numpy(float) if den else ones,
+    ])
+
+
+def run_changes(m: Metrics, n_boot: int, seed: int) -> dict[ChangeKey, Change]:
+    out: dict[ChangeKey, Change] = {}
+    stream = 0
+    for arm in m.arms:
+        if arm == m.baseline:
+            continue
+        pairs = run_pairs(m.runs, arm, m.baseline)
+        for metric, (num, den) in RUN_METRICS.items():
+            stream += 1
+            out[("pooled", "all", metric, arm)] = paired_change(
+                _pair_array(pairs, num, den), n_boot, np.random.default_rng([seed, 1, stream]))
+        for label in m.partitions["seed"].labels:
+            stream += 1
+            sub = pairs[pairs["base_seed"] == label]
+            out[("seed", label, "throughput", arm)] = paired_change(
+                _pair_array(sub, "tokens", "window_s"), n_boot, np.random.default_rng([seed, 1, stream]))
+    return out
+
+
+def pooled_run_value(runs: pd.DataFrame, arm: str, metric: str) -> float:
+    """The pooled value of a per-run metric: sum over sum for throughput, else the mean over runs."""
+    num, den = RUN_METRICS[metric]
+    sub = runs[runs["arm"] == arm]
+    if den is None:
+        vals = sub[num].to_numpy(float)
+        return float(np.nanmean(vals)) if np.isfinite(vals).any() else float("nan")
+    ok = np.isfinite(sub[den].to_numpy(float))
+    total = sub[den].to_numpy(float)[ok].sum()
+    return float(sub[num].to_numpy(float)[ok].sum() / total) if total > 0 else float("nan")
+

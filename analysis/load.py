@@ -1,0 +1,479 @@
+"""Read campaigns: `campaign.json`, run manifests and `records.jsonl` (the analysis reads nothing else).
+
+The layout is the one in `docs/records.md`. Records are parsed with pyarrow's multi-threaded JSON
+reader against an explicit schema (only the keys the analysis uses); a file that this fast path
+cannot parse (a truncated last line, a field of an unexpected type) is read again line by line with
+`json`, and every line that could not be used is kept as a `BadLine` for the audit.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import pandas as pd
+import pyarrow as pa
+import pyarrow.compute as pc
+import pyarrow.json as pj
+
+SCHEMA_VERSION = 1
+_BLOCK_BYTES = 16 << 20  # pyarrow parses one block per thread; a record must fit in one block
+
+STR_FIELDS = ("campaign_id", "run_id", "arm", "item_id", "finish_reason", "error")
+INT_FIELDS = ("schema_version", "base_seed", "repeat", "seed_offset", "request_seed")
+FLOAT_FIELDS = (
+    "completion_tokens", "spec_verify_ct", "spec_num_correct_drafts", "max_new_tokens",
+    "t_sent", "t_first_token", "t_end",
+)
+BOOL_FIELDS = ("warmup", "hit_cap", "correct")
+# Keys of records.md that no figure or check uses are not parsed (each parsed key costs reading time):
+# prompt_tokens, t_scheduled, n_chunks, output_text, answer, reference_answer, score_fallback, category
+# (the campaign's item list is the source of categories), and meta_info but for the keys above.
+META_FLOAT_FIELDS = ("spec_accept_length",)
+META_HIST_FIELDS = ("spec_correct_drafts_histogram", "spec_accept_histogram")  # new name, old alias
+
+META_TYPE = pa.struct(
+    [(f, pa.float64()) for f in META_FLOAT_FIELDS] + [(f, pa.list_(pa.int64())) for f in META_HIST_FIELDS]
+)
+RECORD_SCHEMA = pa.schema(
+    [(f, pa.string()) for f in STR_FIELDS]
+    + [(f, pa.int64()) for f in INT_FIELDS]
+    + [(f, pa.float64()) for f in FLOAT_FIELDS]
+    + [(f, pa.bool_()) for f in BOOL_FIELDS]
+    + [("meta_info", META_TYPE)]
+)
+
+
+class InputError(Exception):
+    """The inputs cannot be read as campaigns (the message says which file and why)."""
+
+
+@dataclass(frozen=True)
+class BadLine:
+    """A records line the analysis could not use as it is."""
+
+    path: str
+    line: int
+    reason: str
+
+
+@dataclass(frozen=True)
+class Campaign:
+    """One campaign directory: its `campaign.json` and the run directories found under `runs/`."""
+
+    path: Path
+    meta: dict[str, Any]
+    run_dirs: dict[str, Path]
+    manifests: dict[str, dict[str, Any]]
+
+    @property
+    def campaign_id(self) -> str:
+        return str(self.meta.get("campaign_id") or self.path.name)
+
+    @property
+    def experiment(self) -> str:
+        return str(self.meta.get("experiment") or self.path.parent.name)
+
+    @property
+    def label(self) -> str:
+        """`experiment/campaign`: how the report names the campaign (independent of the cwd)."""
+        return f"{self.path.parent.name}/{self.path.name}"
+
+    @property
+    def baseline(self) -> str:
+        return str(self.meta.get("baseline") or "")
+
+    @property
+    def arms(self) -> list[dict[str, Any]]:
+        return list(self.meta.get("arms") or [])
+
+    @property
+    def arm_names(self) -> list[str]:
+        return [str(a.get("name")) for a in self.arms]
+
+    @property
+    def items(self) -> list[dict[str, Any]]:
+        return list((self.meta.get("workload") or {}).get("items") or [])
+
+    @property
+    def plan(self) -> list[dict[str, Any]]:
+        return list(self.meta.get("plan") or [])
+
+    @property
+    def seeded_requests(self) -> bool:
+        """`config.experiment.seeded_requests`; the schema's default (true) when absent."""
+        experiment = (self.meta.get("config") or {}).get("experiment") or {}
+        return bool(experiment.get("seeded_requests", True))
+
+
+@dataclass(frozen=True)
+class Histograms:
+    """`spec_correct_drafts_histogram` (or its old alias) of every record.
+
+    dense: [records, bins] verify steps by number of correct drafts (zeros past a record's list).
+    present: [records] whether the record carries a histogram.
+    """
+
+    dense: np.ndarray
+    present: np.ndarray
+
+
+@dataclass
+class Loaded:
+    """Everything read from the inputs, in flat tables.
+
+    runs: one row per planned run, then runs found on disk but not planned; `run` is its position.
+    items: one row per distinct `item_id` over all campaigns; `item` is its position.
+    records: one row per records line, in file order, with `_run` (a row of runs) and `_item`
+      (a row of items, -1 when the id is not planned).
+    """
+
+    campaigns: list[Campaign]
+    runs: pd.DataFrame
+    items: pd.DataFrame
+    records: pd.DataFrame
+    hist: Histograms
+    bad_lines: list[BadLine] = field(default_factory=list)
+    slow_files: list[str] = field(default_factory=list)
+
+
+# ---------------------------------------------------------------------------------------------
+# discovery
+
+
+def discover(paths: list[str | Path]) -> list[Path]:
+    """Campaign directories under `paths`: each path is a campaign or a directory holding some."""
+    found: list[Path] = []
+    for raw in paths:
+        path = Path(raw)
+        if (path / "campaign.json").is_file():
+            found.append(path)
+        elif path.is_dir():
+            found.extend(_campaigns_below(path))
+        else:
+            raise InputError(f"{path}: no such directory")
+    unique = sorted({p.resolve(): p for p in found}.values(), key=lambda p: str(p.resolve()))
+    if not unique:
+        raise InputError(f"no campaign.json found under {', '.join(map(str, paths))}")
+    return unique
+
+
+def _campaigns_below(root: Path) -> list[Path]:
+    out = []
+    for marker in sorted(root.rglob("campaign.json")):
+        rel = marker.relative_to(root).parts
+        if "runs" in rel[:-1] or any(".failed-" in part for part in rel):
+            continue
+        out.append(marker.parent)
+    return out
+
+
+def _read_json(path: Path) -> dict[str, Any]:
+    try:
+        data = json.loads(path.read_text())
+    except (OSError, ValueError) as err:
+        raise InputError(f"{path}: cannot read JSON ({err})") from err
+    if not isinstance(data, dict):
+        raise InputError(f"{path}: expected a JSON object")
+    return data
+
+
+def read_campaign(path: Path) -> Campaign:
+    meta = _read_json(path / "campaign.json")
+    if meta.get("schema_version") != SCHEMA_VERSION:
+        raise InputError(
+            f"{path / 'campaign.json'}: schema_version {meta.get('schema_version')!r}; "
+            f"this analysis reads version {SCHEMA_VERSION}"
+        )
+    run_dirs: dict[str, Path] = {}
+    runs_root = path / "runs"
+    if runs_root.is_dir():
+        for child in sorted(runs_root.iterdir()):
+            if child.is_dir() and ".failed-" not in child.name:
+                run_dirs[child.name] = child
+    manifests = {
+        run_id: _read_json(d / "manifest.json") for run_id, d in run_dirs.items() if (d / "manifest.json").is_file()
+    }
+    return Campaign(path=path, meta=meta, run_dirs=run_dirs, manifests=manifests)
+
+
+# ---------------------------------------------------------------------------------------------
+# records
+
+
+def read_records_file(path: Path, force_slow: bool = False) -> tuple[pa.Table, list[BadLine], bool]:
+    """One records.jsonl as a table of RECORD_SCHEMA; returns (table, bad lines, used the slow path)."""
+    if not path.is_file() or path.stat().st_size == 0:
+        return RECORD_SCHEMA.empty_table(), [], False
+    if not force_slow:
+        try:
+            return _read_fast(path), [], False
+        except (pa.ArrowInvalid, pa.ArrowNotImplementedError):
+            pass
+    table, bad = _read_slow(path)
+    return table, bad, True
+
+
+def _read_fast(path: Path) -> pa.Table:
+    table = pj.read_json(
+        path,
+        read_options=pj.ReadOptions(block_size=_BLOCK_BYTES, use_threads=False),
+        parse_options=pj.ParseOptions(explicit_schema=RECORD_SCHEMA, unexpected_field_behavior="ignore"),
+    )
+    return table.select(RECORD_SCHEMA.names).cast(RECORD_SCHEMA)
+
+
+def _read_slow(path: Path) -> tuple[pa.Table, list[BadLine]]:
+    rows: list[dict[str, Any]] = []
+    bad: list[BadLine] = []
+    with path.open("rb") as handle:
+        for number, line in enumerate(handle, start=1):
+            if not line.strip():
+                continue
+            try:
+                obj = json.loads(line)
+            except ValueError as err:
+                bad.append(BadLine(str(path), number, f"not JSON ({err})"))
+                continue
+            if not isinstance(obj, dict):
+                bad.append(BadLine(str(path), number, "not a JSON object"))
+                continue
+            problems: list[str] = []
+            rows.append(_coerce(obj, problems))
+            bad.extend(BadLine(str(path), number, p) for p in problems)
+    return pa.Table.from_pylist(rows, schema=RECORD_SCHEMA), bad
+
+
+def _coerce(obj: dict[str, Any], problems: list[str]) -> dict[str, Any]:
+    row: dict[str, Any] = {}
+    for name in STR_FIELDS:
+        value = obj.get(name)
+        row[name] = None if value is None else str(value)
+    for name in INT_FIELDS:
+        row[name] = _as_number(name, obj.get(name), problems, integral=True)
+    for name in FLOAT_FIELDS:
+        row[name] = _as_number(name, obj.get(name), problems, integral=False)
+    for name in BOOL_FIELDS:
+        value = obj.get(name)
+        if value is not None and not isinstance(value, bool):
+            problems.append(f"{name}={value!r} is not a boolean (ignored)")
+            value = None
+        row[name] = value
+    row["meta_info"] = _coerce_meta(obj.get("meta_info"), problems)
+    return row
+
+
+def _as_number(name: str, value: Any, problems: list[str], integral: bool) -> float | int | None:
+    if value is None:
+        return None
+    if isinstance(value, bool) or not isinstance(value, int | float):
+        problems.append(f"{name}={value!r} is not a number (ignored)")
+        return None
+    if integral:
+        if float(value) != int(value):
+            problems.append(f"{name}={value!r} is not an integer (ignored)")
+            return None
+        return int(value)
+    return float(value)
+
+
+def _coerce_meta(meta: Any, problems: list[str]) -> dict[str, Any] | None:
+    if meta is None:
+        return None
+    if not isinstance(meta, dict):
+        problems.append("meta_info is not an object (ignored)")
+        return None
+    out: dict[str, Any] = {}
+    for name in META_FLOAT_FIELDS:
+        out[name] = _as_number(f"meta_info.{name}", meta.get(name), problems, integral=False)
+    for name in META_HIST_FIELDS:
+        value = meta.get(name)
+        ok = isinstance(value, list) and all(isinstance(v, int) and not isinstance(v, bool) for v in value)
+        if value is not None and not ok:
+            problems.append(f"meta_info.{name} is not a list of integers (ignored)")
+        out[name] = value if ok else None
+    return out
+
+
+# ---------------------------------------------------------------------------------------------
+# flat tables
+
+
+def load(paths: list[str | Path], force_slow: bool = False) -> Loaded:
+    """Read every campaign under `paths` into flat tables (no checks beyond parsing)."""
+    campaigns = [read_campaign(p) for p in discover(paths)]
+    runs = _runs_table(campaigns)
+    items = _items_table(campaigns)
+    todo = [(int(r.run), Path(r.records_path)) for r in runs.itertuples() if r.records_path]
+    with ThreadPoolExecutor(max_workers=os.cpu_count() or 1) as pool:  # pyarrow releases the GIL
+        results = list(pool.map(lambda job: read_records_file(job[1], force_slow), todo))
+    tables = [_tag(table, run) for (run, _), (table, _, _) in zip(todo, results, strict=True)]
+    bad = [b for _, lines, _ in results for b in lines]
+    slow = [str(path) for (_, path), (_, _, was_slow) in zip(todo, results, strict=True) if was_slow]
+    table = pa.concat_tables(tables) if tables else _tag(RECORD_SCHEMA.empty_table(), 0)
+    records = _records_frame(table, items)
+    return Loaded(campaigns, runs, items, records, _histograms(table), bad, slow)
+
+
+def _tag(table: pa.Table, run: int) -> pa.Table:
+    n = table.num_rows
+    table = table.append_column("_run", pa.array(np.full(n, run, dtype=np.int64)))
+    return table.append_column("_line", pa.array(np.arange(n, dtype=np.int64)))
+
+
+def _runs_table(campaigns: list[Campaign]) -> pd.DataFrame:
+    rows: list[dict[str, Any]] = []
+    for camp in campaigns:
+        planned = {str(p.get("run_id")): p for p in camp.plan}
+        for run_id, plan in planned.items():
+            rows.append(_run_row(camp, run_id, plan))
+        for run_id in camp.run_dirs:
+            if run_id not in planned:
+                rows.append(_run_row(camp, run_id, None))
+    frame = pd.DataFrame(rows, columns=list(_RUN_COLUMNS))
+    frame.insert(0, "run", np.arange(len(frame), dtype=np.int64))
+    return frame
+
+
+_RUN_COLUMNS = (
+    "campaign_id", "campaign", "run_id", "arm", "base_seed", "repeat", "order", "gpu", "planned", "found",
+    "records_path", "status", "concurrency", "request_rate", "max_new_tokens", "seeds_honoured",
+    "server_accept_length", "deterministic_flag", "gpu_name", "model_path", "dataset_sha256",
+    "harness_version", "harness_git_sha", "harness_dirty", "log_checks_passed",
+)
+
+
+def _run_row(camp: Campaign, run_id: str, plan: dict[str, Any] | None) -> dict[str, Any]:
+    man = camp.manifests.get(run_id) or {}
+    source = plan if plan is not None else man
+    run_dir = camp.run_dirs.get(run_id)
+    records = run_dir / "records.jsonl" if run_dir is not None else None
+    versions = man.get("versions") or {}
+    harness = versions.get("harness") or {}
+    return {
+        "campaign_id": camp.campaign_id,
+        "campaign": camp.label,
+        "run_id": run_id,
+        "arm": str(source.get("arm")),
+        "base_seed": _int_or_none(source.get("base_seed")),
+        "repeat": _int_or_none(source.get("repeat")),
+        "order": _int_or_none(source.get("index")),
+        "gpu": source.get("gpu"),
+        "planned": plan is not None,
+        "found": run_dir is not None,
+        "records_path": str(records) if records is not None and records.is_file() else "",
+        "status": str(man.get("status")) if man else ("no manifest" if run_dir is not None else "not run"),
+        "concurrency": man.get("concurrency", camp.meta.get("concurrency")),
+        "request_rate": man.get("request_rate", camp.meta.get("request_rate")),
+        "max_new_tokens": man.get("max_new_tokens", camp.meta.get("max_new_tokens")),
+        "seeds_honoured": man.get("seeds_honoured"),
+        # the end-of-run reply covers the run; the one after readiness only the warmup (flushed)
+        "server_accept_length": server_accept_length(man.get("server_info_end") or man.get("server_info")),
+        "deterministic_flag": _deterministic_flag(man.get("server_info")),
+        "gpu_name": (man.get("gpu_info") or {}).get("name"),
+        "model_path": man.get("model_path"),
+        "dataset_sha256": (man.get("dataset") or {}).get("sha256"),
+        "harness_version": harness.get("version"),
+        "harness_git_sha": harness.get("git_sha"),
+        "harness_dirty": harness.get("dirty"),
+        "log_checks_passed": (man.get("log_checks") or {}).get("passed"),
+    }
+
+
+def _int_or_none(value: Any) -> int | None:
+    return None if value is None else int(value)
+
+
+def server_accept_length(server_info: Any) -> float | None:
+    """The server's lifetime `avg_spec_accept_length` (rank 0) from a `/server_info` reply, if any."""
+    if not isinstance(server_info, dict):
+        return None
+    states = server_info.get("internal_states")
+    if isinstance(states, list) and states and isinstance(states[0], dict):
+        value = states[0].get("avg_spec_accept_length")
+    else:
+        value = server_info.get("avg_spec_accept_length")
+    return float(value) if isinstance(value, int | float) and not isinstance(value, bool) else None
+
+
+def _deterministic_flag(server_info: Any) -> bool | None:
+    if not isinstance(server_info, dict) or "enable_deterministic_inference" not in server_info:
+        return None
+    return bool(server_info["enable_deterministic_inference"])
+
+
+def _items_table(campaigns: list[Campaign]) -> pd.DataFrame:
+    """Distinct items over all campaigns (the first campaign's seed_offset and category win)."""
+    frames = [pd.DataFrame(c.items, columns=["item_id", "seed_offset", "category"]) for c in campaigns]
+    frame = pd.concat(frames, ignore_index=True) if frames else pd.DataFrame(columns=["item_id", "seed_offset", "category"])
+    frame["item_id"] = frame["item_id"].astype(str)
+    frame = frame.drop_duplicates("item_id", keep="first").reset_index(drop=True)
+    frame["seed_offset"] = pd.to_numeric(frame["seed_offset"], errors="coerce").astype("Int64")
+    frame["category"] = frame["category"].astype(object).where(frame["category"].notna(), None)
+    frame.insert(0, "item", np.arange(len(frame), dtype=np.int64))
+    return frame
+
+
+def _records_frame(table: pa.Table, items: pd.DataFrame) -> pd.DataFrame:
+    """Columns as pandas: strings categorical, numbers float64 with NaN for null, `correct` as 1/0/NaN."""
+    cols: dict[str, pa.ChunkedArray] = {}
+    for name in STR_FIELDS:
+        cols[name] = table.column(name).combine_chunks().dictionary_encode()
+    for name in INT_FIELDS:  # float64: exact for integers below 2**53, NaN for null, and fast
+        cols[name] = pc.cast(table.column(name), pa.float64())
+    for name in FLOAT_FIELDS:
+        cols[name] = table.column(name)
+    for name in ("warmup", "hit_cap"):
+        cols[name] = table.column(name).fill_null(False)
+    cols["correct"] = pc.cast(table.column("correct"), pa.float64())
+    meta = table.column("meta_info")
+    for name in META_FLOAT_FIELDS:
+        cols[f"meta_{name}"] = pc.struct_field(meta, name)
+    cols["_run"] = table.column("_run")
+    cols["_line"] = table.column("_line")
+    flat = pa.table(cols)
+    frame = flat.to_pandas(split_blocks=True)
+    frame["_item"] = _item_codes(frame["item_id"], items)
+    return frame
+
+
+def _item_codes(item_ids: pd.Series, items: pd.DataFrame) -> np.ndarray:
+    """Position of each record's item in `items`, -1 when it is not a planned item."""
+    cats = item_ids.cat.categories
+    lookup = pd.Index(items["item_id"]).get_indexer(pd.Index(cats.astype(str)))
+    codes = item_ids.cat.codes.to_numpy()
+    out = np.where(codes >= 0, lookup[np.maximum(codes, 0)] if len(lookup) else -1, -1)
+    return out.astype(np.int64)
+
+
+def _histograms(table: pa.Table) -> Histograms:
+    n = table.num_rows
+    meta = table.column("meta_info")
+    present = np.zeros(n, dtype=bool)
+    parts = []
+    for name in META_HIST_FIELDS:  # the current name first; the old alias fills the gaps
+        if n == 0:
+            break
+        lists = pc.struct_field(meta, name).combine_chunks()
+        valid = lists.is_valid().to_numpy(zero_copy_only=False) & ~present
+        if valid.any():
+            offsets = lists.offsets.to_numpy()
+            parts.append((valid, offsets, lists.values.to_numpy(zero_copy_only=False), np.where(valid, np.diff(offsets), 0)))
+            present |= valid
+    width = max((int(p[3].max()) for p in parts), default=0)
+    dense = np.zeros((n, width), dtype=np.int64)
+    for valid, offsets, values, lengths in parts:
+        seen = np.flatnonzero(np.bincount(lengths))
+        seen = seen[seen > 0]
+        if len(seen) == 1 and np.array_equal(np.diff(offsets), lengths):  # one length, contiguous: a reshape
+            dense[valid, : seen[0]] = values[offsets[0]:offsets[-1]].reshape(-1, seen[0])
+            continue
+        for length in seen:
+            rows = np.flatnonzero(lengths == length)  # lists of one length gather as one block
+            dense[rows, :length] = values[offsets[rows][:, None] + np.arange(length)]
+    return Histograms(dense=dense, present=present)

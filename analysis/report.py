@@ -1,0 +1,155 @@
+"""Build the A/B report of one or more campaigns: `python -m analysis.report RESULTS_DIR [...]`.
+
+Python API:
+    report = build_report(["results/exp/campaign"])   # pure: reads files, writes nothing
+    report.tables.pooled, report.tables.per_seed, report.audit.passed, report.markdown ...
+    write_report(report, out_dir)                      # report.md and figures/*.png
+    main(["results/exp/campaign"])                     # the CLI; returns the exit status
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import sys
+from dataclasses import dataclass
+from pathlib import Path
+
+from analysis import markdown, plots
+from analysis.audit import Audit, Mismatch, metadata_mismatches, run_audit
+from analysis.compare import Comparison, compare
+from analysis.load import InputError, Loaded, load
+from analysis.metrics import Metrics, arm_order, compute
+from analysis.tables import Tables, build
+
+DEFAULT_BOOTSTRAP = 2000
+DEFAULT_SEED = 0
+EXIT_OK, EXIT_AUDIT_FAILED, EXIT_REFUSED = 0, 1, 2
+
+
+class MismatchError(Exception):
+    """Runs to be compared differ in checked metadata (and --allow-mismatch was not given)."""
+
+    def __init__(self, mismatches: list[Mismatch]):
+        self.mismatches = mismatches
+        lines = "\n".join(f"  - {m}" for m in mismatches)
+        super().__init__(
+            "refusing to compare runs whose checked metadata differ:\n" + lines
+            + "\nRerun with --allow-mismatch to compare them anyway (the report will say so)."
+        )
+
+
+@dataclass
+class Report:
+    """Everything the report shows, as data. `markdown` is the rendered report.md."""
+
+    inputs: list[Path]
+    data: Loaded
+    arms: list[str]
+    baseline: str
+    audit: Audit
+    metrics: Metrics
+    comparison: Comparison
+    tables: Tables
+    figures: dict[str, str]  # file name under figures/ -> caption
+    n_boot: int
+    seed: int
+    markdown: str = ""
+
+
+def build_report(
+    paths: list[str | Path],
+    *,
+    allow_mismatch: bool = False,
+    n_boot: int = DEFAULT_BOOTSTRAP,
+    seed: int = DEFAULT_SEED,
+    force_slow_reader: bool = False,
+) -> Report:
+    """Read, audit and analyse the campaigns under `paths`. Raises InputError or MismatchError."""
+    if n_boot < 1:
+        raise InputError(f"--bootstrap must be >= 1, got {n_boot}")
+    data = load(paths, force_slow=force_slow_reader)
+    mismatches = metadata_mismatches(data)
+    if mismatches and not allow_mismatch:
+        raise MismatchError(mismatches)
+    baseline = data.campaigns[0].baseline or (data.campaigns[0].arm_names or [""])[0]
+    arms = arm_order(data, baseline)
+    audit = run_audit(data, arms, baseline, mismatches, allow_mismatch)
+    metrics = compute(data, audit, arms, baseline)
+    comparison = compare(metrics, n_boot, seed)
+    tables = build(metrics, comparison, data.campaigns[0].meta.get("max_new_tokens"), len(data.campaigns) > 1)
+    report = Report(
+        inputs=[Path(p) for p in paths], data=data, arms=arms, baseline=baseline, audit=audit,
+        metrics=metrics, comparison=comparison, tables=tables, figures=plots.figure_specs(metrics),
+        n_boot=n_boot, seed=seed,
+    )
+    report.markdown = markdown.render(report)
+    return report
+
+
+def default_out_dir(paths: list[str | Path]) -> Path:
+    """Next to the campaign: the single input directory, else the inputs' common parent."""
+    if len(paths) == 1:
+        return Path(paths[0])
+    return Path(os.path.commonpath([str(Path(p).resolve()) for p in paths]))
+
+
+def write_report(report: Report, out_dir: str | Path) -> list[Path]:
+    """Write report.md and figures/*.png under `out_dir`; returns the files written."""
+    out = Path(out_dir)
+    out.mkdir(parents=True, exist_ok=True)
+    md = out / "report.md"
+    md.write_text(report.markdown)
+    return [md, *plots.render(report.metrics, out / "figures")]
+
+
+def parser() -> argparse.ArgumentParser:
+    p = argparse.ArgumentParser(
+        prog="python -m analysis.report",
+        description=(
+            "Audit and compare the arms of speculative-decoding campaigns from their raw records, and write "
+            "report.md (with figures/*.png) next to the campaign. RESULTS_DIR is a campaign directory (it holds "
+            "campaign.json) or a directory holding campaigns; campaigns of the same experiment are merged when "
+            "their checked metadata (GPU model, model path, dataset SHA256, harness version, arms) match."
+        ),
+        epilog=(
+            "exit status: 0 report written; 1 report written but the audit failed and --strict was given; "
+            "2 nothing written (unreadable input, or checked metadata differ without --allow-mismatch). "
+            "The same files always give a byte-identical report."
+        ),
+    )
+    p.add_argument("results_dirs", nargs="+", metavar="RESULTS_DIR", help="campaign directory, or a directory of campaigns")
+    p.add_argument("--strict", action="store_true", help="exit with status 1 when any audit check fails")
+    p.add_argument("--allow-mismatch", action="store_true",
+                   help="compare runs even when their checked metadata differ (the audit flags it)")
+    p.add_argument("--out", metavar="PATH", help="write report.md and figures/ here instead of next to the campaign")
+    p.add_argument("--bootstrap", type=int, default=DEFAULT_BOOTSTRAP, metavar="N",
+                   help=f"bootstrap resamples for the 95%% intervals (default {DEFAULT_BOOTSTRAP})")
+    p.add_argument("--seed", type=int, default=DEFAULT_SEED, metavar="S",
+                   help=f"seed of the bootstrap and permutation draws (default {DEFAULT_SEED})")
+    return p
+
+
+def main(argv: list[str] | None = None) -> int:
+    """The CLI. Returns the exit status (see `--help`); never raises for bad input."""
+    args = parser().parse_args(argv)
+    try:
+        report = build_report(args.results_dirs, allow_mismatch=args.allow_mismatch, n_boot=args.bootstrap,
+                              seed=args.seed)
+    except (InputError, MismatchError) as err:
+        print(f"analysis.report: {err}", file=sys.stderr)
+        return EXIT_REFUSED
+    out_dir = Path(args.out) if args.out else default_out_dir(args.results_dirs)
+    written = write_report(report, out_dir)
+    figures = [p for p in written if p.suffix == ".png"]
+    print(f"wrote {written[0]}" + (f" and {len(figures)} figure(s) in {figures[0].parent}" if figures else ""))
+    if report.audit.passed:
+        print("audit: passed")
+        return EXIT_OK
+    names = "; ".join(c.name for c in report.audit.failed)
+    print(f"AUDIT FAILED: {names} (details at the top of {written[0]})", file=sys.stderr)
+    return EXIT_AUDIT_FAILED if args.strict else EXIT_OK
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

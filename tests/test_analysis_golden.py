@@ -1,0 +1,227 @@
+"""Golden tests of the analysis: hand-made campaigns (tests/fixtures/analysis) against hand-computed figures.
+
+The numbers of each fixture are listed in tests/fixtures/analysis/make_fixtures.py. Per run (two items,
+q1 and q2, one record each; completion_tokens / spec_verify_ct):
+
+    token seed 100: q1 40/20, q2 10/2     block seed 100: q1 60/20, q2 12/2
+    token seed 200: q1 30/15, q2 20/5     block seed 200: q1 45/15, q2 25/5
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+from analysis.report import build_report
+
+FIXTURES = Path(__file__).parent / "fixtures" / "analysis"
+
+
+def campaign(case: str) -> Path:
+    return FIXTURES / case / "golden" / "golden-c1"
+
+
+@pytest.fixture(scope="module")
+def clean():
+    return build_report([campaign("ratio_vs_mean")])
+
+
+@pytest.fixture(scope="module")
+def holes():
+    return build_report([campaign("missing_duplicate")])
+
+
+@pytest.fixture(scope="module")
+def mismatched():
+    return build_report([campaign("mismatched_commands")])
+
+
+def change(report, metric, partition="pooled", group="all", arm="block"):
+    return report.comparison.get(partition, group, metric, arm)
+
+
+# ---------------------------------------------------------------------------------------------
+# ratio_vs_mean: the clean campaign
+
+
+def test_pooled_acceptance_length_is_a_ratio_of_sums_not_a_mean_of_ratios(clean):
+    pooled = clean.tables.pooled
+    # token: (40+10+30+20) / (20+2+15+5) = 100/42; block: (60+12+45+25) / 42 = 142/42
+    assert pooled.at["acceptance_length", "token"] == pytest.approx(100 / 42)
+    assert pooled.at["acceptance_length", "block"] == pytest.approx(142 / 42)
+    # mean of per-request ratios: token (2 + 5 + 2 + 4) / 4, block (3 + 6 + 3 + 5) / 4
+    assert pooled.at["al_request_mean", "token"] == pytest.approx(3.25)
+    assert pooled.at["al_request_mean", "block"] == pytest.approx(4.25)
+    assert pooled.at["acceptance_length", "token"] != pytest.approx(pooled.at["al_request_mean", "token"])
+    # correct drafts = completion - verify steps: token 58, block 100, over 42 steps each
+    assert pooled.at["correct_drafts_per_step", "token"] == pytest.approx(58 / 42)
+    assert pooled.at["correct_drafts_per_step", "block"] == pytest.approx(100 / 42)
+
+
+def test_acceptance_length_change_and_its_item_bootstrap_interval(clean):
+    c = change(clean, "acceptance_length")
+    assert c.estimate == pytest.approx(142 / 100 - 1)
+    # two items: a resample holds {q1,q1}, {q1,q2} or {q2,q2}: q1 alone gives 105/70 - 1 = +50%,
+    # q2 alone 37/30 - 1 = +23.33%; each has probability 1/4, so they are the 2.5% and 97.5% points.
+    assert (c.lo, c.hi) == (pytest.approx(37 / 30 - 1), pytest.approx(0.5))
+    assert c.unit == "items" and c.n == 2 and c.significant
+    rw = change(clean, "al_request_mean")  # item sums of ratios: q1 token 4, block 6; q2 token 9, block 11
+    assert (rw.estimate, rw.lo, rw.hi) == (pytest.approx(17 / 13 - 1), pytest.approx(11 / 9 - 1), pytest.approx(0.5))
+    cd = change(clean, "correct_drafts_per_step")  # q1 35 -> 70, q2 23 -> 30
+    assert (cd.estimate, cd.lo, cd.hi) == (pytest.approx(100 / 58 - 1), pytest.approx(30 / 23 - 1), pytest.approx(1.0))
+
+
+def test_throughput_is_sum_of_tokens_over_sum_of_windows(clean):
+    runs = clean.tables.per_run.set_index("run_id")
+    # windows: max t_end - min t_sent over measured requests (the warmup record at t=1 is excluded)
+    assert runs.at["r0-token-100", "window_s"] == pytest.approx(4.5)
+    assert runs.at["r0-token-100", "throughput"] == pytest.approx(50 / 4.5)
+    assert runs.at["r1-block-100", "throughput"] == pytest.approx(72 / 3.5)
+    pooled = clean.tables.pooled
+    assert pooled.at["throughput", "token"] == pytest.approx(100 / 8)  # not mean(50/4.5, 50/3.5)
+    assert pooled.at["throughput", "block"] == pytest.approx(142 / 7)
+    c = change(clean, "throughput")
+    assert c.estimate == pytest.approx((142 / 7) / 12.5 - 1)
+    # two run pairs, both faster: the exact sign-flip p is 2/4, and no p below 0.05 is possible
+    assert c.p_value == pytest.approx(0.5) and c.exact and c.n == 2
+    assert c.too_few_pairs and not c.significant
+
+
+def test_decode_rate_and_latency_percentiles(clean):
+    pooled = clean.tables.pooled
+    # per request (completion - 1) / (t_end - t_first_token); run mean x concurrency 2; mean over runs
+    token = np.mean([(39 / 4.0 + 9 / 1.0) / 2 * 2, (29 / 3.0 + 19 / 2.0) / 2 * 2])
+    block = np.mean([(59 / 3.0 + 11 / 1.0) / 2 * 2, (44 / 3.0 + 24 / 2.0) / 2 * 2])
+    assert pooled.at["decode_tps", "token"] == pytest.approx(token)
+    assert pooled.at["decode_tps", "block"] == pytest.approx(block)
+    assert pooled.at["ttft_p50", "token"] == pytest.approx(350.0)  # ms: TTFTs 0.5 s and 0.2 s in every run
+    # e2e per run: token 4.5/1.2 and 3.5/2.2 -> p50 2.85 and 2.85
+    assert pooled.at["e2e_p50", "token"] == pytest.approx(2.85)
+    assert pooled.at["e2e_p50", "block"] == pytest.approx(np.mean([(3.5 + 1.2) / 2, (3.5 + 2.2) / 2]))
+
+
+def test_counts_score_cap_and_errors(clean):
+    pooled = clean.tables.pooled
+    assert pooled.loc[["correct", "planned", "cap_hits", "errors"], "token"].tolist() == [3, 4, 0, 0]
+    assert pooled.loc[["correct", "planned", "cap_hits", "errors"], "block"].tolist() == [3, 4, 1, 0]
+
+
+def test_per_seed_table(clean):
+    ps = clean.tables.per_seed.set_index(["base_seed", "arm"])
+    assert ps.at[(100, "token"), "acceptance_length"] == pytest.approx(50 / 22)
+    assert ps.at[(100, "block"), "acceptance_length"] == pytest.approx(72 / 22)
+    assert ps.at[(200, "token"), "acceptance_length"] == pytest.approx(2.5)
+    assert ps.at[(200, "block"), "throughput"] == pytest.approx(20.0)
+    assert ps.at[(100, "token"), "correct"] == 1 and ps.at[(100, "block"), "correct"] == 2
+    seed100 = change(clean, "acceptance_length", "seed", 100)
+    assert (seed100.estimate, seed100.lo, seed100.hi) == (pytest.approx(0.44), pytest.approx(0.2), pytest.approx(0.5))
+
+
+def test_per_category_table(clean):
+    pc = clean.tables.per_category.set_index(["category", "arm"])
+    assert pc.at[("algebra", "token"), "acceptance_length"] == pytest.approx(2.0)
+    assert pc.at[("algebra", "block"), "acceptance_length"] == pytest.approx(3.0)
+    assert pc.at[("geometry", "token"), "acceptance_length"] == pytest.approx(30 / 7)
+    assert pc.at[("geometry", "block"), "acceptance_length"] == pytest.approx(37 / 7)
+    one_item = change(clean, "acceptance_length", "category", "geometry")
+    assert one_item.estimate == pytest.approx(37 / 30 - 1) and not one_item.has_interval
+
+
+def test_histogram_of_correct_drafts(clean):
+    h = clean.metrics.histogram
+    # every step of a request has (completion - verify) / verify correct drafts, e.g. token q1: 20 steps of 1
+    assert h["token"].tolist() == [0, 35, 0, 5, 2, 0]
+    assert h["block"].tolist() == [0, 0, 35, 0, 5, 2]
+
+
+def test_clean_audit_passes_with_only_the_declared_difference(clean):
+    assert clean.audit.passed, [c for c in clean.audit.checks if c.status == "fail"]
+    (diff,) = clean.audit.arm_diffs
+    assert [str(h) for h in diff.hunks] == ["+ `--speculative-use-block-verification`"]
+    assert diff.clean and not diff.identical and not diff.env
+    runs = clean.tables.per_run.set_index("run_id")
+    assert runs.at["r0-token-100", "server_accept_length"] == 2.5  # the server's lifetime figure, shown beside
+    assert runs.at["r0-token-100", "acceptance_length"] == pytest.approx(50 / 22)
+
+
+def test_markdown_tables_match_the_shape_of_the_published_ab(clean):
+    md = clean.markdown
+    assert "## Audit: PASSED" in md
+    assert "| Metric | token (baseline) | block | Change block vs token [95% CI] |" in md
+    assert "| Acceptance length (includes bonus) | 2.3810 | 3.3810 | +42.00% [+23.33%, +50.00%] |" in md
+    assert "| Output throughput (tokens/s) | 12.50 | 20.29 | +62.29% [" in md
+    assert "p=0.5\u2020 not significant |" in md
+    assert "| Boxed score over entire response | 3/4 | 3/4 |  |" in md
+    assert "| Responses hitting the 60-token cap | 0/4 | 1/4 |  |" in md
+    assert "| 100 | 2.2727 | 3.2727 | 11.11 | 20.57 | 1/2 | 2/2 | +44.00% [+20.00%, +50.00%] |" in md
+    assert "| geometry | 4 | 4.2857 | 5.2857 |" in md
+    assert "cannot give a p-value below 0.5" in md
+    assert md.index("## Audit") < md.index("## Results") < md.index("## Per seed") < md.index("## Setup")
+
+
+# ---------------------------------------------------------------------------------------------
+# missing_duplicate
+
+
+def test_missing_duplicated_and_errored_requests_are_counted_and_listed(holes):
+    cov = holes.audit.coverage
+    assert cov.loc["token"].to_dict() == {
+        "planned": 4, "used": 3, "missing": 0, "duplicated": 1, "extra_records": 1, "errored": 1,
+        "unfinished_run": 0, "unplanned_records": 0,
+    }
+    assert cov.loc["block", ["planned", "used", "missing", "duplicated", "errored"]].tolist() == [4, 3, 1, 0, 0]
+    assert holes.audit.missing[["arm", "base_seed", "item_id"]].values.tolist() == [["block", 200, "q2"]]
+    assert holes.audit.duplicated[["arm", "base_seed", "item_id", "records"]].values.tolist() == [["token", 100, "q1", 2]]
+    assert holes.audit.errored[["arm", "base_seed", "item_id", "error"]].values.tolist() == [
+        ["token", 200, "q2", "HTTP 500: boom"]]
+    assert not holes.audit.passed
+    assert [c.name for c in holes.audit.failed] == ["Coverage (each planned request once, finished, outside warmup)"]
+
+
+def test_metrics_use_the_first_copy_of_a_duplicate_and_skip_errors(holes):
+    pooled = holes.tables.pooled
+    # token uses seed-100 q1 (first copy: 40 tokens, not 44), seed-100 q2 and seed-200 q1
+    assert pooled.at["acceptance_length", "token"] == pytest.approx((40 + 10 + 30) / (20 + 2 + 15))
+    assert pooled.at["acceptance_length", "block"] == pytest.approx((60 + 12 + 45) / (20 + 2 + 15))
+    assert pooled.loc[["used", "errors", "planned"], "token"].tolist() == [3, 1, 4]
+    # throughput counts every measured record the run sent: seed 100 (40 + 10 + 44) / 4.5, seed 200 30 / 3.5
+    assert pooled.at["throughput", "token"] == pytest.approx((94 + 30) / (4.5 + 3.5))
+
+
+def test_markdown_is_loud_about_a_failed_audit(holes):
+    md = holes.markdown
+    assert md.startswith("# A/B report: golden")
+    assert "## Audit: FAILED (1 of 11 checks)" in md
+    assert "> **AUDIT FAILED.**" in md
+    assert "- missing: arm block, seed 200, repeat 0, item q2 (golden/golden-c1/r2-block-200)" in md
+    assert "- duplicated (2 records): arm token, seed 100, repeat 0, item q1" in md
+    assert "- errored (error; HTTP 500: boom): arm token, seed 200, repeat 0, item q2" in md
+    assert md.index("AUDIT FAILED") < md.index("## Results")
+
+
+# ---------------------------------------------------------------------------------------------
+# mismatched_commands
+
+
+def test_undeclared_command_and_env_differences_fail_the_audit(mismatched):
+    (diff,) = mismatched.audit.arm_diffs
+    assert [str(h) for h in diff.hunks] == [
+        "after `--max-running-requests`: `8` -> `16`",
+        "+ `--speculative-use-block-verification`",
+    ]  # the ports (31000-31003) are not a difference
+    assert diff.undeclared_removed == ("8",) and diff.undeclared_added == ("16",)
+    assert [(e.key, e.baseline, e.arm) for e in diff.undeclared_env] == [("SGLANG_RAGGED_VERIFY_MODE", None, "dynamic")]
+    assert not diff.clean
+    (failed,) = mismatched.audit.failed
+    assert failed.name == "Commands and environments differ only as declared"
+    assert any("removed ['8'], added ['16']" in d for d in failed.details)
+
+
+def test_markdown_shows_the_undeclared_differences(mismatched):
+    md = mismatched.markdown
+    assert "`block` vs `token` (**UNDECLARED differences**; 2 run(s) compared):" in md
+    assert "- after `--max-running-requests`: `8` -> `16`" in md
+    assert "- env `SGLANG_RAGGED_VERIFY_MODE`: (unset) -> `dynamic` (UNDECLARED)" in md
+    assert "--port <port>" in md and "31000" not in md
