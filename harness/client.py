@@ -110,28 +110,22 @@ def _error_text(obj: dict) -> str | None:
     return json.dumps(err) if not isinstance(err, str) else err
 
 
-async def _generate(session: aiohttp.ClientSession, url: str, payload: dict, out: Outcome) -> None:
-    """Native /generate; fills `out` in place."""
-    async with session.post(url, json=payload) as resp:
-        if resp.status != 200:
-            out.error = f"HTTP {resp.status}: {(await resp.text())[:500]}"
+async def _read_generate(resp: aiohttp.ClientResponse, stream: bool, out: Outcome) -> None:
+    """Native /generate: the body, or the SSE chunks (text is cumulative in SGLang's default)."""
+    if not stream:
+        body = await resp.json(content_type=None)
+        out.text, out.meta_info = body.get("text", ""), body.get("meta_info")
+        return
+    async for chunk in sse_events(resp):
+        if (err := _error_text(chunk)) is not None:
+            out.error = err
             return
-        if not payload["stream"]:
-            body = await resp.json(content_type=None)
+        out.n_chunks += 1
+        text = chunk.get("text", "")
+        if out.t_first_token is None and (text or chunk.get("output_ids")):
             out.t_first_token = time.monotonic()
-            out.n_chunks = 1
-            out.text, out.meta_info = body.get("text", ""), body.get("meta_info")
-            return
-        async for chunk in sse_events(resp):
-            if (err := _error_text(chunk)) is not None:
-                out.error = err
-                return
-            out.n_chunks += 1
-            text = chunk.get("text", "")
-            if out.t_first_token is None and (text or chunk.get("output_ids")):
-                out.t_first_token = time.monotonic()
-            out.text = text  # cumulative by default in SGLang
-            out.meta_info = chunk.get("meta_info")
+        out.text = text
+        out.meta_info = chunk.get("meta_info")
 
 
 def joined_response(reasoning: str | None, content: str | None) -> str:
@@ -152,55 +146,58 @@ def _chat_meta(final: dict, usage: dict | None, details: dict | None) -> dict:
     return meta
 
 
-async def _chat(session: aiohttp.ClientSession, url: str, payload: dict, out: Outcome) -> None:
-    """OpenAI chat completions (SGLang); fills `out` in place."""
-    async with session.post(url, json=payload) as resp:
-        if resp.status != 200:
-            out.error = f"HTTP {resp.status}: {(await resp.text())[:500]}"
+async def _read_chat(resp: aiohttp.ClientResponse, stream: bool, out: Outcome) -> None:
+    """OpenAI chat completions (SGLang): the body, or the SSE deltas plus the usage and
+    `sglext.spec_tokens_details` chunks."""
+    if not stream:
+        body = await resp.json(content_type=None)
+        choice = body["choices"][0]
+        message = choice["message"]
+        out.text = joined_response(message.get("reasoning_content"), message.get("content"))
+        details = (body.get("sglext") or {}).get("spec_tokens_details")
+        out.meta_info = _chat_meta(choice, body.get("usage"), details)
+        return
+    parts: list[str] = []
+    reasoning: list[str] = []
+    final: dict = {}
+    usage = details = None
+    async for chunk in sse_events(resp):
+        if (err := _error_text(chunk)) is not None:
+            out.error = err
             return
-        if not payload["stream"]:
-            body = await resp.json(content_type=None)
-            out.t_first_token, out.n_chunks = time.monotonic(), 1
-            choice = body["choices"][0]
-            message = choice["message"]
-            out.text = joined_response(message.get("reasoning_content"), message.get("content"))
-            details = (body.get("sglext") or {}).get("spec_tokens_details")
-            out.meta_info = _chat_meta(choice, body.get("usage"), details)
-            return
-        parts: list[str] = []
-        reasoning: list[str] = []
-        final: dict = {}
-        usage = details = None
-        async for chunk in sse_events(resp):
-            if (err := _error_text(chunk)) is not None:
-                out.error = err
-                return
-            out.n_chunks += 1
-            usage = chunk.get("usage") or usage
-            details = (chunk.get("sglext") or {}).get("spec_tokens_details") or details
-            for choice in chunk.get("choices") or []:
-                delta = choice.get("delta") or {}
-                content, thought = delta.get("content") or "", delta.get("reasoning_content") or ""
-                if (content or thought) and out.t_first_token is None:
-                    out.t_first_token = time.monotonic()
-                parts.append(content)
-                reasoning.append(thought)
-                if choice.get("finish_reason") is not None:
-                    final = choice
-        out.text = joined_response("".join(reasoning), "".join(parts))
-        out.meta_info = _chat_meta(final, usage, details)
+        out.n_chunks += 1
+        usage = chunk.get("usage") or usage
+        details = (chunk.get("sglext") or {}).get("spec_tokens_details") or details
+        for choice in chunk.get("choices") or []:
+            delta = choice.get("delta") or {}
+            content, thought = delta.get("content") or "", delta.get("reasoning_content") or ""
+            if (content or thought) and out.t_first_token is None:
+                out.t_first_token = time.monotonic()
+            parts.append(content)
+            reasoning.append(thought)
+            if choice.get("finish_reason") is not None:
+                final = choice
+    out.text = joined_response("".join(reasoning), "".join(parts))
+    out.meta_info = _chat_meta(final, usage, details)
+
+
+ROUTES = {"generate": ("/generate", _read_generate), "chat": ("/v1/chat/completions", _read_chat)}
 
 
 async def send_one(session: aiohttp.ClientSession, base_url: str, route: str, payload: dict,
                    timeout_s: float, out: Outcome) -> Outcome:
     """Send one request; any failure becomes `out.error` (no retry)."""
     out.t_sent = time.monotonic()
+    path, read = ROUTES[route]
     try:
         async with asyncio.timeout(timeout_s):
-            if route == "generate":
-                await _generate(session, base_url + "/generate", payload, out)
-            else:
-                await _chat(session, base_url + "/v1/chat/completions", payload, out)
+            async with session.post(base_url + path, json=payload) as resp:
+                if resp.status != 200:
+                    out.error = f"HTTP {resp.status}: {(await resp.text())[:500]}"
+                else:
+                    await read(resp, payload["stream"], out)
+                    if not payload["stream"]:
+                        out.t_first_token, out.n_chunks = time.monotonic(), 1
     except TimeoutError:
         out.error = f"timeout after {timeout_s:.0f}s (client.timeout_s)"
     except (aiohttp.ClientError, json.JSONDecodeError, KeyError, IndexError) as exc:

@@ -211,8 +211,9 @@ def test_ctrl_c_leaves_no_server(tmp_path):
     assert manifest["status"] == "failed" and "interrupt" in manifest["error"]
 
 
-def test_ignored_seeds_are_flagged(tmp_path):
-    args = ["experiment=embedded_aa", "experiment.base_seeds=[7]", *SMALL,
+def test_ignored_seeds_are_flagged_chat_route(tmp_path):
+    """Also drives the OpenAI chat route (streaming, spec fields from sglext.spec_tokens_details)."""
+    args = ["experiment=embedded_aa", "experiment.base_seeds=[7]", "client=chat", *SMALL,
             "server.args=[--speculative-algorithm,DFLASH,--speculative-num-draft-tokens,'4']"]
     proc = bench(tmp_path, *args)
     assert proc.returncode == 0, proc.stdout + proc.stderr
@@ -222,6 +223,10 @@ def test_ignored_seeds_are_flagged(tmp_path):
         doc = json.loads(manifest.read_text())
         assert doc["seeds_honoured"] is False
         assert doc["server_info"]["enable_deterministic_inference"] is False
+        for rec in read_jsonl(manifest.parent / "records.jsonl"):
+            assert rec["error"] is None and rec["completion_tokens"] >= 1 and rec["output_text"]
+            assert rec["spec_verify_ct"] >= 1 and rec["finish_reason"] in ("stop", "length")
+            assert rec["n_chunks"] >= 2 and rec["t_first_token"] is not None
 
 
 def test_runner_crash_kills_its_server(tmp_path):
