@@ -203,17 +203,25 @@ def get_builder(name: str) -> BuilderFn:
 def draw_uniforms(generators: list[torch.Generator], n: int, device: torch.device | str) -> Tensor:
     """n uniforms in [0, 1) per row, row b drawn from generators[b] (on its own device). -> [B, n]."""
     rows = [torch.rand(n, generator=g, device=g.device, dtype=torch.float32) for g in generators]
-    return torch.stack(rows).to(device=device, dtype=torch.float32) if rows else torch.empty(0, n)
+    if not rows:
+        return torch.empty(0, n, device=device)
+    return torch.stack(rows).to(device=device, dtype=torch.float32)
 
 
 def sample_from_probs(probs: Tensor, u: Tensor) -> Tensor:
-    """Inverse-CDF sample of each row of probs [B, V] (need not be normalised) with u [B] in [0, 1)."""
-    cdf = torch.cumsum(probs.double(), dim=-1)  # float64: exact enough that u * total never overshoots
+    """Inverse-CDF sample of each row of probs [B, V] (need not be normalised) with u [B] in [0, 1).
+
+    Never returns a zero-probability token: searchsorted(right=True) skips flat stretches of the CDF,
+    and a row whose u * total rounds up to the total takes its last token with mass.
+    """
+    cdf = torch.cumsum(probs, dim=-1, dtype=torch.float64)  # float64: rounding cannot shift a token's mass
     target = (u.double() * cdf[:, -1]).unsqueeze(-1)
     idx = torch.searchsorted(cdf, target, right=True).squeeze(-1)
-    # Skip zero-probability tokens a rounding edge could land on: take the last token with mass.
-    last_nonzero = (probs > 0).long().cumsum(-1).argmax(dim=-1)
-    return torch.minimum(idx, last_nonzero)
+    over = idx >= probs.shape[-1]
+    if bool(over.any()):
+        rows = over.nonzero().squeeze(-1)
+        idx[rows] = (probs[rows] > 0).long().cumsum(dim=-1).argmax(dim=-1)  # the last token with mass
+    return idx
 
 
 def _uniforms(uniforms: Tensor | None, generators: list[torch.Generator] | None, shape: tuple[int, int],

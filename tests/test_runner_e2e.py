@@ -30,7 +30,7 @@ MANIFEST_KEYS = {
     "command", "env", "versions", "host", "dataset", "t_start_unix", "t_end_unix", "log_checks", "status",
     "server_info", "model_info", "seeds_honoured", "wall_anchor",
 }
-SMALL = ["workload.n_items=4", "sampling.max_new_tokens=24", "experiment.warmup.requests=2",
+SMALL = ["server.model_path=embedded:mini", "workload.n_items=4", "sampling.max_new_tokens=24", "experiment.warmup.requests=2",
          "experiment.warmup.max_new_tokens=4", "client.concurrency=4", "report=false"]
 WITH_REPORT = SMALL[:-1]
 
@@ -154,7 +154,7 @@ def file_hash(path: Path) -> str:
 
 def test_killed_server_fails_its_run_and_a_rerun_resumes(tmp_path):
     args = ["experiment.base_seeds=[5,6]", "campaign=resume-test", *SMALL[:-2], "client.concurrency=1",
-            "sampling.max_new_tokens=48", "workload.n_items=6", "report=false"]
+            "sampling.max_new_tokens=256", "sampling.ignore_eos=true", "workload.n_items=6", "report=false"]
     root = tmp_path / "embedded_block_vs_token" / "resume-test"
     runner = subprocess.Popen([sys.executable, "-m", "harness.bench", f"results_dir={tmp_path}", *args],
                               stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
@@ -194,7 +194,7 @@ def test_ctrl_c_leaves_no_server(tmp_path):
     root_parent = tmp_path / "embedded_block_vs_token"
     runner = subprocess.Popen([sys.executable, "-m", "harness.bench", f"results_dir={tmp_path}",
                                "campaign=interrupt", *SMALL[:-1], "client.concurrency=1",
-                               "sampling.max_new_tokens=64", "report=false"],
+                               "sampling.max_new_tokens=256", "sampling.ignore_eos=true", "report=false"],
                               stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
     root = root_parent / "interrupt"
     try:
@@ -235,7 +235,7 @@ def test_runner_crash_kills_its_server(tmp_path):
         pytest.skip("parent-death signal is Linux only")
     runner = subprocess.Popen([sys.executable, "-m", "harness.bench", f"results_dir={tmp_path}",
                                "campaign=crash", *SMALL[:-1], "client.concurrency=1",
-                               "sampling.max_new_tokens=64", "report=false"],
+                               "sampling.max_new_tokens=256", "sampling.ignore_eos=true", "report=false"],
                               stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
     root = tmp_path / "embedded_block_vs_token" / "crash"
     try:

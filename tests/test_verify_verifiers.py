@@ -228,6 +228,7 @@ def test_sample_from_probs_never_picks_a_zero_probability_token():
     probs = torch.tensor([[0.0, 0.5, 0.0, 0.5, 0.0]]).expand(5, 5)
     u = torch.tensor([0.0, 0.49999, 0.5, 0.99999994, 0.75])
     assert sample_from_probs(probs, u).tolist() == [1, 1, 3, 3, 3]
+    assert sample_from_probs(probs[:1], torch.tensor([1.0])).tolist() == [3]  # overshoot: last token with mass
     gens = [torch.Generator().manual_seed(0), torch.Generator().manual_seed(0)]
     a = draw_uniforms(gens, 4, "cpu")
     assert torch.equal(a[0], a[1]) and bool(((a >= 0) & (a < 1)).all())

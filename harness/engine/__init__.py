@@ -1,0 +1,11 @@
+"""The embedded reference speculative-decoding server (`python -m harness.engine`).
+
+It speaks SGLang's HTTP protocol and really performs speculative decoding (DFLASH/DSPARK-style block
+drafts, token-wise or block verification from `harness.verify`) with a synthetic target and draft
+model in torch, so the harness runs end to end without a GPU, a download or a network.
+
+Modules: `args` (flags), `presets` (model names), `model` and `exact` (the synthetic models),
+`tokenizer`, `params` (request validation), `request` (per-request state), `worker` (one step),
+`scheduler` (continuous batching), `service` (what the routes call), `http_api` and `openai_api`
+(routes), `logs`, `server` (start-up), `perf` (the throughput benchmark, `make perf`).
+"""

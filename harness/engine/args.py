@@ -1,0 +1,195 @@
+"""Command-line flags of `python -m harness.engine`: SGLang's names for what it implements, plus its own.
+
+Unknown flags, abbreviations and invalid values fail at start with a message (exit status 2).
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+from dataclasses import asdict, dataclass
+
+import torch
+
+from harness.engine.presets import PresetError, get_preset, preset_names
+from harness.verify import BUILDERS
+
+ALGORITHMS = ("NONE", "DFLASH", "DSPARK")
+SGLANG_ONLY_ALGORITHMS = ("EAGLE", "EAGLE3", "NEXTN", "STANDALONE", "NGRAM")
+DRAFT_MODES = ("greedy", "sampled")
+DEFAULT_NUM_DRAFT_TOKENS = 8  # gamma = 7, the block of the seed experiments' DFlash drafter
+
+
+@dataclass(frozen=True)
+class ServerArgs:
+    """The resolved server arguments; `/server_info` returns them under these (SGLang) names."""
+
+    model_path: str
+    host: str
+    port: int
+    speculative_algorithm: str | None  # None = no speculative decoding (NONE)
+    speculative_num_draft_tokens: int | None  # gamma + 1; None without an algorithm
+    speculative_draft_model_path: str | None
+    speculative_use_block_verification: bool
+    max_running_requests: int
+    random_seed: int
+    enable_deterministic_inference: bool
+    enable_metrics: bool
+    decode_log_interval: int
+    disable_radix_cache: bool
+    tp_size: int
+    device: str  # auto | cpu | cuda (auto is resolved when the model is built)
+    log_level: str
+    incremental_streaming_output: bool
+    draft_mode: str  # greedy | sampled
+    draft_divergence: float
+    verify_probs_builder: str
+    vocab_size: int
+    num_threads: int | None
+
+    @property
+    def speculative(self) -> bool:
+        return self.speculative_algorithm is not None
+
+    @property
+    def gamma(self) -> int:
+        """Draft tokens per verify step (0 without speculative decoding)."""
+        return self.speculative_num_draft_tokens - 1 if self.speculative_num_draft_tokens else 0
+
+    @property
+    def sampling_enabled(self) -> bool:
+        """True when the drafts are sampled from the draft distribution (not argmax)."""
+        return self.speculative and self.draft_mode == "sampled"
+
+    @property
+    def block_verification(self) -> bool:
+        return self.speculative and self.speculative_use_block_verification
+
+    def to_dict(self) -> dict:
+        d = asdict(self)
+        d["sampling_backend"] = "pytorch"
+        d["sampling_enabled"] = self.sampling_enabled
+        return d
+
+    def describe(self) -> str:
+        """One line with every resolved value (the start-up log line log checks look at)."""
+        items = {**self.to_dict(), "gamma": self.gamma}
+        return " ".join(f"{k}={v}" for k, v in items.items())
+
+
+def build_parser() -> argparse.ArgumentParser:
+    p = argparse.ArgumentParser(
+        prog="python -m harness.engine", allow_abbrev=False,
+        description="Embedded reference speculative-decoding server speaking SGLang's HTTP protocol.")
+    p.add_argument("--model-path", required=True, help=f"an embedded preset: {', '.join(preset_names())}")
+    p.add_argument("--host", default="127.0.0.1")
+    p.add_argument("--port", type=int, default=30000)
+    p.add_argument("--speculative-algorithm", default=None, help=f"one of {', '.join(ALGORITHMS)}")
+    p.add_argument("--speculative-num-draft-tokens", type=int, default=None,
+                   help=f"tokens per verify step, gamma + 1 (default {DEFAULT_NUM_DRAFT_TOKENS})")
+    p.add_argument("--speculative-dflash-block-size", type=int, default=None, help="DFLASH alias of the above")
+    p.add_argument("--speculative-dspark-block-size", type=int, default=None, help="DSPARK alias of the above")
+    p.add_argument("--speculative-draft-model-path", default=None,
+                   help="the draft is part of each preset: if given, the same preset as --model-path")
+    p.add_argument("--speculative-use-block-verification", action="store_true",
+                   help="block verification (Sun et al.) instead of token-wise")
+    p.add_argument("--max-running-requests", type=int, default=32)
+    p.add_argument("--random-seed", type=int, default=None, help="server RNG seed (default: random)")
+    p.add_argument("--enable-deterministic-inference", action="store_true",
+                   help="honour sampling_seed; batch-invariant computation")
+    p.add_argument("--enable-metrics", action="store_true", help="queue_time and timestamps in meta_info")
+    p.add_argument("--decode-log-interval", type=int, default=40)
+    p.add_argument("--disable-radix-cache", action="store_true", help="accepted; there is no prefix cache")
+    p.add_argument("--tp-size", type=int, default=1)
+    p.add_argument("--device", default="auto", choices=("auto", "cpu", "cuda"))
+    p.add_argument("--log-level", default="info", choices=("debug", "info", "warning", "error"))
+    p.add_argument("--incremental-streaming-output", action="store_true",
+                   help="stream chunks carry only the new text/output_ids")
+    p.add_argument("--draft-mode", default="greedy", choices=DRAFT_MODES,
+                   help="greedy: argmax drafts (point masses); sampled: drawn from the draft distribution")
+    p.add_argument("--draft-divergence", type=float, default=None,
+                   help="std (nats) of the draft's own logit noise; higher = lower acceptance "
+                        "(default: the preset's)")
+    p.add_argument("--verify-probs-builder", default="full_vocab", choices=tuple(BUILDERS),
+                   help="how temperature/top-k/top-p turn target logits into probabilities")
+    p.add_argument("--vocab-size", type=int, default=None, help="override the preset's vocabulary size")
+    p.add_argument("--num-threads", type=int, default=None, help="torch intra-op threads (default: torch's)")
+    return p
+
+
+def parse_args(argv: list[str] | None = None) -> ServerArgs:
+    """Parse and resolve the flags; argparse exits with status 2 and a message on any error."""
+    parser = build_parser()
+    ns = parser.parse_args(argv)
+    try:
+        return _resolve(ns)
+    except (ValueError, PresetError) as e:
+        parser.error(str(e))
+    raise AssertionError("unreachable")
+
+
+def _resolve(ns: argparse.Namespace) -> ServerArgs:
+    preset = get_preset(ns.model_path, ns.vocab_size)
+    algorithm = _algorithm(ns.speculative_algorithm)
+    num_draft = _num_draft_tokens(ns, algorithm)
+    if ns.speculative_draft_model_path not in (None, ns.model_path):
+        raise ValueError(f"--speculative-draft-model-path {ns.speculative_draft_model_path!r}: each embedded "
+                         f"preset carries its own draft; give {ns.model_path!r} or leave it out")
+    _check_positive(max_running_requests=ns.max_running_requests, decode_log_interval=ns.decode_log_interval)
+    if ns.tp_size != 1:
+        raise ValueError(f"--tp-size {ns.tp_size}: the embedded server runs on one device (use 1)")
+    if not 0 <= ns.port < 65536:
+        raise ValueError(f"--port {ns.port} is out of range")
+    divergence = preset.draft_divergence if ns.draft_divergence is None else ns.draft_divergence
+    if divergence < 0:
+        raise ValueError(f"--draft-divergence {divergence} must be >= 0")
+    if ns.num_threads is not None:
+        _check_positive(num_threads=ns.num_threads)
+    if ns.device == "cuda" and not torch.cuda.is_available():
+        raise ValueError("--device cuda: no CUDA device is available (use --device cpu or auto)")
+    seed = ns.random_seed if ns.random_seed is not None else int.from_bytes(os.urandom(4), "little") >> 1
+    return ServerArgs(
+        model_path=ns.model_path, host=ns.host, port=ns.port, speculative_algorithm=algorithm,
+        speculative_num_draft_tokens=num_draft, speculative_draft_model_path=ns.speculative_draft_model_path,
+        speculative_use_block_verification=ns.speculative_use_block_verification,
+        max_running_requests=ns.max_running_requests, random_seed=seed,
+        enable_deterministic_inference=ns.enable_deterministic_inference, enable_metrics=ns.enable_metrics,
+        decode_log_interval=ns.decode_log_interval, disable_radix_cache=ns.disable_radix_cache,
+        tp_size=ns.tp_size, device=ns.device, log_level=ns.log_level,
+        incremental_streaming_output=ns.incremental_streaming_output, draft_mode=ns.draft_mode,
+        draft_divergence=divergence, verify_probs_builder=ns.verify_probs_builder,
+        vocab_size=preset.vocab_size, num_threads=ns.num_threads,
+    )
+
+
+def _algorithm(value: str | None) -> str | None:
+    if value is None or value == "NONE":
+        return None
+    if value in ALGORITHMS:
+        return value
+    if value in SGLANG_ONLY_ALGORITHMS:
+        raise ValueError(f"--speculative-algorithm {value} is SGLang-only; the embedded server implements "
+                         f"{', '.join(ALGORITHMS)}")
+    raise ValueError(f"--speculative-algorithm {value!r} is not valid; choose one of {', '.join(ALGORITHMS)}")
+
+
+def _num_draft_tokens(ns: argparse.Namespace, algorithm: str | None) -> int | None:
+    """gamma + 1, from --speculative-num-draft-tokens or the algorithm's block-size flag."""
+    given = {name: v for name, v in (
+        ("--speculative-num-draft-tokens", ns.speculative_num_draft_tokens),
+        ("--speculative-dflash-block-size", ns.speculative_dflash_block_size),
+        ("--speculative-dspark-block-size", ns.speculative_dspark_block_size)) if v is not None}
+    if algorithm is None:
+        return None
+    if len(set(given.values())) > 1:
+        raise ValueError(f"conflicting draft block sizes: {given}")
+    value = next(iter(given.values()), DEFAULT_NUM_DRAFT_TOKENS)
+    if value < 2:
+        raise ValueError(f"--speculative-num-draft-tokens {value} must be >= 2 (at least one draft token)")
+    return value
+
+
+def _check_positive(**values: int) -> None:
+    for name, v in values.items():
+        if v < 1:
+            raise ValueError(f"--{name.replace('_', '-')} {v} must be >= 1")

@@ -1,0 +1,82 @@
+"""`python -m harness.engine`: parse the flags, bind, build the model, serve until SIGTERM/SIGINT.
+
+The HTTP server binds before the model is built, so `/health_generate` answers 503 while starting,
+as SGLang's does; "The server is fired up and ready to roll!" is logged once it answers 200.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import signal
+import sys
+
+from aiohttp import web
+
+from harness.engine import http_api, openai_api
+from harness.engine.args import ServerArgs, parse_args
+from harness.engine.logs import setup_logging
+from harness.engine.service import EngineService
+
+log = logging.getLogger("harness.engine")
+MAX_BODY_BYTES = 64 * 2**20
+
+
+def build_app(service: EngineService) -> web.Application:
+    app = web.Application(client_max_size=MAX_BODY_BYTES)
+    app[http_api.SERVICE] = service
+    http_api.add_routes(app)
+    openai_api.add_routes(app)
+    return app
+
+
+def log_start(args: ServerArgs) -> None:
+    log.info(f"Resolved config: {args.describe()}")
+    if args.speculative_use_block_verification and not args.speculative:
+        log.warning("--speculative-use-block-verification has no effect without --speculative-algorithm")
+    elif args.block_verification and not args.sampling_enabled:
+        log.warning("--speculative-use-block-verification has no effect with greedy drafts (point masses): "
+                    "block and token-wise verification accept the same prefixes; use --draft-mode sampled")
+
+
+async def serve(args: ServerArgs) -> int:
+    service = EngineService(args)
+    runner = web.AppRunner(build_app(service), access_log=None, handle_signals=False)
+    await runner.setup()
+    stop = asyncio.Event()
+    loop = asyncio.get_running_loop()
+    for sig in (signal.SIGTERM, signal.SIGINT):
+        loop.add_signal_handler(sig, stop.set)
+    try:
+        site = web.TCPSite(runner, args.host, args.port)
+        await site.start()
+    except OSError as e:
+        log.error(f"cannot listen on {args.host}:{args.port}: {e}")
+        await runner.cleanup()
+        return 1
+    log.info(f"Listening on http://{args.host}:{args.port}")
+    starter = asyncio.create_task(service.start())
+    waiter = asyncio.create_task(stop.wait())
+    done, _ = await asyncio.wait({starter, waiter}, return_when=asyncio.FIRST_COMPLETED)
+    code = 0
+    if starter in done and starter.exception() is not None:
+        log.error(f"start-up failed: {starter.exception()!r}")
+        code = 1
+    elif starter in done:
+        await waiter
+    log.info("Shutting down")
+    starter.cancel()
+    await service.stop()
+    await runner.cleanup()
+    return code
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = parse_args(argv)
+    setup_logging(args.log_level)
+    log_start(args)
+    return asyncio.run(serve(args))
+
+
+if __name__ == "__main__":
+    sys.exit(main())

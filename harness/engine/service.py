@@ -1,0 +1,168 @@
+"""The engine as the HTTP layer sees it: start-up, request creation, health, server and model info."""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import random
+import time
+import uuid
+from typing import Any
+
+import torch
+
+from harness.engine.args import ServerArgs
+from harness.engine.model import SyntheticLM
+from harness.engine.params import BadRequest, PromptSpec, SamplingParams
+from harness.engine.presets import ModelPreset, get_preset
+from harness.engine.request import Request, SpecCounters
+from harness.engine.scheduler import Scheduler
+from harness.engine.tokenizer import Tokenizer
+from harness.engine.worker import Worker, WorkerConfig
+
+log = logging.getLogger("harness.engine")
+
+READY_LINE = "The server is fired up and ready to roll!"
+VERSION = "specbench-embedded 0.1.0"
+HEALTH_TIMEOUT_S = 20.0
+
+
+def resolve_device(name: str) -> torch.device:
+    """auto: CUDA when there is a device, else the CPU."""
+    if name == "auto":
+        return torch.device("cuda" if torch.cuda.is_available() else "cpu")
+    return torch.device(name)
+
+
+class EngineService:
+    """Everything behind the routes. `status` is 'starting' until `start` has built and warmed up."""
+
+    def __init__(self, args: ServerArgs) -> None:
+        self.args = args
+        self.preset: ModelPreset = get_preset(args.model_path, args.vocab_size)
+        self.tokenizer = Tokenizer(self.preset.vocab_size)
+        self.status = "starting"
+        self.device: torch.device | None = None
+        self.scheduler: Scheduler | None = None
+        self._seeds = random.Random(args.random_seed)
+        self._loop_task: asyncio.Task | None = None
+
+    @property
+    def ready(self) -> bool:
+        return self.status == "ready"
+
+    # ------------------------------------------------------------------ start-up
+
+    async def start(self) -> None:
+        """Build the model (in a thread, so /health_generate answers 503 meanwhile), warm up, go ready."""
+        if self.args.num_threads:
+            torch.set_num_threads(self.args.num_threads)
+        self.device = resolve_device(self.args.device)
+        t0 = time.monotonic()
+        model = await asyncio.to_thread(SyntheticLM.build, self.preset, self.args.draft_divergence, self.device)
+        log.info(f"Model {self.args.model_path} built in {time.monotonic() - t0:.2f}s on {self.device} "
+                 f"(vocab {self.preset.vocab_size}, hidden {self.preset.hidden}, draft hidden "
+                 f"{self.preset.draft_hidden}, torch threads {torch.get_num_threads()})")
+        config = WorkerConfig(gamma=self.args.gamma, draft_mode=self.args.draft_mode,
+                              block_verification=self.args.block_verification,
+                              builder=self.args.verify_probs_builder,
+                              deterministic=self.args.enable_deterministic_inference)
+        self.scheduler = Scheduler(Worker(model, config), self.args.max_running_requests,
+                                   self.args.decode_log_interval)
+        self._loop_task = asyncio.create_task(self.scheduler.run())
+        await self._warmup()
+        self.scheduler.flush()
+        self.status = "ready"
+        log.info(READY_LINE)
+
+    async def _warmup(self) -> None:
+        params = SamplingParams(max_new_tokens=4, temperature=1.0, ignore_eos=True)
+        req = self.new_request(self.tokenizer.encode("warm up"), params, stream=False, rid="warmup")
+        self.scheduler.submit(req)
+        while not (await req.events.get()).finished:
+            pass
+
+    async def stop(self) -> None:
+        if self.scheduler is not None:
+            self.scheduler.shutdown()
+        if self._loop_task is not None:
+            self._loop_task.cancel()
+
+    # ------------------------------------------------------------------ requests
+
+    def prompt_ids(self, prompt: PromptSpec) -> list[int]:
+        """Token ids of a prompt, validated against the vocabulary and the context length."""
+        if prompt.input_ids is not None:
+            try:
+                self.tokenizer.check_ids(prompt.input_ids)
+            except ValueError as e:
+                raise BadRequest(str(e)) from None
+            ids = list(prompt.input_ids)
+        else:
+            try:
+                ids = self.tokenizer.encode(prompt.text)
+            except UnicodeEncodeError as e:
+                raise BadRequest(f"text is not valid Unicode: {e}") from None
+        limit = self.preset.context_length
+        if len(ids) + prompt.params.max_new_tokens > limit:
+            raise BadRequest(f"prompt ({len(ids)} tokens) + max_new_tokens ({prompt.params.max_new_tokens}) "
+                             f"exceeds the model's context length {limit}")
+        return ids
+
+    def new_request(self, prompt_ids: list[int], params: SamplingParams, *, stream: bool, rid: str | None,
+                    health_check: bool = False) -> Request:
+        """A request with its own generator: seeded by `sampling_seed` only in deterministic mode."""
+        honour = self.args.enable_deterministic_inference and params.sampling_seed is not None
+        seed = params.sampling_seed if honour else self._seeds.getrandbits(63)
+        generator = torch.Generator(device=self.device).manual_seed(seed)
+        spec = SpecCounters(self.args.gamma) if self.args.speculative else None
+        return Request(rid=rid or uuid.uuid4().hex, prompt_ids=prompt_ids, params=params, generator=generator,
+                       tokenizer=self.tokenizer, spec=spec, stream=stream,
+                       enable_metrics=self.args.enable_metrics, health_check=health_check)
+
+    # ------------------------------------------------------------------ health and info
+
+    async def health_generate(self) -> bool:
+        """True when a one-token generation completes, or any request makes progress meanwhile."""
+        if not self.ready:
+            return False
+        start = time.monotonic()
+        params = SamplingParams(max_new_tokens=1, temperature=0.0)
+        req = self.new_request([self.tokenizer.eos_id], params, stream=False, rid=f"HEALTH_CHECK_{uuid.uuid4().hex}",
+                               health_check=True)
+        self.scheduler.submit(req)
+        while time.monotonic() - start < HEALTH_TIMEOUT_S:
+            if req.finished or self.scheduler.last_progress > start:
+                if not req.finished:
+                    self.scheduler.abort(req, "health check answered by other progress")
+                return True
+            await asyncio.sleep(0.01)
+        self.scheduler.abort(req, "health check timed out")
+        return False
+
+    def server_info(self) -> dict[str, Any]:
+        info = self.args.to_dict()
+        info["device"] = str(self.device) if self.device is not None else self.args.device
+        sched = self.scheduler
+        info["internal_states"] = [{
+            "avg_spec_accept_length": sched.reported_accept_length if sched else 0.0,
+            "last_gen_throughput": sched.last_gen_throughput if sched else 0.0,
+            "num_running_reqs": len(sched.running) if sched else 0,
+            "num_queue_reqs": len(sched.waiting) if sched else 0,
+        }]
+        info["version"] = VERSION
+        info["status"] = self.status
+        return info
+
+    def model_info(self) -> dict[str, Any]:
+        p = self.preset
+        return {"model_path": self.args.model_path, "tokenizer_path": self.args.model_path, "is_generation": True,
+                "preferred_sampling_params": None, "weight_version": "default",
+                "vocab_size": p.vocab_size, "context_length": p.context_length, "eos_token_id": self.tokenizer.eos_id,
+                "embedded": {"hidden": p.hidden, "draft_hidden": p.draft_hidden, "context_window": p.context_window,
+                             "weight_seed": p.weight_seed, "draft_divergence": self.args.draft_divergence}}
+
+    def models_list(self) -> dict[str, Any]:
+        return {"object": "list", "data": [{"id": self.args.model_path, "object": "model", "created": 0,
+                                            "owned_by": "sglang", "root": self.args.model_path,
+                                            "max_model_len": self.preset.context_length}]}
