@@ -147,10 +147,14 @@ def request_specs(cfg: BenchConfig, workload: Workload, base_seed: int) -> tuple
     return warm, measured
 
 
+def server_env(env_overrides: dict[str, str]) -> dict[str, str]:
+    """The server's whole environment, secrets redacted."""
+    return redact({**os.environ, **env_overrides})
+
+
 def env_sha256(env_overrides: dict[str, str]) -> str:
     """Hash of the server's whole environment (secrets redacted): equal hashes, equal environments."""
-    full = redact({**os.environ, **env_overrides})
-    return hashlib.sha256(json.dumps(full, sort_keys=True).encode()).hexdigest()
+    return hashlib.sha256(json.dumps(server_env(env_overrides), sort_keys=True).encode()).hexdigest()
 
 
 class RunFailed(RuntimeError):
@@ -175,7 +179,8 @@ def start_manifest(c: Campaign, run: PlannedRun, spec: LaunchSpec) -> dict[str, 
     return {
         "schema_version": SCHEMA_VERSION, "campaign_id": c.campaign_id, "run_id": run.run_id, "arm": run.arm,
         "base_seed": run.base_seed, "repeat": run.repeat, "gpu": run.gpu, "status": "running", "error": None,
-        "command": spec.argv, "env": redact(spec.env_overrides), "env_full_sha256": env_sha256(spec.env_overrides),
+        "command": spec.argv, "env": redact(spec.env_overrides), "env_full": server_env(spec.env_overrides),
+        "env_full_sha256": env_sha256(spec.env_overrides),
         "server_info": None, "server_info_end": None, "model_info": None, "seeds_honoured": None,
         "versions": {"harness": envinfo.git_info(), **envinfo.versions()},
         "gpu_info": envinfo.gpu_info(), "host": envinfo.host_info(),

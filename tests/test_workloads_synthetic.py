@@ -107,7 +107,6 @@ def test_registry_lists_every_kind_and_refuses_unknown() -> None:
     [
         ({"kind": "aime"}, "workload.kind='aime' is not valid; choose one of: synthetic, aime25"),
         ({"scoring": "exact"}, "workload.scoring='exact'"),
-        ({"route_format": "json"}, "workload.route_format='json'"),
         ({"n_items": 0}, "workload.n_items=0"),
         ({"subsample": 0}, "workload.subsample=0"),
         ({"sha256": "abc"}, "not a SHA256"),

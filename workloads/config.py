@@ -8,7 +8,6 @@ from dataclasses import dataclass, field
 from workloads.errors import WorkloadConfigError
 
 KINDS = ("synthetic", "aime25", "speed_bench", "jsonl")
-ROUTE_FORMATS = ("auto", "text", "chat")
 SCORING_MODES = ("boxed", "none")
 _SHA256 = re.compile(r"[0-9a-f]{64}")
 
@@ -38,7 +37,6 @@ class WorkloadConfig:
     skip_placeholders: bool = False
     # --- prompt and scoring --------------------------------------------------------------------
     prompt_template: str | None = None  # math kinds: "{problem}" is replaced; None = MathArena's
-    route_format: str = "auto"  # auto | text | chat
     scoring: str = "boxed"  # boxed | none
     fallback_last_integer: bool = True
     # --- freezing: SHA256 of the canonical serialisation of the materialised rows -------------
@@ -47,7 +45,6 @@ class WorkloadConfig:
 
     def __post_init__(self) -> None:
         _check_choice("workload.kind", self.kind, KINDS)
-        _check_choice("workload.route_format", self.route_format, ROUTE_FORMATS)
         _check_choice("workload.scoring", self.scoring, SCORING_MODES)
         if self.n_items < 1:
             raise WorkloadConfigError(f"workload.n_items={self.n_items} must be >= 1")

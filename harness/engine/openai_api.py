@@ -24,7 +24,7 @@ from harness.engine.http_api import (
     send_sse,
     stop_holdback,
 )
-from harness.engine.params import BadRequest, PromptSpec, SamplingParams
+from harness.engine.params import BadRequest, PromptSpec, SamplingParams, check_body
 from harness.engine.request import Output, Request
 
 ROLES = ("system", "developer", "user", "assistant", "tool")
@@ -72,11 +72,7 @@ class ChatRequest:
 
 
 def parse_chat(body: Any) -> ChatRequest:
-    if not isinstance(body, dict):
-        raise BadRequest("the request body must be a JSON object")
-    unknown = sorted(set(body) - set(CHAT_KEYS))
-    if unknown:
-        raise BadRequest(f"unknown field(s) {unknown}; supported: {list(CHAT_KEYS)}")
+    body = check_body(body, CHAT_KEYS)
     if body.get("logprobs"):
         raise BadRequest("logprobs is not supported by the embedded server")
     for key in ("frequency_penalty", "presence_penalty"):

@@ -113,13 +113,19 @@ class GenerateInput:
 GENERATE_KEYS = ("text", "input_ids", "sampling_params", "stream", "rid", "return_logprob")
 
 
-def parse_generate(body: Any) -> GenerateInput:
-    """Validate a `/generate` body (see the SGLang protocol notes)."""
+def check_body(body: Any, allowed: tuple[str, ...]) -> dict:
+    """The request body as a dict whose keys are all in `allowed`; BadRequest naming the others."""
     if not isinstance(body, dict):
         raise BadRequest("the request body must be a JSON object")
-    unknown = sorted(set(body) - set(GENERATE_KEYS))
+    unknown = sorted(set(body) - set(allowed))
     if unknown:
-        raise BadRequest(f"unknown field(s) {unknown}; supported: {list(GENERATE_KEYS)}")
+        raise BadRequest(f"unknown field(s) {unknown}; supported: {list(allowed)}")
+    return body
+
+
+def parse_generate(body: Any) -> GenerateInput:
+    """Validate a `/generate` body (see the SGLang protocol notes)."""
+    body = check_body(body, GENERATE_KEYS)
     if body.get("return_logprob"):
         raise BadRequest("return_logprob is not supported by the embedded server")
     stream = body.get("stream", False)
