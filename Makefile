@@ -35,6 +35,7 @@ bench: $(STAMP) ## run the default experiment (embedded server) and write its re
 	$(VPY) -m harness.bench $(ARGS)
 
 report: $(STAMP) ## regenerate the report of a campaign: make report DIR=results/<exp>/<campaign>
+	@test -n "$(DIR)" || { echo "usage: make report DIR=results/<experiment>/<campaign> [ARGS='--strict ...']"; exit 2; }
 	$(VPY) -m analysis.report $(DIR) $(ARGS)
 
 micro: $(STAMP) ## time the verify-probability builders (CPU-sized default config)
