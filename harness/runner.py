@@ -15,6 +15,7 @@ from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
 
+import aiohttp
 from rich.console import Console
 from rich.panel import Panel
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
@@ -265,7 +266,7 @@ async def run_one(c: Campaign, run: PlannedRun, progress: Progress) -> str:
             if not checks["at_end"]["passed"]:
                 raise RunFailed(f"log check at the end failed: {describe_failed_checks(checks['at_end'])}")
         ctx.manifest["status"] = "finished"
-    except (ServerError, RunFailed, OSError) as exc:
+    except (ServerError, RunFailed, OSError, aiohttp.ClientError) as exc:  # the run fails, the campaign goes on
         ctx.manifest.update(status="failed", error=str(exc))
         c.console.print(f"[bold red]{run.run_id} failed:[/] {exc}")
     except BaseException as exc:  # Ctrl-C, cancellation, a crash: record it, the server is already stopped
