@@ -133,6 +133,10 @@ class ExperimentConfig:
     gpus: list[int] = field(default_factory=lambda: [0, 1])
     fresh_server_per_run: bool = True
 
+    def arm(self, name: str) -> ArmConfig:
+        """The arm called `name` (the plan only holds declared names)."""
+        return next(a for a in self.arms if a.name == name)
+
     def validate(self) -> None:
         """Checked once composed (not in __post_init__: the schema's own empty default has no arms)."""
         check_choice("experiment.order", self.order, ("alternate", "fixed"))

@@ -18,9 +18,8 @@ PORT_PLACEHOLDER = 0  # shown as PORT: the real port is picked when the run star
 
 
 def spec_of(cfg: BenchConfig, run: PlannedRun) -> LaunchSpec:
-    arm = next(a for a in cfg.experiment.arms if a.name == run.arm)
-    return build_spec(cfg.server, arm, port=cfg.server.port or PORT_PLACEHOLDER, base_seed=run.base_seed,
-                      gpu=run.gpu, log_path=Path("server.log"))
+    return build_spec(cfg.server, cfg.experiment.arm(run.arm), port=cfg.server.port or PORT_PLACEHOLDER,
+                      base_seed=run.base_seed, gpu=run.gpu, log_path=Path("server.log"))
 
 
 def shown_argv(spec: LaunchSpec) -> list[str]:

@@ -245,10 +245,9 @@ async def run_one(c: Campaign, run: PlannedRun, progress: Progress) -> str:
         return "finished"
     if (moved := c.set_aside(run.run_id)) is not None:
         c.console.print(f"[yellow]{run.run_id}: an unfinished earlier attempt was set aside in {moved}[/]")
-    arm = next(a for a in c.cfg.experiment.arms if a.name == run.arm)
     port = c.cfg.server.port or free_port(c.cfg.server.host)
-    spec = build_spec(c.cfg.server, arm, port=port, base_seed=run.base_seed, gpu=run.gpu,
-                      log_path=c.run_dir(run.run_id) / "server.log")
+    spec = build_spec(c.cfg.server, c.cfg.experiment.arm(run.arm), port=port, base_seed=run.base_seed,
+                      gpu=run.gpu, log_path=c.run_dir(run.run_id) / "server.log")
     ctx = RunContext(c, run, spec, start_manifest(c, run, spec), progress)
     ctx.save()
     checks: dict[str, Any] = {}

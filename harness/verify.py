@@ -376,5 +376,3 @@ def verify_block(target_probs: Tensor, draft_tokens: Tensor, draft_probs: Tensor
     last = _final_token(target_probs, draft_tokens, draft_probs, tau, p_tau, u[:, gamma])
     return _emit(draft_tokens, tau, last)
 
-
-VERIFIERS: dict[str, Callable[..., VerifyOutput]] = {"token": verify_tokenwise, "block": verify_block}

@@ -2,11 +2,10 @@
 
 from __future__ import annotations
 
-import hashlib
-import json
-from dataclasses import dataclass, field
+from dataclasses import asdict, dataclass, field
 
 from workloads.errors import WorkloadError
+from workloads.hashing import rows_sha256
 from workloads.scoring import Score, Scorer
 
 __all__ = ["Item", "Score", "Scorer", "Workload", "WorkloadError"]
@@ -52,13 +51,6 @@ class Workload:
 
     @property
     def items_sha256(self) -> str:
-        """SHA256 of the selected items (ids, seed offsets, prompts, messages, answers, categories)."""
-        lines = (
-            json.dumps(
-                [i.item_id, i.seed_offset, i.prompt, i.messages, i.answer, i.category],
-                ensure_ascii=False,
-                separators=(",", ":"),
-            )
-            for i in self.items
-        )
-        return hashlib.sha256(("\n".join(lines) + "\n").encode("utf-8")).hexdigest()
+        """SHA256 of the selected items (ids, seed offsets, prompts, messages, answers, categories),
+        in the same canonical serialisation as the dataset hash."""
+        return rows_sha256(asdict(i) for i in self.items)

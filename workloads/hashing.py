@@ -14,8 +14,8 @@ import logging
 from collections.abc import Iterable, Mapping
 from typing import Any
 
-from workloads.base import WorkloadError
 from workloads.config import WorkloadConfig
+from workloads.errors import WorkloadError
 
 log = logging.getLogger(__name__)
 
