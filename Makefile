@@ -6,6 +6,12 @@ VENV    := .venv
 VPY     := $(VENV)/bin/python
 STAMP   := $(VENV)/.installed
 ARGS    ?=
+# The SGLang conformance environment: SGLang 0.5.23 without its kernels (requirements/sglang-*.txt)
+SGVENV  := .venv-sglang
+SGPY    := $(SGVENV)/bin/python
+SGSTAMP := $(SGVENV)/.installed
+# SGLang's Triton kernels run on CPU tensors under the interpreter; the tests refuse to run without it
+SGENV   := TRITON_INTERPRET=1 SPECBENCH_REQUIRE_SGLANG=1
 
 .DEFAULT_GOAL := help
 
@@ -17,7 +23,16 @@ $(STAMP): pyproject.toml
 	$(VPY) -m pip install -q -e '.[dev]'
 	@touch $(STAMP)
 
-.PHONY: help venv test test-fast bench report micro micro-h200 perf lint clean
+$(SGSTAMP): pyproject.toml requirements/sglang-cpu.txt requirements/sglang-nodeps.txt
+	@test -x $(SGPY) || $(PY) -m venv $(SGVENV)
+	@echo ">> installing SGLang 0.5.23 without its kernels (torch 2.14.1, from local disk) into $(SGVENV)"
+	$(SGPY) -m pip install -q --upgrade pip
+	$(SGPY) -m pip install -q -r requirements/sglang-cpu.txt
+	$(SGPY) -m pip install -q --no-deps --no-warn-conflicts -r requirements/sglang-nodeps.txt
+	$(SGPY) -m pip install -q --no-warn-conflicts -e '.[dev]'
+	@touch $(SGSTAMP)
+
+.PHONY: help venv sglang test test-fast test-sglang bench report micro micro-h200 perf lint clean
 
 help: ## list the targets
 	@grep -E '^[a-zA-Z0-9_-]+:.*## ' $(MAKEFILE_LIST) | awk -F':.*## ' '{printf "  make %-12s %s\n", $$1, $$2}'
@@ -25,11 +40,17 @@ help: ## list the targets
 
 venv: $(STAMP) ## create .venv and install the project (done by every target on first use)
 
-test: $(STAMP) ## run the whole test suite (what CI runs)
-	$(VPY) -m pytest -q $(ARGS)
+sglang: $(SGSTAMP) ## create .venv-sglang: SGLang 0.5.23 without kernels, for the conformance tests
 
-test-fast: $(STAMP) ## unit tests only (skip the end-to-end ones that start servers)
-	$(VPY) -m pytest -q -m "not slow" $(ARGS)
+test: $(STAMP) $(SGSTAMP) ## run the whole test suite, SGLang conformance included (what CI runs)
+	$(VPY) -m pytest -q -m "not sglang" $(ARGS)
+	$(SGENV) $(SGPY) -m pytest -q -m sglang $(ARGS)
+
+test-fast: $(STAMP) ## unit tests only (skip the end-to-end ones that start servers, and SGLang's)
+	$(VPY) -m pytest -q -m "not slow and not sglang" $(ARGS)
+
+test-sglang: $(SGSTAMP) ## the SGLang conformance tests only (in .venv-sglang)
+	$(SGENV) $(SGPY) -m pytest -q -m sglang $(ARGS)
 
 bench: $(STAMP) ## run the default experiment (embedded server) and write its report
 	$(VPY) -m harness.bench $(ARGS)
@@ -51,4 +72,4 @@ lint: $(STAMP) ## ruff
 	$(VPY) -m ruff check harness workloads analysis tests
 
 clean: ## remove the virtual environment and caches (keeps results/)
-	rm -rf $(VENV) .pytest_cache .ruff_cache *.egg-info
+	rm -rf $(VENV) $(SGVENV) .pytest_cache .ruff_cache *.egg-info

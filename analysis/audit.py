@@ -14,7 +14,7 @@ import numpy as np
 import pandas as pd
 
 from analysis.commands import ArmDiff, RunVariant, compare_arms, run_variants
-from analysis.load import SCHEMA_VERSION, Loaded
+from analysis.load import NO_MANIFEST, NOT_RUN, SCHEMA_VERSION, Loaded
 
 FAIL, WARN, OK, INFO = "fail", "warn", "ok", "info"
 FINISHED_REASONS = ("stop", "length")
@@ -97,7 +97,7 @@ class Audit:
 def metadata_mismatches(data: Loaded) -> list[Mismatch]:
     """Checked metadata that differ: GPU model, model path, dataset SHA256, harness version, and
     (between campaigns) the experiment, its arms and baseline, and the client settings."""
-    runs = data.runs[data.runs["status"] != "not run"]
+    runs = data.runs[~data.runs["status"].isin((NOT_RUN, NO_MANIFEST))]  # check_runs names those
     out = [_distinct(f"run {col}", runs, col) for col in _RUN_CHECKED]
     out.append(_distinct_campaign(data, "dataset SHA256", lambda c: (c.meta.get("workload") or {}).get("sha256")))
     for what, get in _CAMPAIGN_CHECKED.items():
@@ -167,7 +167,7 @@ def select(data: Loaded, plan: PlanKeys) -> tuple[Selection, np.ndarray]:
     in_plan = outside_warmup & (key >= 0) & is_planned[np.maximum(key, 0)]
     key = np.where(in_plan, key, -1)
     first = in_plan & ~pd.Series(key).duplicated(keep="first").to_numpy()
-    errored = first & _errored(rec)
+    errored = first & (_errored(rec) | invalid_values(rec).any(axis=0))
     sel = Selection(
         measured=outside_warmup & finished,
         chosen=first,
@@ -180,6 +180,35 @@ def select(data: Loaded, plan: PlanKeys) -> tuple[Selection, np.ndarray]:
 def _errored(rec: pd.DataFrame) -> np.ndarray:
     reason_ok = rec["finish_reason"].isin(FINISHED_REASONS).to_numpy()
     return rec["error"].notna().to_numpy() | ~reason_ok | np.isnan(rec["completion_tokens"].to_numpy())
+
+
+INVALID_REASONS = (
+    "completion_tokens is negative or not an integer",
+    "spec_verify_ct is negative or not an integer",
+    "spec_num_correct_drafts is negative or not an integer",
+    "completion_tokens exceeds the request's max_new_tokens (SGLang caps the output there)",
+    "no verify step but more than one completion token (only the first token comes without one)",
+    "t_end is before t_sent",
+    "t_first_token is outside [t_sent, t_end]",
+)
+
+
+def invalid_values(rec: pd.DataFrame) -> np.ndarray:
+    """[len(INVALID_REASONS), records] masks of numbers no server or client can have produced.
+
+    Such a record is counted as errored (never in a figure) and fails the audit.
+    """
+    ct, vct, ncd, cap = (rec[c].to_numpy() for c in ("completion_tokens", "spec_verify_ct", "spec_num_correct_drafts",
+                                                    "max_new_tokens"))
+    t_sent, t_first, t_end = (rec[c].to_numpy() for c in ("t_sent", "t_first_token", "t_end"))
+
+    def bad_count(x: np.ndarray) -> np.ndarray:
+        return ~np.isnan(x) & ((x < 0) | (x != np.floor(x)))
+
+    with np.errstate(invalid="ignore"):  # NaN (null) compares False: a missing value is not invalid
+        masks = (bad_count(ct), bad_count(vct), bad_count(ncd), ct > cap, (vct == 0) & (ct > 1), t_end < t_sent,
+                 (t_first < t_sent) | (t_first > t_end))
+    return np.vstack(masks) if len(rec) else np.zeros((len(INVALID_REASONS), 0), dtype=bool)
 
 
 def coverage(data: Loaded, plan: PlanKeys, sel: Selection, key: np.ndarray) -> dict[str, pd.DataFrame]:
@@ -209,9 +238,11 @@ def coverage(data: Loaded, plan: PlanKeys, sel: Selection, key: np.ndarray) -> d
     table["unplanned_records"] = np.bincount(arm_codes[rec_run[unplanned]], minlength=len(arm_names))
     table = table[(table["planned"] > 0) | (table["unplanned_records"] > 0)]
     err = np.flatnonzero(sel.errored)
+    invalid = invalid_values(rec).any(axis=0)[err]
+    errors = rec["error"].to_numpy()[err].astype(object)
     errored = _key_frame(data, rec_run[err], rec["_item"].to_numpy()[err]).assign(
         finish_reason=rec["finish_reason"].to_numpy()[err].astype(object),
-        error=rec["error"].to_numpy()[err].astype(object),
+        error=np.where(invalid & pd.isna(errors), "invalid values (see 'Record values are valid')", errors),
     )
     return {
         "table": table,
@@ -258,6 +289,7 @@ def run_audit(data: Loaded, arms: list[str], baseline: str, mismatches: list[Mis
         check_seeds(data, sel, plan),
         check_seeds_honoured(data),
         check_commands(arm_diffs, variants),
+        check_values(data, sel),
         check_server_fields(data, sel),
         check_histograms(data, sel),
         check_hit_cap(data, sel),
@@ -307,8 +339,9 @@ def _req(r: Any) -> str:
 
 def check_runs(data: Loaded) -> Check:
     runs = data.runs
-    details = [f"{r.campaign}/{r.run_id} ({r.arm}): status {r.status}" for r in runs.itertuples()
-               if r.planned and r.status != "finished"]
+    details = [f"{r.campaign}/{r.run_id} ({r.arm}): " + (f"runs/{r.run_id}/manifest.json is missing"
+                                                         if r.status == NO_MANIFEST else f"status {r.status}")
+               for r in runs.itertuples() if r.planned and r.status != "finished"]
     details += [f"{r.campaign}/{r.run_id}: on disk but not in the plan (ignored)" for r in runs.itertuples()
                 if not r.planned]
     details += [f"{r.campaign}/{r.run_id} ({r.arm}): server log checks failed" for r in runs.itertuples()
@@ -363,7 +396,7 @@ def _seeded(data: Loaded, label: str) -> bool:
 
 
 def check_seeds_honoured(data: Loaded) -> Check:
-    runs = data.runs[data.runs["planned"] & (data.runs["status"] != "not run")]
+    runs = data.runs[data.runs["planned"] & ~data.runs["status"].isin((NOT_RUN, NO_MANIFEST))]
     if not any(_seeded(data, c.label) for c in data.campaigns):
         return Check("Seeds honoured by the server", INFO, "requests are not seeded (experiment.seeded_requests=false)")
     honoured = runs["seeds_honoured"].map(lambda v: v is True)
@@ -402,6 +435,17 @@ def check_commands(arm_diffs: list[ArmDiff], variants: list[RunVariant]) -> Chec
     status = FAIL if bad else WARN if variants or unknown else OK
     return Check("Commands and environments differ only as declared", status, summary,
                  tuple(details + variant_lines))
+
+
+def check_values(data: Loaded, sel: Selection) -> Check:
+    """Counts and times that cannot be true (negative, fractional, out of order) fail the audit."""
+    masks = invalid_values(data.records)
+    in_scope = sel.chosen | sel.measured
+    bad = in_scope & masks.any(axis=0)
+    details = _rows(data, bad, lambda i: "; ".join(r for r, m in zip(INVALID_REASONS, masks[:, i], strict=True) if m))
+    summary = (f"{int(bad.sum())} measured record(s) with impossible counts or times (counted as errored, "
+               f"left out of every figure)" if bad.any() else f"{int(in_scope.sum())} measured records checked")
+    return Check("Record values are valid (counts, times)", FAIL if bad.any() else OK, summary, tuple(details))
 
 
 def check_server_fields(data: Loaded, sel: Selection) -> Check:

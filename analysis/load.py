@@ -9,7 +9,9 @@ cannot parse (a truncated last line, a field of an unexpected type) is read agai
 from __future__ import annotations
 
 import json
+import math
 import os
+import sys
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -23,6 +25,8 @@ import pyarrow.json as pj
 
 SCHEMA_VERSION = 1
 _BLOCK_BYTES = 16 << 20  # pyarrow parses one block per thread; a record must fit in one block
+_INT64_MIN, _INT64_MAX = -(2**63), 2**63 - 1
+_FLOAT_MAX = sys.float_info.max
 
 STR_FIELDS = ("campaign_id", "run_id", "arm", "item_id", "finish_reason", "error")
 INT_FIELDS = ("schema_version", "base_seed", "repeat", "seed_offset", "request_seed")
@@ -183,6 +187,65 @@ def _read_json(path: Path) -> dict[str, Any]:
     return data
 
 
+# The keys of campaign.json and manifest.json that the analysis reads, and the JSON types they may
+# have (None is always allowed). A value of another type stops the analysis with the file and key named.
+_NUM = (int, float)
+CAMPAIGN_TYPES = {"campaign_id": (str,), "experiment": (str,), "baseline": (str,), "plan": (list,), "arms": (list,),
+                  "config": (dict,), "workload": (dict,), "concurrency": (int,), "request_rate": _NUM,
+                  "max_new_tokens": (int,)}
+PLAN_TYPES = {"run_id": (str,), "arm": (str,), "base_seed": (int,), "repeat": (int,), "index": (int,), "gpu": (int,)}
+ITEM_TYPES = {"item_id": (str, int), "seed_offset": (int,), "category": (str,)}
+MANIFEST_TYPES = {**PLAN_TYPES, "status": (str,), "concurrency": (int,), "request_rate": _NUM,
+                  "max_new_tokens": (int,), "seeds_honoured": (bool,), "model_path": (str,), "command": (list,),
+                  "env": (dict,), "server_info": (dict,), "server_info_end": (dict,), "gpu_info": (dict,),
+                  "dataset": (dict,), "versions": (dict,), "log_checks": (dict,)}
+
+
+def _type_problem(value: Any, kinds: tuple[type, ...]) -> str | None:
+    """Why `value` is not one of `kinds` (JSON-wise: a bool is not an int), or None when it is."""
+    if value is None:
+        return None
+    if isinstance(value, bool) and bool not in kinds:
+        return "a boolean"
+    if not isinstance(value, kinds):
+        return f"of type {type(value).__name__}"
+    if isinstance(value, float) and not math.isfinite(value):
+        return "not finite"
+    if isinstance(value, int) and not isinstance(value, bool) and not _INT64_MIN <= value <= _INT64_MAX:
+        return "out of the 64-bit integer range"
+    return None
+
+
+def check_types(path: Path, doc: Any, types: dict[str, tuple[type, ...]], where: str = "") -> None:
+    """InputError naming `path` and the key when a read key of `doc` has a value of another type."""
+    if not isinstance(doc, dict):
+        raise InputError(f"{path}: {where or 'the document'} is not a JSON object")
+    for key, kinds in types.items():
+        problem = _type_problem(doc.get(key), kinds)
+        if problem:
+            expected = " or ".join(k.__name__ for k in kinds)
+            raise InputError(f"{path}: {where}{key}={doc.get(key)!r} is {problem}; expected {expected} or null. "
+                             "The file was edited or corrupted: restore it, or rerun the run it describes")
+
+
+def _check_campaign_types(path: Path, meta: dict[str, Any]) -> None:
+    check_types(path, meta, CAMPAIGN_TYPES)
+    for i, run in enumerate(meta.get("plan") or []):
+        check_types(path, run, PLAN_TYPES, f"plan[{i}].")
+    for i, item in enumerate((meta.get("workload") or {}).get("items") or []):
+        check_types(path, item, ITEM_TYPES, f"workload.items[{i}].")
+
+
+def _check_manifest_types(path: Path, man: dict[str, Any]) -> None:
+    check_types(path, man, MANIFEST_TYPES)
+    check_types(path, man.get("versions") or {}, {"harness": (dict,)}, "versions.")
+    check_types(path, (man.get("versions") or {}).get("harness") or {},
+                {"version": (str,), "git_sha": (str,), "dirty": (bool,)}, "versions.harness.")
+    check_types(path, man.get("log_checks") or {}, {"passed": (bool,)}, "log_checks.")
+    check_types(path, man.get("dataset") or {}, {"sha256": (str,)}, "dataset.")
+    check_types(path, man.get("gpu_info") or {}, {"name": (str,)}, "gpu_info.")
+
+
 def read_campaign(path: Path) -> Campaign:
     meta = _read_json(path / "campaign.json")
     if meta.get("schema_version") != SCHEMA_VERSION:
@@ -190,6 +253,7 @@ def read_campaign(path: Path) -> Campaign:
             f"{path / 'campaign.json'}: schema_version {meta.get('schema_version')!r}; "
             f"this analysis reads version {SCHEMA_VERSION}"
         )
+    _check_campaign_types(path / "campaign.json", meta)
     run_dirs: dict[str, Path] = {}
     runs_root = path / "runs"
     if runs_root.is_dir():
@@ -199,6 +263,8 @@ def read_campaign(path: Path) -> Campaign:
     manifests = {
         run_id: _read_json(d / "manifest.json") for run_id, d in run_dirs.items() if (d / "manifest.json").is_file()
     }
+    for run_id, man in manifests.items():
+        _check_manifest_types(run_dirs[run_id] / "manifest.json", man)
     return Campaign(path=path, meta=meta, run_dirs=run_dirs, manifests=manifests)
 
 
@@ -212,11 +278,29 @@ def read_records_file(path: Path, force_slow: bool = False) -> tuple[pa.Table, l
         return RECORD_SCHEMA.empty_table(), [], False
     if not force_slow:
         try:
-            return _read_fast(path), [], False
+            table, bad = _null_nonfinite(_read_fast(path), path)
+            return table, bad, False
         except (pa.ArrowInvalid, pa.ArrowNotImplementedError):
             pass
     table, bad = _read_slow(path)
     return table, bad, True
+
+
+def _null_nonfinite(table: pa.Table, path: Path) -> tuple[pa.Table, list[BadLine]]:
+    """NaN and infinities in number fields (JSON has neither; Python's writer can emit them) become
+    null, each one a BadLine: a figure never silently absorbs them."""
+    bad: list[BadLine] = []
+    for name in FLOAT_FIELDS:
+        column = table.column(name)
+        mask = pc.fill_null(pc.or_(pc.is_nan(column), pc.is_inf(column)), False)
+        rows = np.flatnonzero(mask.to_numpy(zero_copy_only=False))
+        if len(rows):
+            values = column.to_numpy(zero_copy_only=False)
+            bad += [BadLine(str(path), int(r) + 1, f"{name}={float(values[r])!r} is not finite, or too large "
+                            "for a float (ignored)") for r in rows]
+            nulls = pa.nulls(len(column), pa.float64())
+            table = table.set_column(table.schema.get_field_index(name), name, pc.if_else(mask, nulls, column))
+    return table, bad
 
 
 def _read_fast(path: Path) -> pa.Table:
@@ -274,11 +358,20 @@ def _as_number(name: str, value: Any, problems: list[str], integral: bool) -> fl
     if isinstance(value, bool) or not isinstance(value, int | float):
         problems.append(f"{name}={value!r} is not a number (ignored)")
         return None
+    if isinstance(value, float) and not math.isfinite(value):
+        problems.append(f"{name}={value!r} is not finite (ignored)")
+        return None
     if integral:
         if float(value) != int(value):
             problems.append(f"{name}={value!r} is not an integer (ignored)")
             return None
+        if not _INT64_MIN <= int(value) <= _INT64_MAX:
+            problems.append(f"{name}={value!r} is out of the 64-bit integer range (ignored)")
+            return None
         return int(value)
+    if abs(value) > _FLOAT_MAX:
+        problems.append(f"{name}={value!r} is too large for a float (ignored)")
+        return None
     return float(value)
 
 
@@ -340,6 +433,7 @@ def _runs_table(campaigns: list[Campaign]) -> pd.DataFrame:
     return frame
 
 
+NOT_RUN, NO_MANIFEST = "not run", "no manifest"  # statuses of runs without a manifest
 _RUN_COLUMNS = (
     "campaign_id", "campaign", "run_id", "arm", "base_seed", "repeat", "order", "gpu", "planned", "found",
     "records_path", "status", "concurrency", "request_rate", "max_new_tokens", "seeds_honoured",
@@ -367,7 +461,7 @@ def _run_row(camp: Campaign, run_id: str, plan: dict[str, Any] | None) -> dict[s
         "planned": plan is not None,
         "found": run_dir is not None,
         "records_path": str(records) if records is not None and records.is_file() else "",
-        "status": str(man.get("status")) if man else ("no manifest" if run_dir is not None else "not run"),
+        "status": str(man.get("status")) if man else (NO_MANIFEST if run_dir is not None else NOT_RUN),
         "concurrency": man.get("concurrency", camp.meta.get("concurrency")),
         "request_rate": man.get("request_rate", camp.meta.get("request_rate")),
         "max_new_tokens": man.get("max_new_tokens", camp.meta.get("max_new_tokens")),

@@ -114,7 +114,8 @@ def parser() -> argparse.ArgumentParser:
         ),
         epilog=(
             "exit status: 0 report written; 1 report written but the audit failed and --strict was given; "
-            "2 nothing written (unreadable input, or checked metadata differ without --allow-mismatch). "
+            "2 nothing written (unreadable input, an unwritable output folder, or checked metadata differ "
+            "without --allow-mismatch). "
             "The same files always give a byte-identical report."
         ),
     )
@@ -140,7 +141,12 @@ def main(argv: list[str] | None = None) -> int:
         print(f"analysis.report: {err}", file=sys.stderr)
         return EXIT_REFUSED
     out_dir = Path(args.out) if args.out else default_out_dir(args.results_dirs)
-    written = write_report(report, out_dir)
+    try:
+        written = write_report(report, out_dir)
+    except OSError as err:
+        print(f"analysis.report: cannot write the report to {out_dir} ({err.strerror or err}); "
+              "give a writable folder with --out PATH", file=sys.stderr)
+        return EXIT_REFUSED
     figures = [p for p in written if p.suffix == ".png"]
     print(f"wrote {written[0]}" + (f" and {len(figures)} figure(s) in {figures[0].parent}" if figures else ""))
     if report.audit.passed:

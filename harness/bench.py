@@ -22,10 +22,12 @@ from harness.cli import CONFIG_DIR, OverrideError, check_overrides
 from harness.config import HYDRA_VERSION_BASE, BenchConfig, ConfigError, register_configs
 from harness.dryrun import print_dry_run
 from harness.runner import build_campaign, run_campaign, summary
+from harness.sglang_preflight import preflight_before_launch
 from workloads import load_workload
 from workloads.base import WorkloadError
 
 GROUPS = ("experiment", "server", "workload", "client")
+EXIT_INTERRUPTED = 130  # 128 + SIGINT, as shells report it
 
 
 def to_typed(cfg: DictConfig) -> BenchConfig:
@@ -33,12 +35,17 @@ def to_typed(cfg: DictConfig) -> BenchConfig:
     return OmegaConf.to_object(cfg).validate()
 
 
-def write_report(campaign_dir, console: Console) -> int:
-    """The analysis report of the campaign (it prints where it wrote); its exit code."""
-    from analysis.report import main as report_main  # noqa: PLC0415  (heavy imports only when needed)
+def write_report(campaign_dir, console: Console, strict: bool) -> int:
+    """The analysis report of the campaign (it prints where it wrote); its exit code, non-zero when the
+    report could not be written or (strict) its audit failed."""
+    from analysis.report import EXIT_AUDIT_FAILED  # noqa: PLC0415  (heavy imports only when needed)
+    from analysis.report import main as report_main  # noqa: PLC0415
 
-    code = report_main([str(campaign_dir)])
-    if code:
+    code = report_main([str(campaign_dir), *(["--strict"] if strict else [])])
+    if code == EXIT_AUDIT_FAILED:
+        console.print(f"[bold red]the audit of {campaign_dir} failed[/] (see the top of its report.md); exit 1 "
+                      "(strict_audit=false keeps exit 0)")
+    elif code:
         console.print(f"[bold red]the report of {campaign_dir} failed (exit code {code}); see above[/]")
     return code
 
@@ -47,17 +54,24 @@ def run(cfg_node: DictConfig, console: Console) -> int:
     """Compose -> plan -> (dry run | runs -> report). Returns the process exit code."""
     cfg = to_typed(cfg_node)
     if cfg.dry_run:
-        print_dry_run(cfg, console)
-        return 0
+        return print_dry_run(cfg, console)
+    code = preflight_before_launch(cfg, console)  # backend sglang: fail before anything is loaded or launched
+    if code:
+        return code
     config_dict = OmegaConf.to_container(cfg_node, resolve=True)
     workload = load_workload(cfg.workload)
     campaign = build_campaign(cfg, config_dict, workload, console)
     console.print(f"[bold]{cfg.experiment.name}[/]: {len(campaign.plan)} runs x {len(workload.items)} requests "
                   f"({workload.name}, sha256 {workload.sha256[:12]}) -> {campaign.root}")
     campaign.open()
-    statuses = asyncio.run(run_campaign(campaign))
+    try:
+        statuses = asyncio.run(run_campaign(campaign))
+    except KeyboardInterrupt:
+        console.print(f"[bold red]interrupted[/] (Ctrl-C): the running run is marked failed, its server stopped; "
+                      f"records so far are kept in {campaign.root}. Resume with campaign={campaign.root.name}")
+        return EXIT_INTERRUPTED
     console.print(f"runs: {summary(statuses)}")
-    report_code = write_report(campaign.root, console) if cfg.report else 0
+    report_code = write_report(campaign.root, console, cfg.strict_audit) if cfg.report else 0
     console.print(f"[bold green]records:[/] {campaign.root}/runs/*/records.jsonl")
     failed = [r for r, s in statuses.items() if s != "finished"]
     if failed:
@@ -80,6 +94,9 @@ def hydra_main(cfg: DictConfig) -> None:
     except (ConfigError, WorkloadError, OmegaConfBaseException) as exc:
         console.print(f"[bold red]error:[/] {exc}")
         code = 2
+    except KeyboardInterrupt:
+        console.print("[bold red]interrupted[/] (Ctrl-C) before any run started; nothing was launched")
+        code = EXIT_INTERRUPTED
     if code:
         sys.exit(code)
 

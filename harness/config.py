@@ -8,6 +8,8 @@ Entry points convert the composed DictConfig into these objects once (`OmegaConf
 
 from __future__ import annotations
 
+import math
+import re
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -28,12 +30,41 @@ def check_choice(what: str, value: Any, choices: list | tuple) -> None:
         raise ConfigError(f"{what}={value!r} is not valid; choose one of: {', '.join(map(str, choices))}")
 
 
+def check_range(what: str, value: float, low: float, high: float = math.inf, *, low_open: bool = False,
+                high_open: bool = False) -> None:
+    """ConfigError unless `value` is a finite number in the interval (NaN and infinities never are)."""
+    too_low = value <= low if low_open else value < low
+    too_high = value >= high if high_open else value > high
+    if not math.isfinite(value) or too_low or too_high:
+        interval = ("(" if low_open else "[") + f"{low:g}, {high:g}" + (")" if high_open or high == math.inf else "]")
+        raise ConfigError(f"{what}={value!r} must be a finite number in {interval}")
+
+
+SAFE_NAME = re.compile(r"[A-Za-z0-9][A-Za-z0-9._-]*")
+
+
+def check_name(what: str, value: str) -> None:
+    """Names that become directories under results_dir: no separators, no '..', nothing hidden."""
+    if not SAFE_NAME.fullmatch(value) or ".." in value:
+        raise ConfigError(f"{what}={value!r} is not a safe directory name: use letters, digits, '.', '_' and '-', "
+                          "starting with a letter or digit, without '..' (it names a folder under results_dir)")
+
+
 @dataclass
 class LogChecks:
     """Regexes searched in the server log after readiness and again at the end of the run."""
 
     must: list[str] = field(default_factory=list)
     must_not: list[str] = field(default_factory=list)
+
+    def __post_init__(self) -> None:
+        for kind, patterns in (("must", self.must), ("must_not", self.must_not)):
+            for pattern in patterns:
+                try:
+                    re.compile(pattern, re.MULTILINE)
+                except re.error as exc:
+                    raise ConfigError(f"log_checks.{kind} regex {pattern!r} is invalid ({exc}); fix it in the "
+                                      "experiment file or on the command line") from None
 
 
 @dataclass
@@ -53,11 +84,18 @@ class ServerConfig:
     ready_timeout_s: float = 900.0
     stop_timeout_s: float = 30.0
     log_checks: LogChecks = field(default_factory=LogChecks)
+    # backend sglang: check every planned argv with the server interpreter's own SGLang before a dry run
+    # says "ok" and before a real run launches anything. require = a refused argv, or one that could not
+    # be checked (no SGLang in that interpreter), fails the command; skip = do not check (said so).
+    preflight: str = "require"
 
     def __post_init__(self) -> None:
         check_choice("server.backend", self.backend, ("embedded", "sglang"))
+        check_choice("server.preflight", self.preflight, ("require", "skip"))
         if not 0 <= self.port < 65536:
             raise ConfigError(f"server.port={self.port} is out of range; use 0 for a free port or 1-65535")
+        check_range("server.ready_timeout_s", self.ready_timeout_s, 0, low_open=True)
+        check_range("server.stop_timeout_s", self.stop_timeout_s, 0, low_open=True)
 
 
 @dataclass
@@ -71,6 +109,9 @@ class ArmConfig:
     log_checks: LogChecks = field(default_factory=LogChecks)
 
 
+MAX_TOP_K = 2**31 - 1  # a 32-bit int, as SGLang's sampling tensors hold it; -1 means the whole vocabulary
+
+
 @dataclass
 class SamplingConfig:
     temperature: float = 1.0
@@ -82,12 +123,11 @@ class SamplingConfig:
     stop: list[str] = field(default_factory=list)
 
     def __post_init__(self) -> None:
-        if self.temperature < 0:
-            raise ConfigError(f"sampling.temperature={self.temperature} must be >= 0 (0 = greedy)")
-        if not 0 < self.top_p <= 1:
-            raise ConfigError(f"sampling.top_p={self.top_p} must be in (0, 1]")
-        if self.top_k == 0 or self.top_k < -1:
-            raise ConfigError(f"sampling.top_k={self.top_k} must be -1 (whole vocabulary) or >= 1")
+        check_range("sampling.temperature", self.temperature, 0)  # 0 = greedy
+        check_range("sampling.top_p", self.top_p, 0, 1, low_open=True)
+        check_range("sampling.min_p", self.min_p, 0, 1)
+        if self.top_k == 0 or self.top_k < -1 or self.top_k > MAX_TOP_K:
+            raise ConfigError(f"sampling.top_k={self.top_k} must be -1 (whole vocabulary) or in [1, {MAX_TOP_K}]")
         if self.max_new_tokens < 1:
             raise ConfigError(f"sampling.max_new_tokens={self.max_new_tokens} must be >= 1")
 
@@ -106,8 +146,9 @@ class ClientConfig:
         check_choice("client.route", self.route, ("generate", "chat"))
         if self.concurrency < 1:
             raise ConfigError(f"client.concurrency={self.concurrency} must be >= 1")
-        if self.request_rate is not None and self.request_rate <= 0:
-            raise ConfigError(f"client.request_rate={self.request_rate} must be > 0, or null for closed loop")
+        if self.request_rate is not None:
+            check_range("client.request_rate (requests/s; null for closed loop)", self.request_rate, 0, low_open=True)
+        check_range("client.timeout_s", self.timeout_s, 0, low_open=True)
 
 
 @dataclass
@@ -115,6 +156,12 @@ class WarmupConfig:
     requests: int = 8  # N requests filling N slots before the measured window
     max_new_tokens: int = 16
     flush_cache: bool = True
+
+    def __post_init__(self) -> None:
+        if self.requests < 0:
+            raise ConfigError(f"experiment.warmup.requests={self.requests} must be >= 0 (0 = no warmup)")
+        if self.max_new_tokens < 1:
+            raise ConfigError(f"experiment.warmup.max_new_tokens={self.max_new_tokens} must be >= 1")
 
 
 @dataclass
@@ -132,6 +179,8 @@ class ExperimentConfig:
     placement: str = "sequential"  # sequential | parallel (one GPU per arm)
     gpus: list[int] = field(default_factory=lambda: [0, 1])
     fresh_server_per_run: bool = True
+    # a run with more errored, aborted or timed-out requests (warmup included) than this is failed
+    max_failed_requests: int = 0
 
     def arm(self, name: str) -> ArmConfig:
         """The arm called `name` (the plan only holds declared names)."""
@@ -139,9 +188,14 @@ class ExperimentConfig:
 
     def validate(self) -> None:
         """Checked once composed (not in __post_init__: the schema's own empty default has no arms)."""
+        check_name("experiment.name", self.name)
+        if self.max_failed_requests < 0:
+            raise ConfigError(f"experiment.max_failed_requests={self.max_failed_requests} must be >= 0")
         check_choice("experiment.order", self.order, ("alternate", "fixed"))
         check_choice("experiment.placement", self.placement, ("sequential", "parallel"))
         names = [a.name for a in self.arms]
+        for i, name in enumerate(names):
+            check_name(f"experiment.arms[{i}].name", name)
         if len(names) < 2:
             raise ConfigError(f"experiment.arms has {len(names)} arm(s); an experiment needs two or more")
         if len(set(names)) != len(names):
@@ -171,9 +225,12 @@ class BenchConfig:
     campaign: str | None = None  # None = a new timestamped campaign; an existing id resumes it
     dry_run: bool = False
     report: bool = True  # write the analysis report at the end
+    strict_audit: bool = True  # exit 1 when the report's audit fails; false: the report still says so, exit 0
 
     def validate(self) -> BenchConfig:
         self.experiment.validate()
+        if self.campaign is not None:
+            check_name("campaign", self.campaign)
         return self
 
 

@@ -1,25 +1,26 @@
 """`dry_run=true`: print every planned run's exact argv, environment and placement, and what differs
-between the arms, without launching anything."""
+between the arms, without launching anything. For backend sglang each argv is also checked by the
+SGLang of the interpreter that will run it (`harness.sglang_preflight`, `server.preflight`)."""
 
 from __future__ import annotations
 
 import difflib
 import shlex
-from pathlib import Path
 
 from rich.console import Console
+from rich.markup import escape
 from rich.table import Table
 
 from harness.config import BenchConfig
-from harness.launcher import LaunchSpec, build_spec
+from harness.launcher import LaunchSpec, planned_spec
 from harness.plan import PlannedRun, make_plan
+from harness.sglang_preflight import print_verdict, run_preflight
 
 PORT_PLACEHOLDER = 0  # shown as PORT: the real port is picked when the run starts
 
 
 def spec_of(cfg: BenchConfig, run: PlannedRun) -> LaunchSpec:
-    return build_spec(cfg.server, cfg.experiment.arm(run.arm), port=cfg.server.port or PORT_PLACEHOLDER,
-                      base_seed=run.base_seed, gpu=run.gpu, log_path=Path("server.log"))
+    return planned_spec(cfg, run, port=cfg.server.port or PORT_PLACEHOLDER)
 
 
 def shown_argv(spec: LaunchSpec) -> list[str]:
@@ -44,9 +45,11 @@ def env_diff(base: dict[str, str], other: dict[str, str]) -> str:
     return "; ".join(parts) or "(same env)"
 
 
-def print_dry_run(cfg: BenchConfig, console: Console) -> None:
+def print_dry_run(cfg: BenchConfig, console: Console) -> int:
+    """Print the plan; the exit code: non-zero when the argv preflight refused or could not check a command."""
     exp = cfg.experiment
     plan = make_plan(exp)
+    report = run_preflight(cfg, console)
     console.print(f"[bold]dry run[/] of experiment [bold]{exp.name}[/]: {len(plan)} runs, "
                   f"order={exp.order}, placement={exp.placement}, baseline={exp.baseline}")
     console.print(f"workload: {cfg.workload.kind}; sampling: {cfg.sampling}; client: route={cfg.client.route} "
@@ -59,6 +62,8 @@ def print_dry_run(cfg: BenchConfig, console: Console) -> None:
         console.print("  argv: " + shlex.join(shown_argv(spec)), highlight=False, soft_wrap=True)
         env = " ".join(f"{k}={v}" for k, v in sorted(spec.env_overrides.items())) or "(none)"
         console.print(f"  env:  {env}", highlight=False, soft_wrap=True)
+        if report is not None:
+            console.print(f"  preflight: {escape(report.outcome_of(run.run_id).line())}", highlight=False, soft_wrap=True)
     first_slot = [r for r in plan if r.slot == 0]
     base_run = next(r for r in first_slot if r.arm == exp.baseline)
     base_spec = spec_of(cfg, base_run)
@@ -73,4 +78,6 @@ def print_dry_run(cfg: BenchConfig, console: Console) -> None:
             table.add_row(run.arm, argv_diff(base_spec.argv, spec.argv), env_diff(env_base, env_other))
     console.print()
     console.print(table)
+    code = print_verdict(report, console) if report is not None else 0
     console.print("nothing was launched (dry_run=true)")
+    return code

@@ -21,10 +21,14 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 import aiohttp
+import psutil
 
-from harness.config import ArmConfig, LogChecks, ServerConfig
+from harness.config import ArmConfig, BenchConfig, LogChecks, ServerConfig
+from harness.plan import PlannedRun
 
-SECRET_PATTERN = re.compile(r"TOKEN|KEY|SECRET|PASSW|CREDENTIAL|AUTH", re.IGNORECASE)
+# a name part (split on _ - .) ending so is a secret: HF_TOKEN, OPENAI_API_KEY, PGPASSWORD, --api-key;
+# not --speculative-num-draft-tokens or TOKENIZERS_PARALLELISM
+SECRET_PART = re.compile(r"(TOKEN|KEY|SECRET|PASSWORD|PASSWD|PASS|CREDENTIALS?|AUTH|APIKEY)$", re.IGNORECASE)
 PR_SET_PDEATHSIG = 1
 
 
@@ -38,9 +42,70 @@ def free_port(host: str = "127.0.0.1") -> int:
         return s.getsockname()[1]
 
 
+def listeners(port: int) -> list[psutil.Process]:
+    """The processes (that this user may inspect) listening on TCP `port`."""
+    out = []
+    for conn in psutil.net_connections(kind="tcp"):
+        if conn.status == psutil.CONN_LISTEN and conn.laddr and conn.laddr.port == port and conn.pid:
+            try:
+                out.append(psutil.Process(conn.pid))
+            except psutil.NoSuchProcess:
+                pass
+    return out
+
+
+def describe_processes(procs: list[psutil.Process]) -> str:
+    parts = []
+    for proc in procs:
+        try:
+            parts.append(f"pid {proc.pid} ({' '.join(proc.cmdline())[:120]})")
+        except (psutil.NoSuchProcess, psutil.AccessDenied):
+            parts.append(f"pid {proc.pid}")
+    return ", ".join(parts) or "a process this user cannot see"
+
+
+def ensure_port_free(host: str, port: int) -> None:
+    """ServerError when something already listens on host:port (it would answer in our server's place)."""
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
+        try:
+            s.bind((host, port))
+        except OSError:
+            raise ServerError(f"port {port} on {host} is already in use by {describe_processes(listeners(port))}: "
+                              "a run there would measure that server. Stop it, or use server.port=0 (a free "
+                              "port per run)") from None
+
+
+URL_CREDENTIALS = re.compile(r"(?P<head>[A-Za-z][A-Za-z0-9+.-]*://[^:/@\s]*):[^@/\s]+@")
+
+
+def is_secret_name(name: str) -> bool:
+    """Whether a variable or flag name (HF_TOKEN, --api-key) names a secret."""
+    return any(SECRET_PART.search(part) for part in re.split(r"[_.-]+", name) if part)
+
+
+def redact_value(value: str) -> str:
+    """Hide passwords inside a value (`scheme://user:password@host` -> `scheme://user:***@host`)."""
+    return URL_CREDENTIALS.sub(r"\g<head>:***@", value)
+
+
 def redact(env: dict[str, str]) -> dict[str, str]:
-    """Hide the values of variables that look like secrets (tokens, keys, passwords)."""
-    return {k: ("***" if SECRET_PATTERN.search(k) else v) for k, v in env.items()}
+    """Hide the values of variables that look like secrets (tokens, keys, passwords) and the
+    credentials inside any other value."""
+    return {k: ("***" if is_secret_name(k) else redact_value(str(v))) for k, v in env.items()}
+
+
+def redact_argv(argv: list[str]) -> list[str]:
+    """The command with the value of any secret-looking flag (`--api-key X`, `--hf-token=X`) hidden."""
+    out: list[str] = []
+    for i, token in enumerate(argv):
+        flag, eq, _ = token.partition("=")
+        if token.startswith("--") and eq and is_secret_name(flag):
+            out.append(f"{flag}=***")
+        elif i > 0 and argv[i - 1].startswith("--") and "=" not in argv[i - 1] and is_secret_name(argv[i - 1]):
+            out.append("***")
+        else:
+            out.append(redact_value(token))
+    return out
 
 
 @dataclass
@@ -84,6 +149,12 @@ def build_spec(server: ServerConfig, arm: ArmConfig, *, port: int, base_seed: in
                       ready_timeout_s=server.ready_timeout_s, stop_timeout_s=server.stop_timeout_s)
 
 
+def planned_spec(cfg: BenchConfig, run: PlannedRun, *, port: int, log_path: Path = Path("server.log")) -> LaunchSpec:
+    """The launch spec of one planned run, as the dry run shows it and the argv preflight checks it."""
+    return build_spec(cfg.server, cfg.experiment.arm(run.arm), port=port, base_seed=run.base_seed, gpu=run.gpu,
+                      log_path=log_path)
+
+
 def _set_parent_death_signal() -> None:  # runs in the child between fork and exec
     try:
         ctypes.CDLL("libc.so.6", use_errno=True).prctl(PR_SET_PDEATHSIG, signal.SIGTERM)
@@ -122,6 +193,7 @@ class Server:
     _log: object | None = field(default=None, repr=False)
 
     def start(self) -> None:
+        ensure_port_free(self.spec.host, self.spec.port)
         self.spec.log_path.parent.mkdir(parents=True, exist_ok=True)
         self._log = open(self.spec.log_path, "ab")  # noqa: SIM115  (closed in stop())
         env = {**os.environ, **self.spec.env_overrides, "PYTHONUNBUFFERED": "1"}
@@ -142,6 +214,7 @@ class Server:
                 try:
                     async with session.get(url) as resp:
                         if resp.status == 200:
+                            self.check_identity()
                             return
                 except (TimeoutError, aiohttp.ClientError):
                     pass
@@ -152,10 +225,35 @@ class Server:
     def alive(self) -> bool:
         return self.proc is not None and self.proc.poll() is None
 
+    def owns_port(self) -> bool:
+        """Whether the process this Server started, or one of its descendants, listens on its port."""
+        try:
+            root = psutil.Process(self.proc.pid)
+            tree = [root, *root.children(recursive=True)]
+        except psutil.NoSuchProcess:
+            return False
+        for proc in tree:
+            try:
+                conns = proc.net_connections(kind="tcp")
+            except (psutil.NoSuchProcess, psutil.AccessDenied):
+                continue
+            if any(c.status == psutil.CONN_LISTEN and c.laddr and c.laddr.port == self.spec.port for c in conns):
+                return True
+        return False
+
+    def check_identity(self) -> None:
+        """ServerError unless the server answering on the port is the one this run started."""
+        if not self.owns_port():
+            others = [p for p in listeners(self.spec.port) if p.pid != self.proc.pid]
+            raise ServerError(f"port {self.spec.port} answers, but not from the server this run started "
+                              f"(pid {self.proc.pid}); it is held by {describe_processes(others)}. "
+                              f"Log of ours: {self.spec.log_path}")
+
     def stop(self) -> None:
         """SIGTERM to the process group, then SIGKILL after stop_timeout_s."""
         if self.proc is not None and self.proc.poll() is None:
             _signal_group(self.proc.pid, signal.SIGTERM)
+            _signal_group(self.proc.pid, signal.SIGCONT)  # a stopped (SIGSTOP) server handles SIGTERM only then
             try:
                 self.proc.wait(timeout=self.spec.stop_timeout_s)
             except subprocess.TimeoutExpired:

@@ -5,10 +5,13 @@ aside (never mixed in) and run again from scratch."""
 from __future__ import annotations
 
 import asyncio
+import copy
+import fcntl
 import hashlib
 import json
 import os
 import shutil
+import socket
 import time
 from dataclasses import dataclass, field
 from datetime import UTC, datetime
@@ -34,9 +37,10 @@ from harness.launcher import (
     free_port,
     get_json,
     redact,
+    redact_argv,
 )
 from harness.plan import PlannedRun, make_plan, slots
-from harness.records import SCHEMA_VERSION, RecordWriter, make_record, read_json, write_json
+from harness.records import SCHEMA_VERSION, RecordWriter, finish_reason, make_record, read_json, write_json
 from workloads.base import Workload
 
 
@@ -50,6 +54,7 @@ class Campaign:
     plan: list[PlannedRun]
     root: Path
     console: Console = field(default_factory=Console)
+    _lock: Any = field(default=None, repr=False)
 
     @property
     def campaign_id(self) -> str:
@@ -66,7 +71,8 @@ class Campaign:
             "experiment": exp.name,
             "created": datetime.now(UTC).isoformat(timespec="seconds"),
             "config": self.config_dict,
-            "arms": [{"name": a.name, "args": list(a.args), "env": dict(a.env), "python": a.python} for a in exp.arms],
+            "arms": [{"name": a.name, "args": redact_argv([str(t) for t in a.args]), "env": redact(dict(a.env)),
+                      "python": a.python} for a in exp.arms],
             "baseline": exp.baseline,
             "declared_difference": exp.declared_difference,
             "concurrency": cfg.client.concurrency,
@@ -78,11 +84,18 @@ class Campaign:
         }
 
     def open(self) -> None:
-        """Create campaign.json, or check that an existing campaign was made by the same config."""
-        path = self.root / "campaign.json"
-        if not path.exists():
-            write_json(path, self.campaign_doc())
-            return
+        """Lock the campaign, then create campaign.json or check that an existing campaign was made by
+        the same config. Raises ConfigError when the folder cannot be written or another runner holds it."""
+        try:
+            self.root.mkdir(parents=True, exist_ok=True)
+            self._lock = lock_campaign(self.root)
+            path = self.root / "campaign.json"
+            if not path.exists():
+                write_json(path, self.campaign_doc())
+                return
+        except OSError as exc:
+            raise ConfigError(f"cannot write the campaign folder {self.root} ({exc.strerror or exc}); "
+                              "choose a writable results_dir=...") from None
         old = read_json(path)
         diffs = config_differences(old.get("config", {}), self.config_dict)
         if diffs:
@@ -114,6 +127,44 @@ class Campaign:
         write_json(path, doc)
 
 
+LOCK_NAME = ".lock"
+
+
+def lock_campaign(root: Path) -> Any:
+    """Hold an exclusive lock on the campaign for as long as the returned file stays open (the process's
+    life: the kernel drops it even on SIGKILL, so a crashed runner never leaves a stale lock).
+
+    A second runner on the same campaign gets a ConfigError naming the holder.
+    """
+    handle = open(root / LOCK_NAME, "a+")  # noqa: SIM115  (kept open: the lock lives with it)
+    try:
+        fcntl.flock(handle, fcntl.LOCK_EX | fcntl.LOCK_NB)
+    except BlockingIOError:
+        handle.seek(0)
+        holder = handle.read().strip() or "another process"
+        handle.close()
+        raise ConfigError(f"campaign {root} is being run by {holder}; wait for it to finish, or start a new "
+                          "campaign (leave out campaign=)") from None
+    handle.seek(0)
+    handle.truncate()
+    handle.write(f"pid {os.getpid()} on {socket.gethostname()} since {datetime.now(UTC).isoformat(timespec='seconds')}\n")
+    handle.flush()
+    return handle
+
+
+def redact_config(config: dict[str, Any]) -> dict[str, Any]:
+    """The resolved config as campaign.json stores it: env values and secret flags of the server and
+    of each arm redacted (launcher.redact, redact_argv)."""
+    out = copy.deepcopy(config)
+    parts = [out.get("server") or {}] + list((out.get("experiment") or {}).get("arms") or [])
+    for part in parts:
+        if isinstance(part.get("env"), dict):
+            part["env"] = redact(part["env"])
+        if isinstance(part.get("args"), list):
+            part["args"] = redact_argv([str(a) for a in part["args"]])
+    return out
+
+
 def workload_doc(workload: Workload) -> dict[str, Any]:
     return {
         "name": workload.name, "dataset_id": workload.dataset_id, "revision": workload.revision,
@@ -125,7 +176,7 @@ def workload_doc(workload: Workload) -> dict[str, Any]:
 
 def config_differences(old: Any, new: Any, prefix: str = "") -> list[str]:
     """Dotted keys whose values differ, ignoring the keys that do not change what is measured."""
-    ignored = {"campaign", "dry_run", "report"}
+    ignored = {"campaign", "dry_run", "report", "strict_audit"}
     if isinstance(old, dict) and isinstance(new, dict):
         out = []
         for key in sorted(set(old) | set(new)):
@@ -169,6 +220,7 @@ class RunContext:
     spec: LaunchSpec
     manifest: dict[str, Any]
     progress: Progress
+    failures: list[str] = field(default_factory=list)  # "item: error" of each errored/aborted/timed-out request
 
     def save(self) -> None:
         write_json(self.campaign.run_dir(self.planned.run_id) / "manifest.json", self.manifest)
@@ -180,7 +232,7 @@ def start_manifest(c: Campaign, run: PlannedRun, spec: LaunchSpec) -> dict[str, 
     return {
         "schema_version": SCHEMA_VERSION, "campaign_id": c.campaign_id, "run_id": run.run_id, "arm": run.arm,
         "base_seed": run.base_seed, "repeat": run.repeat, "gpu": run.gpu, "status": "running", "error": None,
-        "command": spec.argv, "env": redact(spec.env_overrides), "env_full": server_env(spec.env_overrides),
+        "command": redact_argv(spec.argv), "env": redact(spec.env_overrides), "env_full": server_env(spec.env_overrides),
         "env_full_sha256": env_sha256(spec.env_overrides),
         "server_info": None, "server_info_end": None, "model_info": None, "seeds_honoured": None,
         "versions": {"harness": envinfo.git_info(), **envinfo.versions()},
@@ -220,6 +272,8 @@ async def drive_run(ctx: RunContext, server: Server) -> None:
 
     def on_done(spec: RequestSpec, out: Outcome) -> None:
         writer.append(make_record(ids, spec, out, c.workload, cfg.client.store_output_text))
+        if out.error is not None or finish_reason(out) == "abort":
+            ctx.failures.append(f"{'warmup ' if spec.warmup else ''}item {spec.item.item_id}: {out.error or 'aborted'}")
         ctx.progress.advance(task)
 
     try:
@@ -236,6 +290,39 @@ async def drive_run(ctx: RunContext, server: Server) -> None:
     finally:
         writer.close()
         ctx.progress.remove_task(task)
+
+
+END_HEALTH_TIMEOUT_S = 10.0
+
+
+def check_failed_requests(ctx: RunContext) -> None:
+    """The run's failure policy, part 1: RunFailed when more requests errored, timed out or were aborted
+    than experiment.max_failed_requests allows (default 0)."""
+    allowed = ctx.campaign.cfg.experiment.max_failed_requests
+    ctx.manifest["failed_requests"] = len(ctx.failures)
+    if len(ctx.failures) > allowed:
+        raise RunFailed(f"{len(ctx.failures)} request(s) errored, timed out or were aborted (allowed: "
+                        f"experiment.max_failed_requests={allowed}); first: {ctx.failures[0]}")
+
+
+async def check_server_health(ctx: RunContext, server: Server) -> None:
+    """The run's failure policy, part 2: RunFailed unless the server is alive and answers /health at the
+    end (a dead or hung server, SIGSTOP or deadlock, fails the run even when every request came back)."""
+    if not server.alive():
+        raise RunFailed(f"the server exited (code {server.proc.returncode}) during the run; see {ctx.spec.log_path}")
+    if not await responds(ctx.spec.base_url, "/health", END_HEALTH_TIMEOUT_S):
+        raise RunFailed(f"the server did not answer /health within {END_HEALTH_TIMEOUT_S:.0f} s at the end of the "
+                        f"run (hung or dying); see {ctx.spec.log_path}")
+
+
+async def responds(base_url: str, path: str, timeout_s: float) -> bool:
+    """Whether GET `path` answers 200 within `timeout_s`."""
+    try:
+        async with aiohttp.ClientSession(timeout=aiohttp.ClientTimeout(total=timeout_s)) as session:
+            async with session.get(base_url + path) as resp:
+                return resp.status == 200
+    except (TimeoutError, aiohttp.ClientError):
+        return False
 
 
 async def run_one(c: Campaign, run: PlannedRun, progress: Progress) -> str:
@@ -258,10 +345,10 @@ async def run_one(c: Campaign, run: PlannedRun, progress: Progress) -> str:
             if not checks["after_ready"]["passed"]:
                 raise RunFailed(f"log check after readiness failed: {describe_failed_checks(checks['after_ready'])}")
             await drive_run(ctx, server)
-            ctx.manifest["server_info_end"] = await get_json(spec.base_url, "/server_info")
+            check_failed_requests(ctx)
+            ctx.manifest["server_info_end"] = await get_json(spec.base_url, "/server_info", END_HEALTH_TIMEOUT_S)
             checks["at_end"] = check_log(spec.log_path, spec.log_checks)
-            if not server.alive():
-                raise RunFailed(f"the server exited (code {server.proc.returncode}) during the run; see {spec.log_path}")
+            await check_server_health(ctx, server)
             if not checks["at_end"]["passed"]:
                 raise RunFailed(f"log check at the end failed: {describe_failed_checks(checks['at_end'])}")
         ctx.manifest["status"] = "finished"
@@ -306,7 +393,7 @@ def campaign_root(cfg: BenchConfig) -> Path:
 
 
 def build_campaign(cfg: BenchConfig, config_dict: dict, workload: Workload, console: Console) -> Campaign:
-    return Campaign(cfg=cfg, config_dict=config_dict, workload=workload, plan=make_plan(cfg.experiment),
+    return Campaign(cfg=cfg, config_dict=redact_config(config_dict), workload=workload, plan=make_plan(cfg.experiment),
                     root=campaign_root(cfg), console=console)
 
 

@@ -20,7 +20,7 @@ from dataclasses import dataclass
 import torch
 from torch import Tensor
 
-GREEDY_TEMPERATURE = 1e-6  # SGLang: a temperature below this means greedy
+GREEDY_TEMPERATURE = 1e-6  # SGLang: a temperature strictly below this means greedy
 
 BuilderFn = Callable[[Tensor, Tensor, Tensor, Tensor], Tensor]
 TopkFn = Callable[[Tensor, int], tuple[Tensor, Tensor]]
@@ -74,7 +74,8 @@ def radix_topk(x: Tensor, k: int) -> tuple[Tensor, Tensor]:
 
 
 def _greedy_rows(temperature: Tensor, top_k: Tensor) -> Tensor:
-    return (temperature <= GREEDY_TEMPERATURE) | (top_k == 1)
+    """Greedy rows: temperature strictly below 1e-6 (SGLang's `0 <= temperature < 1e-6`), or top_k 1."""
+    return (temperature < GREEDY_TEMPERATURE) | (top_k == 1)
 
 
 def _effective_top_k(top_k: Tensor, vocab: int) -> Tensor:
@@ -83,16 +84,22 @@ def _effective_top_k(top_k: Tensor, vocab: int) -> Tensor:
 
 
 def top_p_renorm_sorted(probs: Tensor, top_p: Tensor) -> Tensor:
-    """Keep the smallest descending prefix whose mass reaches top_p, renormalise.
+    """Keep the smallest set of most probable tokens whose mass reaches top_p, renormalise.
 
     probs: [rows, k] sorted descending along the last dim; top_p: [rows]. Returns [rows, k] fp32.
-    A token is dropped when the mass strictly before it already reaches top_p; rows with top_p >= 1
-    keep everything (no rounding of the cumulative sum can drop a token there).
+    The threshold is the probability of the token at which the descending mass reaches top_p (the
+    last one whose mass before it is below top_p); every token at least that probable is kept, so
+    tokens of equal probability are kept or dropped together, whatever their order. This is the rule
+    of FlashInfer's top_p_renorm_probs, SGLang's CUDA path; SGLang's CPU fallback drops by position
+    the tokens whose mass before them is > top_p. Rows with top_p >= 1 come back untouched, not
+    divided by their own sum: as SGLang, which renormalises nothing when no row of the batch uses
+    top-p, and so that a row never depends on the other rows of its batch.
     """
-    mass_before = torch.cumsum(probs, dim=-1) - probs
-    drop = (mass_before >= top_p.unsqueeze(-1)) & (top_p < 1.0).unsqueeze(-1)
-    kept = probs.masked_fill(drop, 0.0)
-    return kept / kept.sum(dim=-1, keepdim=True)
+    active = (top_p < 1.0).unsqueeze(-1)  # [rows, 1]
+    below = torch.cumsum(probs, dim=-1) - probs < top_p.unsqueeze(-1)  # mass before the token < top_p
+    threshold = probs.masked_fill(~below, float("inf")).amin(dim=-1, keepdim=True)  # [rows, 1]
+    kept = probs.masked_fill((probs < threshold) & active, 0.0)
+    return torch.where(active, kept / kept.sum(dim=-1, keepdim=True), probs)
 
 
 def _sparse_probs_into(out: Tensor, rows: Tensor | None, vals: Tensor, idx: Tensor, k_eff: Tensor,
@@ -342,11 +349,11 @@ def block_weights(target_probs: Tensor, draft_tokens: Tensor, draft_probs: Tenso
     """
     bsz, gamma = draft_tokens.shape
     p_tok = target_probs[:, :gamma].gather(2, draft_tokens.unsqueeze(-1)).squeeze(-1)  # [B, G]
-    q_tok = _draft_prob_of_token(draft_tokens, draft_probs)
-    ratio = p_tok / q_tok.clamp(min=1e-30)  # a draft token always has q > 0; guard 0/0 anyway
+    q_tok = _draft_prob_of_token(draft_tokens, draft_probs).clamp(min=1e-30)  # q > 0 for a draft; guard 0/0
     p_acc = [torch.ones(bsz, dtype=torch.float32, device=target_probs.device)]
     for i in range(gamma):
-        p_acc.append(torch.clamp(p_acc[-1] * ratio[:, i], max=1.0))
+        # (p_{i-1} * p) / q, in this order: SGLang's kernel rounds the same way (p_{i-1} * (p / q) does not)
+        p_acc.append(torch.clamp(p_acc[-1] * p_tok[:, i] / q_tok[:, i], max=1.0))
     p_acc_t = torch.stack(p_acc, dim=1)  # [B, G+1]
     h = torch.empty(bsz, gamma, dtype=torch.float32, device=target_probs.device)
     for i in range(1, gamma):

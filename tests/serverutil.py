@@ -64,11 +64,13 @@ class ServerStartError(RuntimeError):
     pass
 
 
-def start_engine(args: list[str], log_path: Path, port: int | None = None) -> EngineServer:
-    """Start `python -m harness.engine ARGS --host 127.0.0.1 --port PORT` without waiting."""
+def start_engine(args: list[str], log_path: Path, port: int | None = None,
+                 env: dict[str, str] | None = None) -> EngineServer:
+    """Start `python -m harness.engine ARGS --host 127.0.0.1 --port PORT` without waiting; `env` adds to
+    (or overrides) the inherited environment."""
     port = port or free_port()
     cmd = [sys.executable, "-m", "harness.engine", *args, "--host", HOST, "--port", str(port)]
-    env = {**os.environ, "PYTHONUNBUFFERED": "1"}
+    env = {**os.environ, "PYTHONUNBUFFERED": "1", **(env or {})}
     log = open(log_path, "wb")  # noqa: SIM115  (the child owns it; closed with the process)
     proc = subprocess.Popen(cmd, cwd=REPO_ROOT, stdout=log, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
                             env=env)
@@ -100,10 +102,12 @@ def stop_engine(server: EngineServer, timeout_s: float = 15.0) -> int:
 
 
 @contextlib.contextmanager
-def engine_server(args: list[str], timeout_s: float = 120.0) -> Iterator[EngineServer]:
-    """Start the engine with `args` on a free loopback port, wait until ready, stop it afterwards."""
+def engine_server(args: list[str], timeout_s: float = 120.0,
+                  env: dict[str, str] | None = None) -> Iterator[EngineServer]:
+    """Start the engine with `args` (and extra `env`) on a free loopback port, wait until ready, stop it
+    afterwards."""
     with tempfile.TemporaryDirectory(prefix="engine-") as tmp:
-        server = start_engine(args, Path(tmp) / "server.log")
+        server = start_engine(args, Path(tmp) / "server.log", env=env)
         try:
             wait_ready(server, timeout_s)
             yield server

@@ -15,13 +15,15 @@ from harness.cli import CONFIG_DIR, OverrideError, check_overrides, group_option
 from harness.config import BenchConfig, ConfigError, register_configs
 from harness.dryrun import print_dry_run
 from harness.plan import make_plan
+from harness.sglang_preflight import EXIT_CODE, named_flag
 
 SGLANG_PATHS = ["server.model_path=/models/target", "server.draft_model_path=/models/draft"]
+SKIP = "server.preflight=skip"  # the argv preflight needs SGLang: tests/test_sglang_argv.py runs it for real
 NEEDS = {
-    "dflash_block_vs_token": SGLANG_PATHS,
-    "dspark_block_vs_token": SGLANG_PATHS,
-    "dflash_verify_probs_speedbench": SGLANG_PATHS + ["experiment.arms.0.python=/envs/before/bin/python",
-                                                      "experiment.arms.1.python=/envs/after/bin/python"],
+    "dflash_block_vs_token": [*SGLANG_PATHS, SKIP],
+    "dspark_block_vs_token": [*SGLANG_PATHS, SKIP],
+    "dflash_verify_probs_speedbench": [*SGLANG_PATHS, SKIP, "experiment.arms.0.python=/envs/before/bin/python",
+                                       "experiment.arms.1.python=/envs/after/bin/python"],
 }
 
 
@@ -31,10 +33,16 @@ def composed(*overrides: str) -> BenchConfig:
         return to_typed(compose(config_name="bench", overrides=list(overrides)))
 
 
-def dry_run_text(cfg: BenchConfig) -> str:
+def dry_run(cfg: BenchConfig) -> tuple[int, str]:
     buf = io.StringIO()
-    print_dry_run(cfg, Console(file=buf, width=400))
-    return buf.getvalue()
+    code = print_dry_run(cfg, Console(file=buf, width=400))
+    return code, buf.getvalue()
+
+
+def dry_run_text(cfg: BenchConfig) -> str:
+    code, text = dry_run(cfg)
+    assert code == 0, text
+    return text
 
 
 @pytest.mark.parametrize("name", group_options("experiment"))
@@ -48,10 +56,14 @@ def test_every_experiment_composes_and_dry_runs(name):
     assert "nothing was launched" in text
     # the arms differ in argv (or interpreter), except in the A/A experiment
     assert ("(same argv)" in text) == (name == "embedded_aa")
+    if cfg.server.backend == "sglang":
+        assert "argv preflight SKIPPED (server.preflight=skip): the commands were NOT checked" in text
+    else:
+        assert "argv preflight: not applicable to backend embedded" in text
 
 
 def test_seed_protocol_block_vs_token_is_exact():
-    cfg = composed("experiment=dflash_block_vs_token", *SGLANG_PATHS)
+    cfg = composed("experiment=dflash_block_vs_token", *NEEDS["dflash_block_vs_token"])
     assert cfg.experiment.base_seeds == [980406, 981406, 982406]
     assert cfg.sampling.max_new_tokens == 32768 and cfg.client.concurrency == 8
     assert (cfg.sampling.temperature, cfg.sampling.top_p, cfg.sampling.top_k) == (1.0, 0.95, 20)
@@ -85,6 +97,40 @@ def test_bad_values_are_named():
         composed("experiment.baseline=c")
     with pytest.raises(ConfigError, match="sampling.top_p=1.5"):
         composed("sampling.top_p=1.5")
+
+
+@pytest.mark.parametrize("override, message", [
+    ("sampling.temperature=nan", r"sampling.temperature=nan must be a finite number in \[0, inf\)"),
+    ("sampling.temperature=inf", r"sampling.temperature=inf must be a finite number"),
+    ("sampling.top_p=nan", r"sampling.top_p=nan must be a finite number in \(0, 1\]"),
+    ("sampling.min_p=-0.1", r"sampling.min_p=-0.1 must be a finite number in \[0, 1\]"),
+    ("sampling.top_k=4294967296", r"sampling.top_k=4294967296 must be -1 \(whole vocabulary\) or in \[1, 2147483647\]"),
+    ("client.timeout_s=-1", r"client.timeout_s=-1.0 must be a finite number in \(0, inf\)"),
+    ("client.request_rate=nan", r"client.request_rate \(requests/s; null for closed loop\)=nan"),
+    ("server.ready_timeout_s=0", r"server.ready_timeout_s=0.0 must be a finite number in \(0, inf\)"),
+    ("experiment.warmup.requests=-1", r"experiment.warmup.requests=-1 must be >= 0"),
+    ("experiment.max_failed_requests=-1", r"experiment.max_failed_requests=-1 must be >= 0"),
+    ("campaign=../elsewhere", r"campaign='../elsewhere' is not a safe directory name"),
+    ("campaign=a/b", r"campaign='a/b' is not a safe directory name"),
+    ("experiment.name=..", r"experiment.name='..' is not a safe directory name"),
+    ("experiment.arms.0.name=x/y", r"experiment.arms\[0\].name='x/y' is not a safe directory name"),
+    ("server.log_checks.must=['(']", r"log_checks.must regex '\(' is invalid \(missing \)"),
+    ("experiment.arms.1.log_checks.must_not=['[a']", r"log_checks.must_not regex '\[a' is invalid"),
+])
+def test_bad_numbers_names_and_regexes_are_refused_before_anything_runs(override, message):
+    with pytest.raises(ConfigError, match=message):
+        composed(override)
+
+
+def test_unwritable_results_dir_is_a_message_not_a_traceback(tmp_path):
+    blocker = tmp_path / "file"
+    blocker.write_text("not a folder")
+    proc = subprocess.run([sys.executable, "-m", "harness.bench", f"results_dir={blocker}", "workload.n_items=1",
+                           "server.model_path=embedded:mini"], capture_output=True, text=True, timeout=120)
+    assert proc.returncode == 2, proc.stdout + proc.stderr
+    out = proc.stdout.replace("\n", "")
+    assert f"cannot write the campaign folder {blocker}" in out and "choose a writable results_dir" in out
+    assert "Traceback" not in proc.stdout + proc.stderr
 
 
 @pytest.mark.parametrize("override, message", [
@@ -133,3 +179,81 @@ def test_plan_alternates_arm_order_by_seed():
     assert [r.index for r in plan] == list(range(12)) and len({r.run_id for r in plan}) == 12
     fixed = make_plan(composed("experiment.order=fixed").experiment)
     assert [r.arm for r in fixed] == ["token", "block"] * 3
+
+
+# ---------------------------------------------------------------------- the argv preflight (without SGLang)
+
+FAKE_PROBE = """#!{python}
+import json, sys
+argvs = json.load(sys.stdin)["argvs"]
+def stages(argv):
+    bad = [a for a in argv if "blok" in a]
+    if bad:
+        return [{{"stage": "parse", "status": "refused", "message": "unrecognized arguments: " + bad[0]}}]
+    return [{{"stage": s, "status": "passed"}} for s in ("parse", "model_independent", "speculative")]
+print("SPECBENCH_PREFLIGHT " + json.dumps({{"sglang_version": "0.0-fake",
+      "results": [{{"argv": a, "stages": stages(a)}} for a in argvs]}}))
+"""
+
+
+def interpreter(tmp_path, name: str, text: str) -> str:
+    path = tmp_path / name
+    path.write_text(text)
+    path.chmod(0o755)
+    return str(path)
+
+
+def sglang_dry_run(python: str, *overrides: str) -> tuple[int, str]:
+    return dry_run(composed("experiment=dflash_block_vs_token", *SGLANG_PATHS, f"server.python={python}", *overrides))
+
+
+def test_preflight_passes_what_the_servers_sglang_accepts_and_names_what_it_refuses(tmp_path):
+    fake = interpreter(tmp_path, "python", FAKE_PROBE.format(python=sys.executable))
+    code, text = sglang_dry_run(fake)
+    assert code == 0 and text.count("preflight: accepted by SGLang 0.0-fake") == 6
+    assert "argv preflight passed: 6 distinct command(s) accepted by SGLang 0.0-fake in " + fake in text
+    code, text = sglang_dry_run(fake, "experiment.arms.1.args=[--speculative-use-blok-verification]")
+    assert code == EXIT_CODE and text.count("preflight: accepted") == 3 and "argv preflight FAILED" in text
+    assert "--speculative-use-blok-verification (from experiment.arms.1.args): refused by SGLang's parse check" in text
+    assert "SGLang would not start with these commands" in text
+
+
+def test_preflight_without_sglang_in_the_server_interpreter_fails_saying_not_checked(tmp_path):
+    # the real probe, run by an interpreter that has no site-packages (so no SGLang)
+    bare = interpreter(tmp_path, "python", f'#!/bin/sh\nexec "{sys.executable}" -S "$@"\n')
+    code, text = sglang_dry_run(bare)
+    assert code == EXIT_CODE and text.count("preflight: NOT checked: no SGLang here: ModuleNotFoundError") == 6
+    assert "the commands were NOT checked: point server.python" in text and "nothing was launched" in text
+    code, text = sglang_dry_run("/nonexistent/bin/python")
+    assert code == EXIT_CODE and "the server interpreter /nonexistent/bin/python cannot be run" in text
+    code, text = sglang_dry_run("/nonexistent/bin/python", SKIP)  # said explicitly: the plan only
+    assert code == 0 and "NOT checked against SGLang" in text and "preflight:" not in text
+
+
+def test_real_run_preflight_fails_before_anything_is_loaded_or_launched(tmp_path):
+    proc = subprocess.run([sys.executable, "-m", "harness.bench", "experiment=dflash_block_vs_token", *SGLANG_PATHS,
+                           "server.python=/nonexistent/bin/python", f"results_dir={tmp_path / 'results'}"],
+                          capture_output=True, text=True, timeout=120)
+    assert proc.returncode == EXIT_CODE, proc.stdout + proc.stderr
+    assert "argv preflight FAILED" in proc.stdout and "no server was launched" in proc.stdout
+    assert not (tmp_path / "results").exists()  # no campaign, no workload download
+
+
+@pytest.mark.parametrize("message, flag", [
+    ("unrecognized arguments: --speculative-use-blok-verification", "--speculative-use-blok-verification"),
+    ("argument --tp-size/--tensor-parallel-size: invalid int value: 'x'", "--tp-size"),
+    ("--speculative-use-block-verification only supports EAGLE / EAGLE3 / NEXTN / DFLASH / DSPARK.",
+     "--speculative-use-block-verification"),
+    ("DSpark speculative_num_draft_tokens must equal gamma + 1", "--speculative-num-draft-tokens"),
+    ("argument --kv-cache-dtype: invalid choice: 'bf17'", "--kv-cache-dtype"),
+    ("Currently ngram speculative decoding does not support dp attention.", None),
+])
+def test_the_flag_of_an_sglang_error_is_named(message, flag):
+    args = ["--tp-size", "x", "--speculative-use-block-verification", "--speculative-num-draft-tokens", "9",
+            "--kv-cache-dtype=bf17", "--speculative-use-blok-verification"]
+    assert named_flag(message, args) == flag
+
+
+def test_bad_preflight_value_is_named():
+    with pytest.raises(ConfigError, match="server.preflight='maybe' is not valid; choose one of: require, skip"):
+        composed("server.preflight=maybe")

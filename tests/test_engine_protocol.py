@@ -40,8 +40,13 @@ SPEC_KEYS = {"spec_verify_ct", "spec_accept_length", "spec_num_correct_drafts", 
 
 
 @pytest.fixture(scope="module")
-def server():
-    with engine_server(SPEC_ARGS) as s:
+def cache_home(tmp_path_factory) -> Path:
+    return tmp_path_factory.mktemp("cache")
+
+
+@pytest.fixture(scope="module")
+def server(cache_home: Path):
+    with engine_server(SPEC_ARGS, env={"XDG_CACHE_HOME": str(cache_home)}) as s:
         yield s
 
 
@@ -71,10 +76,19 @@ def test_health_and_info_endpoints(server) -> None:
     assert info["model_path"] == "embedded:mini" and info["speculative_algorithm"] == "DFLASH"
     assert info["enable_deterministic_inference"] is False and info["speculative_num_draft_tokens"] == GAMMA + 1
     assert info["speculative_use_block_verification"] is True and info["random_seed"] == 7
-    assert isinstance(info["internal_states"][0]["avg_spec_accept_length"], float)
     assert get_json(server.url + "/get_server_info")["model_path"] == "embedded:mini"
     model = get_json(server.url + "/model_info")
     assert model["model_path"] == "embedded:mini" and model["vocab_size"] == 2048
+    assert model["tokenizer_path"] == info["tokenizer_path"]
+
+
+def test_tokenizer_folder_is_published_in_the_cache(server, cache_home: Path) -> None:
+    folder = Path(get_json(server.url + "/model_info")["tokenizer_path"])
+    assert folder.parent == cache_home / "specbench" / "tokenizers" and folder.name.startswith("mini-v2048-")
+    assert sorted(p.name for p in folder.iterdir()) == ["tokenizer.json", "tokenizer_config.json"]
+    vocab = json.loads((folder / "tokenizer.json").read_text())["model"]["vocab"]
+    assert len(vocab) == 2048 and sorted(vocab.values()) == list(range(2048))
+    assert f"Hugging Face tokenizer folder (tokenizer_path): {folder}" in server.log_text()
     models = get_json(server.url + "/v1/models")
     assert models["data"][0]["id"] == "embedded:mini"
 
@@ -83,6 +97,8 @@ def test_log_has_the_resolved_config_and_the_ready_line(server) -> None:
     log = server.log_text()
     assert "sampling_enabled=True" in log and "speculative_use_block_verification=True" in log
     assert READY_LINE in log and "has no effect" not in log
+    # SGLang's own line for sampled DFLASH drafts, which the experiments' log checks look for
+    assert "DFLASH selector decode folded into the draft cuda graph (sampling_enabled=True)." in log
 
 
 # ---------------------------------------------------------------------- /generate
@@ -142,6 +158,17 @@ def test_stop_string_and_stop_token_ids(server) -> None:
     assert by_id["meta_info"]["finish_reason"] == {"type": "stop", "matched": token}
 
 
+def test_sglang_bench_client_body_is_accepted(server) -> None:
+    """The fields SGLang's own benchmark client always sends, and an unknown top-level key (ignored, as SGLang
+    does); an unknown sampling_params key is still refused."""
+    body = {"text": "hello", "sampling_params": {"temperature": 0.0, "max_new_tokens": 6, "ignore_eos": True},
+            "stream": False, "lora_path": None, "return_logprob": False, "return_routed_experts": False,
+            "logprob_start_len": -1, "no_such_key": 1}
+    assert generate(server, body)["meta_info"]["completion_tokens"] == 6
+    status, reply = post_json(server.url + "/generate", {**body, "sampling_params": {"max_tokens": 6}})
+    assert status == 400 and "unknown sampling_params key(s) ['max_tokens']" in reply["error"]["message"]
+
+
 def test_sampling_seed_is_ignored_without_deterministic_inference(server) -> None:
     body = {"input_ids": [1, 2, 3], "sampling_params": {"max_new_tokens": 48, "sampling_seed": 5, "ignore_eos": True}}
     assert generate(server, body)["output_ids"] != generate(server, body)["output_ids"]
@@ -157,6 +184,9 @@ BAD_BODIES = [
     json.dumps({"sampling_params": {}}).encode(),
     json.dumps({"input_ids": [1, 99999]}).encode(),
     json.dumps({"text": "a", "sampling_params": {"max_new_tokens": 10**9}}).encode(),
+    json.dumps({"text": "a", "return_logprob": True}).encode(),
+    json.dumps({"text": "a", "lora_path": "adapter"}).encode(),
+    json.dumps({"text": "a", "sampling_params": {"frequency_penalty": 1.0}}).encode(),
 ]
 
 
@@ -180,7 +210,7 @@ def test_flush_cache_refuses_while_busy_and_resets_the_counters(server) -> None:
     stream.close()
     status, text = post_raw(server.url + "/flush_cache", b"")
     assert status == 200, text
-    assert get_json(server.url + "/server_info")["internal_states"][0]["avg_spec_accept_length"] == 0.0
+    assert "avg_spec_accept_length" not in get_json(server.url + "/server_info")["internal_states"][0]  # as SGLang
 
 
 # ---------------------------------------------------------------------- OpenAI chat
@@ -229,6 +259,61 @@ def test_chat_bad_input_gets_400(server) -> None:
         assert status == 400 and reply["error"]["message"], body
 
 
+# ---------------------------------------------------------------------- OpenAI completions
+
+
+def completion_body(**extra) -> dict:
+    return {"model": "embedded:mini", "prompt": "Once upon a time", "max_tokens": 40, "temperature": 0, **extra}
+
+
+def test_completion(server) -> None:
+    status, reply = post_json(server.url + "/v1/completions", completion_body(return_spec_tokens_details=True))
+    assert status == 200, reply
+    choice = reply["choices"][0]
+    assert reply["object"] == "text_completion" and reply["id"].startswith("cmpl-")
+    assert choice["index"] == 0 and choice["finish_reason"] in ("stop", "length") and choice["logprobs"] is None
+    assert reply["usage"]["prompt_tokens"] == len(TOK.encode("Once upon a time"))
+    assert 0 < reply["usage"]["completion_tokens"] <= 40
+    assert len(TOK.encode(choice["text"])) >= 1
+    details = reply["sglext"]["spec_tokens_details"]
+    assert SPEC_KEYS <= details.keys() and details["spec_verify_ct"] >= 1
+    assert details["spec_accept_length"] == pytest.approx(reply["usage"]["completion_tokens"] / details["spec_verify_ct"])
+    _, plain = post_json(server.url + "/v1/completions", completion_body())
+    assert "sglext" not in plain and plain["choices"][0]["text"] == choice["text"]  # greedy
+
+
+def test_completion_default_max_tokens_and_token_id_prompts(server) -> None:
+    _, reply = post_json(server.url + "/v1/completions", {"prompt": [5, 6, 7], "ignore_eos": True})
+    assert reply["usage"] == {"prompt_tokens": 3, "completion_tokens": 16, "total_tokens": 19,
+                              "prompt_tokens_details": None, "reasoning_tokens": 0}  # SGLang's default of 16
+    _, batch = post_json(server.url + "/v1/completions", {"prompt": ["a", "bb"], "max_tokens": 4, "ignore_eos": True})
+    assert [c["index"] for c in batch["choices"]] == [0, 1]
+    assert batch["usage"]["prompt_tokens"] == 3 and batch["usage"]["completion_tokens"] == 8
+
+
+def test_completion_stream_deltas_add_up_to_the_full_text(server) -> None:
+    _, full = post_json(server.url + "/v1/completions", completion_body(ignore_eos=True))
+    events = post_sse(server.url + "/v1/completions",
+                      completion_body(stream=True, ignore_eos=True, return_spec_tokens_details=True,
+                                      stream_options={"include_usage": True}))
+    assert events[-1] == "[DONE]"
+    chunks = [json.loads(e) for e in events[:-1]]
+    assert all(c["object"] == "text_completion" for c in chunks)
+    assert "".join(c["choices"][0]["text"] for c in chunks if c["choices"]) == full["choices"][0]["text"]
+    finals = [c for c in chunks if c["choices"] and c["choices"][0]["finish_reason"]]
+    assert len(finals) == 1 and finals[0]["choices"][0]["finish_reason"] == "length"
+    extras = [c for c in chunks if not c["choices"]]
+    assert SPEC_KEYS <= extras[0]["sglext"]["spec_tokens_details"].keys()
+    assert extras[1]["usage"]["completion_tokens"] == 40
+
+
+def test_completion_bad_input_gets_400(server) -> None:
+    for body in ({"prompt": ""}, {"prompt": "a", "max_tokens": 0}, {"prompt": "a", "echo": True},
+                 {"prompt": [1, 99999]}, {"prompt": "a", "foo": 1}, {"prompt": "a", "max_tokens": 10**9}):
+        status, reply = post_json(server.url + "/v1/completions", body)
+        assert status == 400 and reply["error"]["message"], body
+
+
 # ---------------------------------------------------------------------- servers of their own
 
 
@@ -243,6 +328,7 @@ def test_plain_server_incremental_streams_and_disconnects() -> None:
         ids = [t for c in chunks for t in c["output_ids"]]
         assert "".join(c["text"] for c in chunks) == TOK.decode(ids)
         assert "spec_verify_ct" not in chunks[-1]["meta_info"]
+        assert "avg_spec_accept_length" not in get_json(server.url + "/server_info")["internal_states"][0]
         stream = Stream(server.url + "/generate", {"text": "x", "stream": True,
                                                    "sampling_params": {"max_new_tokens": 60000, "ignore_eos": True}})
         assert stream.next_event() is not None
@@ -269,6 +355,13 @@ def test_health_generate_is_503_while_starting(tmp_path: Path) -> None:
     finally:
         stop_engine(server)
     assert "Shutting down" in server.log_text()
+
+
+def test_digit_vocabulary_publishes_no_tokenizer_folder(tmp_path: Path) -> None:
+    with engine_server(["--model-path", "embedded:tiny"], env={"XDG_CACHE_HOME": str(tmp_path)}) as server:
+        assert get_json(server.url + "/model_info")["tokenizer_path"] == "embedded:tiny"
+        assert "No Hugging Face tokenizer folder: a vocabulary of 4 (< 257)" in server.log_text()
+    assert not (tmp_path / "specbench").exists()
 
 
 @pytest.mark.parametrize("argv, message", [

@@ -51,8 +51,9 @@ def test_greedy_drafts_make_block_and_token_agree() -> None:
     token, se_t = accepted_per_step([*MINI, "--draft-mode", "greedy"], n_requests=64, max_new_tokens=256)
     block, se_b = accepted_per_step([*MINI, "--draft-mode", "greedy", "--speculative-use-block-verification"],
                                     n_requests=64, max_new_tokens=256)
-    assert "has no effect with greedy drafts" in accepted_per_step.last_log
-    assert "sampling_enabled=False" in accepted_per_step.last_log
+    assert "--speculative-use-block-verification has no effect for this DFLASH draft" in accepted_per_step.last_log
+    assert "sampling_enabled=False" in accepted_per_step.last_log  # the Resolved config line
+    assert "DFLASH draft greedy head folded into the draft cuda graph" in accepted_per_step.last_log
     z = (block - token) / math.hypot(se_t, se_b)
     assert abs(z) < 4, f"block {block:.3f} +- {se_b:.3f} vs token {token:.3f} +- {se_t:.3f} (z = {z:.1f})"
 

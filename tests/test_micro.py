@@ -1,8 +1,13 @@
 """The verify-probability microbenchmark: the Hydra app end to end on the CPU (as a subprocess), its
-config errors, the SGLang adapter against a stand-in module, and the timing / bandwidth arithmetic."""
+config errors, the SGLang adapter's plumbing against stand-in modules, and the timing / bandwidth
+arithmetic. The adapter against the real SGLang (its fields, its output, `make micro`'s sglang row) is
+tested in tests/test_sglang_builders.py and tests/test_sglang_micro.py (.venv-sglang); the stand-ins
+here cover what the real SGLang cannot: the older function name, an unknown required parameter, and
+every reason for a skip."""
 
 from __future__ import annotations
 
+import importlib.util
 import json
 import math
 import subprocess
@@ -254,7 +259,8 @@ def test_baseline_must_be_a_project_builder():
 
 def fake_sglang_builder(*, next_token_logits, sampling_info, draft_token_num, bs, max_top_k=None,
                         uniform_top_k_value=None, use_sparse_topk=True):
-    """Stands in for SGLang's function: checks what the adapter passes, computes with the project's builder."""
+    """Stands in for SGLang's function under either name: checks the shapes the adapter passes, computes
+    with the project's builder (the real function's values: tests/test_sglang_builders.py)."""
     assert sampling_info.temperatures.shape == (bs, 1) and sampling_info.top_ks.dtype == torch.int32
     assert sampling_info.top_ps.shape == (bs,) and sampling_info.need_top_k_sampling
     assert next_token_logits.shape[0] == bs * draft_token_num and max_top_k == 7 and uniform_top_k_value == 7
@@ -302,6 +308,58 @@ def test_sglang_missing_or_without_the_function_is_skipped(monkeypatch):
     install_fake_sglang(monkeypatch)  # the module exists, neither function does
     [impl] = impls.resolve_impls(["sglang"])
     assert not impl.available and "build_dflash_verify_target_probs" in impl.note and "skipped" in impl.note
+
+
+@pytest.fixture
+def sglang_on_disk(tmp_path, monkeypatch):
+    """Write a stand-in `sglang` package under tmp_path (files: relative path -> source) and make it the
+    one `import sglang` finds; sys.modules is restored afterwards."""
+    saved = {k: v for k, v in sys.modules.items() if k == "sglang" or k.startswith("sglang.")}
+    for name in saved:
+        monkeypatch.delitem(sys.modules, name)
+
+    def write(files: dict[str, str]) -> None:
+        for rel, source in files.items():
+            path = tmp_path / rel
+            path.parent.mkdir(parents=True, exist_ok=True)
+            path.write_text(source)
+        monkeypatch.syspath_prepend(str(tmp_path))
+
+    yield write
+    for name in [k for k in sys.modules if k == "sglang" or k.startswith("sglang.")]:
+        del sys.modules[name]
+    sys.modules.update(saved)
+
+
+def test_sglang_whose_import_raises_is_skipped_with_the_first_line(sglang_on_disk):
+    sglang_on_disk({"sglang/__init__.py": "raise RuntimeError('Found no NVIDIA driver on your system.\\nmore')\n"})
+    [impl] = impls.resolve_impls(["sglang"])
+    assert not impl.available
+    assert impl.note.endswith("installed but sglang does not import (RuntimeError: Found no NVIDIA driver on your "
+                              "system.): skipped"), impl.note
+
+
+def test_sglang_missing_its_kernel_wheel_is_skipped_naming_the_module(sglang_on_disk):
+    """As on a CUDA host without sgl_kernel (the real chain: tests/test_sglang_micro.py)."""
+    if importlib.util.find_spec("sgl_kernel") is not None:
+        pytest.skip("sgl_kernel is installed here")
+    sglang_on_disk({"sglang/__init__.py": "__version__ = '9.9'\n", "sglang/srt/__init__.py": "",
+                    "sglang/srt/speculative/__init__.py": "",
+                    "sglang/srt/speculative/dflash_utils.py": "from sgl_kernel import int8_scaled_mm\n"})
+    [impl] = impls.resolve_impls(["sglang"])
+    assert not impl.available
+    assert impl.note == ("sglang 9.9 installed but sglang.srt.speculative.dflash_utils needs the module 'sgl_kernel', "
+                         "which is not installed (SGLang's compiled CUDA kernel wheel): skipped")
+
+
+def test_sglang_kwargs_repeat_requests_over_draft_tokens(monkeypatch):
+    install_fake_sglang(monkeypatch, build_speculative_verify_target_probs=fake_sglang_builder)
+    p = make_params(2, temperature=0.7, top_k=7, top_p=0.9, device=torch.device("cpu"))
+    kwargs = impls.sglang_kwargs(fake_sglang_builder, torch.zeros(6, 64), p, draft_token_num=3)
+    assert kwargs["bs"] == 2 and kwargs["draft_token_num"] == 3
+    assert kwargs["max_top_k"] == 7 and kwargs["uniform_top_k_value"] == 7
+    with pytest.raises(ValueError, match="5 logit rows for 2 requests x draft_token_num=3"):
+        impls.sglang_kwargs(fake_sglang_builder, torch.zeros(5, 64), p, draft_token_num=3)
 
 
 def test_an_external_impl_error_is_recorded_a_project_error_raises():

@@ -201,10 +201,12 @@ def test_ctrl_c_leaves_no_server(tmp_path):
         wait_for(lambda: running_server_of_first_run(root))
         ports = ports_of(root)
         runner.send_signal(signal.SIGINT)
-        runner.communicate(timeout=60)
+        out, _ = runner.communicate(timeout=60)
     finally:
         if runner.poll() is None:
             runner.kill()
+    assert runner.returncode == 130, out
+    assert "Traceback" not in out and "Resume with campaign=interrupt" in out.replace("\n", " ")
     time.sleep(0.5)
     assert not engine_processes(ports)
     manifest = json.loads(next((root / "runs").glob("*/manifest.json")).read_text())

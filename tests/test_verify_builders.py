@@ -26,7 +26,7 @@ def naive_probs(logits: torch.Tensor, temperature, top_k, top_p) -> torch.Tensor
     out = torch.zeros(logits.shape, dtype=torch.float64)
     for r, row in enumerate(logits.double().cpu()):
         t, k, p = float(temperature[r]), int(top_k[r]), float(top_p[r])
-        if t <= 1e-6 or k == 1:
+        if t < 1e-6 or k == 1:
             out[r, int(row.argmax())] = 1.0
             continue
         k = row.numel() if k <= 0 or k >= row.numel() else k
@@ -132,6 +132,36 @@ def test_ties_at_each_rows_boundary(device):
             assert bool(kept[r][row > boundary].all()), name  # everything above the boundary kept
             assert torch.equal(torch.sort(probs[r]).values, torch.sort(before[r]).values), name  # same values
         assert torch.equal(BUILDERS[name](logits, *args), probs), f"{name} differs between calls"
+
+
+@pytest.mark.parametrize("device", DEVICES)
+def test_top_p_keeps_or_drops_equal_probabilities_together(device):
+    """A token is dropped when the mass of the strictly LARGER probabilities reaches top_p (FlashInfer's
+    threshold rule, SGLang's CUDA path): equal probabilities straddling the cut all stay."""
+    logits = torch.full((3, 64), -30.0)
+    logits[0, [5, 17, 40, 41]] = 3.0  # four times 0.25: top_p 0.5 keeps all four (none is larger)
+    logits[1, :20] = 0.0  # twenty times 0.05 (a padded slot): top_p 0.95 keeps all twenty
+    logits[2, [1, 2]], logits[2, [3, 4, 5]] = 2.0, 1.0  # two large, then three equal smaller ones
+    probs = torch.softmax(logits[2], dim=0)
+    top_p = float(probs[1] + probs[2]) + 1e-4  # reached inside the run of three: all three stay
+    args = params(3, 20, [0.5, 0.95, top_p], 1.0, device)
+    for name, fn in BUILDERS.items():
+        kept = (fn(logits.to(device), *args) > 0).cpu()
+        assert kept.sum(dim=1).tolist() == [4, 20, 5], name
+    exact = params(1, 20, float(probs[1] + probs[2]), 1.0, device)  # reached exactly before the run: dropped
+    assert (full_vocab_probs(logits[2:].to(device), *exact) > 0).sum().item() == 2
+
+
+@pytest.mark.parametrize("device", DEVICES)
+@pytest.mark.parametrize("top_k", [20, -1])
+def test_top_p_one_rows_do_not_depend_on_the_batch(device, top_k):
+    """A top_p = 1 row is the same bitwise alone and next to rows that use top-p (no renormalisation by
+    its own sum), on the sparse and the dense path."""
+    logits = random_logits(3, seed=8, device=device)
+    mixed = params(3, top_k, [1.0, 0.9, 0.5], 0.8, device)
+    for name, fn in BUILDERS.items():
+        alone = fn(logits[:1], *params(1, top_k, 1.0, 0.8, device))
+        assert torch.equal(fn(logits, *mixed)[:1], alone), name
 
 
 def temperature_tie_pair(start: float, temperature: float) -> tuple[float, float]:

@@ -355,3 +355,10 @@ def test_speed_unselected_config_of_a_hub_copy(tmp_path: Path) -> None:
     root = hub_copy(SPEED_ROWS, SPEED_SCHEMA, tmp_path / "hub", config="qualitative", split="test")
     w = load_workload(dataclasses.replace(speed_cfg(tmp_path, root), hf_config="other"))
     assert len(w.items) == 1  # the README's other config, not the qualitative rows
+
+
+def test_bad_json_line_read_through_datasets_is_a_message(tmp_path: Path) -> None:
+    path = tmp_path / "aime.jsonl"
+    path.write_text('{"problem_idx": 1, "problem": "x", "answer": "5"}\n{"problem_idx": 2, "problem": \n')
+    with pytest.raises(WorkloadError, match=r"could not read .*aime\.jsonl .*JSON parse error.*check that every row"):
+        load_workload(aime_cfg(tmp_path, path))

@@ -124,3 +124,11 @@ def test_selection_applies_to_custom_items(tmp_path: Path) -> None:
     w = load_workload(cfg_for(path, categories=["odd"], subsample=4, subsample_seed=3))
     assert len(w.items) == 4 and all(i.category == "odd" for i in w.items)
     assert [i.seed_offset for i in w.items] == sorted(i.seed_offset for i in w.items)
+
+
+def test_non_utf8_bytes_name_the_line_and_column(tmp_path: Path) -> None:
+    path = tmp_path / "items.jsonl"
+    path.write_bytes(json.dumps(GOOD[0]).encode() + b'\n{"id": 2, "prompt": "caf\xe9"}\n')
+    with pytest.raises(WorkloadError, match=r"items\.jsonl: line 2: not UTF-8 \(byte 0xe9 at column 25\); save the "
+                                            r"file as UTF-8"):
+        load_workload(cfg_for(path))

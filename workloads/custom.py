@@ -46,10 +46,16 @@ def read_jsonl(cfg: WorkloadConfig, path: Path) -> tuple[SourceRows, list[int]]:
     """The objects of a JSONL file and the line number of each (blank lines are skipped)."""
     rows: list[dict[str, Any]] = []
     lines: list[int] = []
-    with path.open(encoding="utf-8") as f:
-        for n, line in enumerate(f, start=1):
+    with path.open("rb") as f:
+        for n, raw in enumerate(f, start=1):
+            where = f"{path}: line {n}"
+            try:
+                line = raw.decode("utf-8")
+            except UnicodeDecodeError as e:
+                raise WorkloadError(f"{where}: not UTF-8 (byte {raw[e.start]:#04x} at column {e.start + 1}); "
+                                    "save the file as UTF-8") from None
             if line.strip():
-                rows.append(_parse_line(line, f"{path}: line {n}"))
+                rows.append(_parse_line(line, where))
                 lines.append(n)
     if not rows:
         raise WorkloadError(f"workload.path={cfg.path}: no items (the file is empty)")

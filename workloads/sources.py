@@ -77,12 +77,16 @@ def _read_local(cfg: WorkloadConfig, path: Path) -> SourceRows:
         raise WorkloadError(f"workload.path={cfg.path} does not exist")
     config = f"config {cfg.hf_config}, " if cfg.hf_config and (path / "README.md").exists() else ""
     label = f"{path} ({config}split {cfg.split})"
+    import datasets
+
     try:
         ds = _load_dir(cfg, path) if path.is_dir() else _load_file(cfg, path)
     except WorkloadError:
         raise
-    except (OSError, ValueError) as e:
-        raise WorkloadError(f"workload {cfg.kind}: could not read {label}: {type(e).__name__}: {e}") from e
+    except (OSError, ValueError, datasets.exceptions.DatasetsError) as e:
+        cause = f" (cause: {type(e.__cause__).__name__}: {e.__cause__})" if e.__cause__ else ""
+        raise WorkloadError(f"workload {cfg.kind}: could not read {label}: {type(e).__name__}: {e}{cause}; "
+                            "check that every row of the file is valid") from e
     return SourceRows(ds.to_list(), dataset_id_of(cfg), cfg.revision, f"file:{path.resolve()}", label)
 
 

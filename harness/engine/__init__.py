@@ -5,7 +5,8 @@ drafts, token-wise or block verification from `harness.verify`) with a synthetic
 model in torch, so the harness runs end to end without a GPU, a download or a network.
 
 Modules: `args` (flags), `presets` (model names), `model` and `exact` (the synthetic models),
-`tokenizer`, `params` (request validation), `request` (per-request state), `worker` (one step),
+`tokenizer`, `hf_tokenizer` (the same tokenizer as a Hugging Face folder, for SGLang's bench client),
+`params` (request validation), `request` (per-request state), `worker` (one step),
 `scheduler` (continuous batching), `service` (what the routes call), `http_api` and `openai_api`
 (routes), `logs`, `server` (start-up), `perf` (the throughput benchmark, `make perf`).
 """

@@ -1,13 +1,16 @@
 """SGLang's native HTTP routes on aiohttp: /generate, health, flush_cache, server and model info.
 
-Errors in a request's body answer 400 `{"error": {"message": ...}}` and touch nothing else. A client
-that goes away (closed connection) has its request aborted, which frees its slot in the batch.
+Errors in a request's body answer 400 `{"error": {"message": ...}}` and touch nothing else. As in
+SGLang, `/generate` ignores top-level keys it does not know and refuses unknown `sampling_params` keys
+(params.py). A client that goes away (closed connection) has its request aborted, which frees its slot
+in the batch.
 """
 
 from __future__ import annotations
 
 import asyncio
 import json
+import math
 from collections.abc import AsyncIterator
 from typing import Any
 
@@ -21,6 +24,9 @@ SERVICE = web.AppKey("service", EngineService)
 POLL_S = 0.5  # how often a waiting non-streaming handler checks that its client is still there
 
 
+MAX_FLUSH_TIMEOUT_S = 3600.0
+
+
 def error_response(status: int, message: str) -> web.Response:
     body = {"error": {"message": message, "type": "BadRequestError" if status == 400 else "ServerError",
                       "code": status}}
@@ -32,6 +38,8 @@ async def read_json(request: web.Request) -> Any:
         return await request.json(loads=json.loads)
     except (json.JSONDecodeError, UnicodeDecodeError) as e:
         raise BadRequest(f"the body is not valid JSON: {e}") from None
+    except RecursionError:
+        raise BadRequest("the body nests JSON arrays or objects too deeply") from None
 
 
 def client_gone(request: web.Request) -> bool:
@@ -101,14 +109,15 @@ async def generate(http: web.Request) -> web.StreamResponse:
         service.scheduler.submit(r)
     if parsed.stream:
         return await _stream_generate(http, service, requests[0])
-    finals = await asyncio.gather(*(_final(http, service, r) for r in requests))
+    finals = await asyncio.gather(*(final_output(http, service, r) for r in requests))
     if any(f is None for f in finals):
         return web.Response(status=499)  # the client is gone; nobody reads this
     payloads = [generate_payload(f) for f in finals]
     return web.json_response(payloads if parsed.batched else payloads[0])
 
 
-async def _final(http: web.Request, service: EngineService, req: Request) -> Output | None:
+async def final_output(http: web.Request, service: EngineService, req: Request) -> Output | None:
+    """The request's final snapshot; None when the client went away first (the request is aborted)."""
     last = None
     async for out in outputs(http, service, req):
         last = out
@@ -154,7 +163,10 @@ async def flush_cache(http: web.Request) -> web.Response:
     try:
         timeout = float(http.query.get("timeout", "0"))
     except ValueError:
-        return error_response(400, f"timeout={http.query.get('timeout')!r} must be a number of seconds")
+        timeout = math.nan
+    if not 0 <= timeout <= MAX_FLUSH_TIMEOUT_S:  # NaN fails too
+        return error_response(400, f"timeout={http.query.get('timeout')!r} must be a number of seconds in "
+                                   f"[0, {MAX_FLUSH_TIMEOUT_S:.0f}]")
     deadline = asyncio.get_running_loop().time() + timeout
     while service.scheduler is None or not service.scheduler.flush():
         if asyncio.get_running_loop().time() >= deadline:

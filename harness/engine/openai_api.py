@@ -1,13 +1,19 @@
-"""A minimal OpenAI `POST /v1/chat/completions`, as SGLang serves it (streaming and not).
+"""OpenAI `POST /v1/chat/completions` and `POST /v1/completions`, as SGLang serves them (streaming and not).
 
-Messages are joined by a trivial chat template; `seed` maps to `sampling_seed`;
-`return_spec_tokens_details` puts the speculative fields under `sglext.spec_tokens_details` (streaming:
-an extra chunk with `choices: []` after the last choice chunk); `return_meta_info` (non-streaming) adds
-the native `meta_info` to the choice.
+Both routes share one body parser for the sampling fields (`seed` maps to `sampling_seed`), one
+streaming loop and one response shape; only the prompt (a chat template over `messages`, or
+`prompt`) and the choice objects differ. `return_spec_tokens_details` puts the speculative fields under
+`sglext.spec_tokens_details` (streaming: an extra chunk with `choices: []` after the last choice
+chunk); chat's `return_meta_info` (non-streaming) adds the native `meta_info` to the choice.
+
+SGLang fields that the embedded server cannot honour are accepted at their neutral value and refused
+otherwise (400 naming the field); keys that SGLang does not know either are refused.
 """
 
 from __future__ import annotations
 
+import asyncio
+import json
 import time
 from dataclasses import dataclass, replace
 from typing import Any
@@ -17,6 +23,7 @@ from aiohttp import web
 from harness.engine.http_api import (
     SERVICE,
     error_response,
+    final_output,
     open_sse,
     outputs,
     read_json,
@@ -24,20 +31,95 @@ from harness.engine.http_api import (
     send_sse,
     stop_holdback,
 )
-from harness.engine.params import BadRequest, PromptSpec, SamplingParams, check_body
+from harness.engine.params import BadRequest, PromptSpec, SamplingParams, check_body, prompt_lists
 from harness.engine.request import Output, Request
 
 ROLES = ("system", "developer", "user", "assistant", "tool")
-CHAT_KEYS = ("model", "messages", "max_tokens", "max_completion_tokens", "temperature", "top_p", "top_k",
-             "min_p", "stop", "stop_token_ids", "ignore_eos", "seed", "n", "stream", "stream_options",
-             "return_spec_tokens_details", "return_meta_info", "chat_template_kwargs", "rid", "user",
-             "logprobs", "frequency_penalty", "presence_penalty")
+SAMPLING_KEYS = ("temperature", "top_p", "top_k", "min_p", "stop", "stop_token_ids", "ignore_eos", "n")
+FLAG_KEYS = ("stream", "return_spec_tokens_details")
+COMMON_KEYS = ("seed", "rid", "stream_options", *SAMPLING_KEYS, *FLAG_KEYS)
+# Accepted with any value and ignored: naming, routing and cache bookkeeping of a multi-device server.
+IGNORED_KEYS = ("model", "user", "skip_special_tokens", "return_cached_tokens_details",
+                "session_id", "extra_key", "cache_salt", "priority", "custom_labels", "bootstrap_host",
+                "bootstrap_port", "bootstrap_room", "routed_dp_rank", "data_parallel_rank", "disagg_prefill_dp_rank")
+# SGLang fields that change the output: accepted at these values only.
+NEUTRAL: dict[str, tuple[Any, ...]] = {
+    "frequency_penalty": (0, 0.0), "presence_penalty": (0, 0.0), "logprobs": (False,),
+}
+COMPLETION_NEUTRAL: dict[str, tuple[Any, ...]] = {
+    "frequency_penalty": (0, 0.0), "presence_penalty": (0, 0.0), "repetition_penalty": (1, 1.0),
+    "min_tokens": (0,), "logprobs": (), "best_of": (1,), "echo": (False,), "suffix": ("",), "logit_bias": ({},),
+    "response_format": (), "json_schema": (), "regex": (), "ebnf": (), "stop_regex": (), "no_stop_trim": (False,),
+    "return_hidden_states": (False,), "return_routed_experts": (False,), "return_token_ids": (False,),
+    "lora_path": (), "custom_logit_processor": (), "session_params": (), "custom_params": (), "watermark": (),
+}
+CHAT_KEYS = ("messages", "max_tokens", "max_completion_tokens", "return_meta_info", "chat_template_kwargs",
+             *COMMON_KEYS, *IGNORED_KEYS, *NEUTRAL)
+COMPLETION_KEYS = ("prompt", "max_tokens", *COMMON_KEYS, *IGNORED_KEYS, *COMPLETION_NEUTRAL)
+COMPLETION_MAX_TOKENS = 16  # SGLang's CompletionRequest default
 SPEC_DETAIL_KEYS = ("spec_accept_rate", "spec_accept_length", "spec_num_correct_drafts",
                     "spec_num_proposed_drafts", "spec_verify_ct", "spec_correct_drafts_histogram")
 
 
+# ---------------------------------------------------------------------- parsing, shared
+
+
+@dataclass(frozen=True)
+class StreamOptions:
+    """What a response carries besides the choices."""
+
+    stream: bool
+    include_usage: bool  # streaming: a final usage chunk
+    spec_details: bool  # sglext.spec_tokens_details
+
+
+def check_neutral(body: dict[str, Any], neutral: dict[str, tuple[Any, ...]]) -> None:
+    """BadRequest for a field the embedded server cannot honour, sent away from its neutral value."""
+    for key, values in neutral.items():
+        value = body.get(key)
+        if value is not None and not any(value == v and type(value) is type(v) for v in values):
+            allowed = " or ".join(json.dumps(v) for v in (*values, None))
+            raise BadRequest(f"{key}={value!r}"[:200] + f" is not supported by the embedded server; leave it out "
+                             f"or send {allowed}")
+
+
+def sampling_params(body: dict[str, Any], max_tokens: int) -> SamplingParams:
+    """The OpenAI sampling fields as SGLang's sampling_params (`seed` -> `sampling_seed`)."""
+    sampling = {"max_new_tokens": max_tokens, "sampling_seed": body.get("seed"),
+                **{k: body[k] for k in SAMPLING_KEYS if k in body}}
+    return SamplingParams.from_json(sampling)
+
+
+def stream_options(body: dict[str, Any]) -> StreamOptions:
+    options = body.get("stream_options") or {}
+    if not isinstance(options, dict):
+        raise BadRequest(f"stream_options={options!r} must be an object")
+    flags = {k: _flag(body, k) for k in FLAG_KEYS}
+    return StreamOptions(stream=flags["stream"], include_usage=bool(options.get("include_usage")),
+                         spec_details=flags["return_spec_tokens_details"])
+
+
+def _flag(body: dict[str, Any], key: str) -> bool:
+    value = body.get(key)
+    if value is None:
+        return False
+    if not isinstance(value, bool):
+        raise BadRequest(f"{key}={value!r} must be true or false")
+    return value
+
+
+def _rid(body: dict[str, Any]) -> str | None:
+    rid = body.get("rid")
+    if rid is not None and not isinstance(rid, str):
+        raise BadRequest(f"rid={rid!r} must be a string")
+    return rid
+
+
+# ---------------------------------------------------------------------- parsing, chat
+
+
 def apply_chat_template(messages: Any) -> str:
-    """'<|role|>\\ncontent\\n' per message, then '<|assistant|>\\n'."""
+    """'<|role|>\\ncontent\\n' per message, then '<|assistant|>\\n' (hf_tokenizer.CHAT_TEMPLATE renders the same)."""
     if not isinstance(messages, list) or not messages:
         raise BadRequest("messages must be a non-empty list")
     parts = []
@@ -64,37 +146,63 @@ class ChatRequest:
     prompt: str
     params: SamplingParams
     max_tokens_given: bool  # without max_tokens, generate up to the context length (as SGLang does)
-    stream: bool
-    include_usage: bool
-    spec_details: bool
+    options: StreamOptions
     meta_info: bool
     rid: str | None
 
 
 def parse_chat(body: Any) -> ChatRequest:
     body = check_body(body, CHAT_KEYS)
-    if body.get("logprobs"):
-        raise BadRequest("logprobs is not supported by the embedded server")
-    for key in ("frequency_penalty", "presence_penalty"):
-        if body.get(key) not in (None, 0, 0.0):
-            raise BadRequest(f"{key} is not supported by the embedded server (only 0)")
+    check_neutral(body, NEUTRAL)
     prompt = apply_chat_template(body.get("messages"))
     max_tokens = body.get("max_completion_tokens", body.get("max_tokens"))
-    sampling = {"max_new_tokens": max_tokens, "sampling_seed": body.get("seed"),
-                **{k: body[k] for k in ("temperature", "top_p", "top_k", "min_p", "stop", "stop_token_ids",
-                                        "ignore_eos", "n") if k in body}}
-    params = SamplingParams.from_json(sampling)
-    options = body.get("stream_options") or {}
-    if not isinstance(options, dict):
-        raise BadRequest("stream_options must be an object")
-    flags = {k: body.get(k, False) for k in ("stream", "return_spec_tokens_details", "return_meta_info")}
-    for k, v in flags.items():
-        if not isinstance(v, bool):
-            raise BadRequest(f"{k}={v!r} must be true or false")
-    return ChatRequest(prompt=prompt, params=params, max_tokens_given=max_tokens is not None, stream=flags["stream"],
-                       include_usage=bool(options.get("include_usage")),
-                       spec_details=flags["return_spec_tokens_details"],
-                       meta_info=flags["return_meta_info"], rid=body.get("rid"))
+    return ChatRequest(prompt=prompt, params=sampling_params(body, max_tokens), max_tokens_given=max_tokens is not None,
+                       options=stream_options(body), meta_info=_flag(body, "return_meta_info"), rid=_rid(body))
+
+
+# ---------------------------------------------------------------------- parsing, completions
+
+
+@dataclass(frozen=True)
+class CompletionRequest:
+    """A validated `/v1/completions` body: one or several prompts (text or token ids)."""
+
+    prompts: list[PromptSpec]
+    batched: bool
+    options: StreamOptions
+
+
+def parse_completion(body: Any) -> CompletionRequest:
+    body = check_body(body, COMPLETION_KEYS)
+    check_neutral(body, COMPLETION_NEUTRAL)
+    max_tokens = body.get("max_tokens")
+    max_tokens = COMPLETION_MAX_TOKENS if max_tokens is None else max_tokens
+    if not isinstance(max_tokens, int) or isinstance(max_tokens, bool) or max_tokens <= 0:
+        raise BadRequest(f"max_tokens={max_tokens!r} must be a positive integer")
+    params = sampling_params(body, max_tokens)
+    texts, ids, batched = _completion_prompts(body.get("prompt"))
+    rid = _rid(body)
+    rids = [f"{rid}_{i}" for i in range(len(texts))] if rid is not None and batched else [rid] * len(texts)
+    options = stream_options(body)
+    if batched and options.stream:
+        raise BadRequest("streaming a list of prompts is not supported; send them as separate requests")
+    prompts = [PromptSpec(t, i, params, r) for t, i, r in zip(texts, ids, rids, strict=True)]
+    return CompletionRequest(prompts=prompts, batched=batched, options=options)
+
+
+def _completion_prompts(prompt: Any) -> tuple[list, list, bool]:
+    """`prompt`: a string, a list of strings, a list of token ids, or a list of such lists."""
+    if not prompt or (isinstance(prompt, list) and all(not p for p in prompt)):
+        raise BadRequest("prompt cannot be empty: give a string, a list of strings or a list of token ids")
+    is_text = isinstance(prompt, str) or (isinstance(prompt, list) and isinstance(prompt[0], str))
+    try:
+        return prompt_lists(prompt, None) if is_text else prompt_lists(None, prompt)
+    except BadRequest:
+        raise BadRequest("prompt must be a string, a list of strings, a list of token ids or a list of such "
+                         "lists") from None
+
+
+# ---------------------------------------------------------------------- response pieces
 
 
 def finish_fields(out: Output) -> dict[str, Any]:
@@ -111,25 +219,68 @@ def spec_tokens_details(meta: dict[str, Any]) -> dict[str, Any] | None:
     return {**details, "spec_cap_length": 0.0, "spec_block_accept_length": 0.0, "spec_cap_lens_histogram": []}
 
 
-def usage(meta: dict[str, Any]) -> dict[str, Any]:
-    return {"prompt_tokens": meta["prompt_tokens"], "completion_tokens": meta["completion_tokens"],
-            "total_tokens": meta["prompt_tokens"] + meta["completion_tokens"], "prompt_tokens_details": None,
-            "reasoning_tokens": 0}
+def usage(metas: list[dict[str, Any]]) -> dict[str, Any]:
+    """Token counts summed over the choices."""
+    prompt = sum(m["prompt_tokens"] for m in metas)
+    completion = sum(m["completion_tokens"] for m in metas)
+    return {"prompt_tokens": prompt, "completion_tokens": completion, "total_tokens": prompt + completion,
+            "prompt_tokens_details": None, "reasoning_tokens": 0}
 
 
-class _Chunks:
-    """Builds `chat.completion.chunk` objects of one stream."""
+def _sglext(out: Output, options: StreamOptions) -> dict[str, Any] | None:
+    details = spec_tokens_details(out.meta_info) if options.spec_details else None
+    return None if details is None else {"spec_tokens_details": details}
+
+
+class Chunks:
+    """Builds the chunk objects of one stream; subclasses say how a choice carries its text."""
+
+    object = ""
+    id_prefix = ""
 
     def __init__(self, rid: str, model: str) -> None:
-        self.base = {"id": f"chatcmpl-{rid}", "object": "chat.completion.chunk", "created": int(time.time()),
+        self.base = {"id": f"{self.id_prefix}{rid}", "object": self.object, "created": int(time.time()),
                      "model": model}
 
-    def choice(self, delta: dict[str, Any], finish: dict[str, Any] | None = None) -> dict[str, Any]:
+    def first(self) -> dict[str, Any] | None:
+        """A chunk before any text, or None."""
+        return None
+
+    def choice(self, text: str, finish: dict[str, Any] | None = None) -> dict[str, Any]:
         fin = finish or {"finish_reason": None, "matched_stop": None}
-        return {**self.base, "choices": [{"index": 0, "delta": delta, "logprobs": None, **fin}]}
+        return {**self.base, "choices": [{"index": 0, **self.text_field(text), "logprobs": None, **fin}]}
+
+    def text_field(self, text: str) -> dict[str, Any]:
+        raise NotImplementedError
 
     def extra(self, **fields: Any) -> dict[str, Any]:
         return {**self.base, "choices": [], **fields}
+
+
+class ChatChunks(Chunks):
+    object = "chat.completion.chunk"
+    id_prefix = "chatcmpl-"
+
+    def first(self) -> dict[str, Any]:
+        return self.choice_delta({"role": "assistant", "content": ""})
+
+    def choice_delta(self, delta: dict[str, Any]) -> dict[str, Any]:
+        fin = {"finish_reason": None, "matched_stop": None}
+        return {**self.base, "choices": [{"index": 0, "delta": delta, "logprobs": None, **fin}]}
+
+    def text_field(self, text: str) -> dict[str, Any]:
+        return {"delta": {"content": text} if text else {}}
+
+
+class CompletionChunks(Chunks):
+    object = "text_completion"
+    id_prefix = "cmpl-"
+
+    def text_field(self, text: str) -> dict[str, Any]:
+        return {"text": text}
+
+
+# ---------------------------------------------------------------------- routes
 
 
 async def chat_completions(http: web.Request) -> web.StreamResponse:
@@ -142,57 +293,90 @@ async def chat_completions(http: web.Request) -> web.StreamResponse:
         params = chat.params
         if not chat.max_tokens_given:
             params = replace(params, max_new_tokens=max(0, service.preset.context_length - len(ids)))
-        req = service.new_request(ids, params, stream=chat.stream, rid=chat.rid)
+        req = service.new_request(ids, params, stream=chat.options.stream, rid=chat.rid)
     except BadRequest as e:
         return error_response(400, str(e))
     service.scheduler.submit(req)
-    if chat.stream:
-        return await _stream(http, req, chat)
-    last = None
-    async for out in outputs(http, service, req):
-        last = out
-    if last is None or not last.finished:
-        return web.Response(status=499)
-    return web.json_response(_response(req, last, chat, service.args.model_path))
+    if chat.options.stream:
+        return await stream_openai(http, req, chat.options, ChatChunks(req.rid, service.args.model_path))
+    last = await final_output(http, service, req)
+    if last is None:
+        return web.Response(status=499)  # the client is gone; nobody reads this
+    return web.json_response(_chat_response(req, last, chat, service.args.model_path))
 
 
-def _response(req: Request, out: Output, chat: ChatRequest, model: str) -> dict[str, Any]:
+def _chat_response(req: Request, out: Output, chat: ChatRequest, model: str) -> dict[str, Any]:
     choice = {"index": 0, "message": {"role": "assistant", "content": out.text, "reasoning_content": None,
                                       "tool_calls": None}, "logprobs": None, **finish_fields(out)}
     if chat.meta_info:
         choice["meta_info"] = out.meta_info
     body = {"id": f"chatcmpl-{req.rid}", "object": "chat.completion", "created": int(time.time()), "model": model,
-            "choices": [choice], "usage": usage(out.meta_info), "metadata": {"weight_version": "default"}}
-    details = spec_tokens_details(out.meta_info) if chat.spec_details else None
-    if details is not None:
-        body["sglext"] = {"spec_tokens_details": details}
+            "choices": [choice], "usage": usage([out.meta_info]), "metadata": {"weight_version": "default"}}
+    sglext = _sglext(out, chat.options)
+    if sglext is not None:
+        body["sglext"] = sglext
     return body
 
 
-async def _stream(http: web.Request, req: Request, chat: ChatRequest) -> web.StreamResponse:
+async def completions(http: web.Request) -> web.StreamResponse:
+    service = http.app[SERVICE]
+    if not service.ready:
+        return error_response(503, "the server is starting")
+    try:
+        comp = parse_completion(await read_json(http))
+        reqs = [service.new_request(service.prompt_ids(p), p.params, stream=comp.options.stream, rid=p.rid)
+                for p in comp.prompts]
+    except BadRequest as e:
+        return error_response(400, str(e))
+    for r in reqs:
+        service.scheduler.submit(r)
+    model = service.args.model_path
+    if comp.options.stream:
+        return await stream_openai(http, reqs[0], comp.options, CompletionChunks(reqs[0].rid, model))
+    finals = await asyncio.gather(*(final_output(http, service, r) for r in reqs))
+    if any(f is None for f in finals):
+        return web.Response(status=499)
+    return web.json_response(_completion_response(reqs, finals, comp, model))
+
+
+def _completion_response(reqs: list[Request], outs: list[Output], comp: CompletionRequest,
+                         model: str) -> dict[str, Any]:
+    choices = [{"index": i, "text": out.text, "logprobs": None, **finish_fields(out)} for i, out in enumerate(outs)]
+    body = {"id": f"cmpl-{reqs[0].rid}", "object": "text_completion", "created": int(time.time()), "model": model,
+            "choices": choices, "usage": usage([o.meta_info for o in outs]),
+            "metadata": {"weight_version": "default"}}
+    sglext = _sglext(outs[0], comp.options)  # SGLang reports the first prompt's details when n == 1
+    if sglext is not None:
+        body["sglext"] = sglext
+    return body
+
+
+async def stream_openai(http: web.Request, req: Request, options: StreamOptions, chunks: Chunks) -> web.StreamResponse:
+    """Choice chunks with text deltas (never a stop string's prefix), then sglext and usage, then [DONE]."""
     service = http.app[SERVICE]
     resp = await open_sse(http)
-    chunks = _Chunks(req.rid, service.args.model_path)
     holdback = stop_holdback(req)
     sent, last = 0, None
     try:
-        await send_sse(resp, chunks.choice({"role": "assistant", "content": ""}))
+        first = chunks.first()
+        if first is not None:
+            await send_sse(resp, first)
         async for out in outputs(http, service, req):
             last = out
             end = safe_length(out.text, out.finished, holdback)
             delta = out.text[sent:end] if end > sent else ""
             sent = max(sent, end)
             if out.finished:
-                await send_sse(resp, chunks.choice({"content": delta} if delta else {}, finish_fields(out)))
+                await send_sse(resp, chunks.choice(delta, finish_fields(out)))
             elif delta:
-                await send_sse(resp, chunks.choice({"content": delta}))
+                await send_sse(resp, chunks.choice(delta))
         if last is None or not last.finished:  # the client went away
             return resp
-        details = spec_tokens_details(last.meta_info) if chat.spec_details else None
-        if details is not None:
-            await send_sse(resp, chunks.extra(sglext={"spec_tokens_details": details}))
-        if chat.include_usage:
-            await send_sse(resp, chunks.extra(usage=usage(last.meta_info)))
+        sglext = _sglext(last, options)
+        if sglext is not None:
+            await send_sse(resp, chunks.extra(sglext=sglext))
+        if options.include_usage:
+            await send_sse(resp, chunks.extra(usage=usage([last.meta_info])))
         await send_sse(resp, "[DONE]")
     except ConnectionError:
         service.scheduler.abort(req, "client disconnected")
@@ -201,3 +385,4 @@ async def _stream(http: web.Request, req: Request, chat: ChatRequest) -> web.Str
 
 def add_routes(app: web.Application) -> None:
     app.router.add_post("/v1/chat/completions", chat_completions)
+    app.router.add_post("/v1/completions", completions)

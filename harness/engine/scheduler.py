@@ -120,15 +120,25 @@ class Scheduler:
         return new
 
     async def _step(self, requests: list[Request], prefill: bool) -> None:
-        batch = self._batch(requests)
+        """One step over `requests`. When it fails, the requests are run again one by one from the same
+        generator states, so a request that cannot be computed is aborted alone and its batch neighbours
+        go on (with the draws they would have had)."""
+        states = [r.generator.get_state() for r in requests]
         fn = self.worker.prefill if prefill else self.worker.decode
         try:
-            out = await asyncio.get_running_loop().run_in_executor(self._executor, fn, batch)
-        except Exception as e:  # noqa: BLE001  (a failed step fails its requests, not the server)
-            log.exception("step failed")
+            out = await asyncio.get_running_loop().run_in_executor(self._executor, fn, self._batch(requests))
+        except Exception as e:  # noqa: BLE001  (a failed step fails its request, not the server or the batch)
+            if len(requests) == 1:
+                log.exception(f"step failed for request {requests[0].rid}; aborting it")
+                self.abort(requests[0], f"internal error: {type(e).__name__}: {e}")
+                requests[0].publish()
+                return
+            log.warning(f"a step over {len(requests)} requests failed ({type(e).__name__}: {e}); "
+                        "running them one by one")
+            for r, state in zip(requests, states, strict=True):
+                r.generator.set_state(state)
             for r in requests:
-                self.abort(r, f"internal error: {e}")
-                r.publish()
+                await self._step([r], prefill)
             return
         self._apply(requests, out, prefill)
 

@@ -30,13 +30,39 @@ def build_app(service: EngineService) -> web.Application:
     return app
 
 
+# How the drafts are proposed, in SGLang 0.5.23's words (srt/speculative/dflash_worker_v2.py,
+# dspark_components/dspark_draft_sampler.py), so that one log check reads both servers' logs.
+# The embedded server has no CUDA graph: "folded into the draft cuda graph" only echoes SGLang's line.
+DFLASH_SELECTOR_LINE = "DFLASH selector decode folded into the draft cuda graph (sampling_enabled=%s)."
+DFLASH_GREEDY_LINE = "DFLASH draft greedy head folded into the draft cuda graph (tp=%d)."
+DSPARK_PROPOSAL_LINE = "DSpark draft proposal (%s) folded into the draft cuda graph%s."
+DFLASH_NO_EFFECT_LINE = (
+    "--speculative-use-block-verification has no effect for this DFLASH draft: it proposes greedy tokens, and "
+    "block verification only differs from token-wise verification for sampled proposals.")
+# SGLang 0.5.23 logs no such warning for DSPARK; the embedded server says it in the same form.
+DSPARK_NO_EFFECT_LINE = DFLASH_NO_EFFECT_LINE.replace("DFLASH", "DSPARK")
+
+
+def draft_lines(args: ServerArgs) -> list[tuple[int, str]]:
+    """(level, message) of the start-up lines about the drafts and block verification."""
+    lines = []
+    if args.speculative_algorithm == "DFLASH":
+        lines.append((logging.INFO, DFLASH_SELECTOR_LINE % True if args.sampling_enabled else DFLASH_GREEDY_LINE % 1))
+    elif args.speculative_algorithm == "DSPARK":
+        lines.append((logging.INFO, DSPARK_PROPOSAL_LINE % ("sampling" if args.sampling_enabled else "greedy draft", "")))
+    if args.speculative_use_block_verification and not args.speculative:
+        lines.append((logging.WARNING, "--speculative-use-block-verification has no effect without "
+                                       "--speculative-algorithm"))
+    elif args.block_verification and not args.sampling_enabled:
+        no_effect = DFLASH_NO_EFFECT_LINE if args.speculative_algorithm == "DFLASH" else DSPARK_NO_EFFECT_LINE
+        lines.append((logging.WARNING, no_effect))
+    return lines
+
+
 def log_start(args: ServerArgs) -> None:
     log.info(f"Resolved config: {args.describe()}")
-    if args.speculative_use_block_verification and not args.speculative:
-        log.warning("--speculative-use-block-verification has no effect without --speculative-algorithm")
-    elif args.block_verification and not args.sampling_enabled:
-        log.warning("--speculative-use-block-verification has no effect with greedy drafts (point masses): "
-                    "block and token-wise verification accept the same prefixes; use --draft-mode sampled")
+    for level, line in draft_lines(args):
+        log.log(level, line)
 
 
 async def serve(args: ServerArgs) -> int:

@@ -4,14 +4,17 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import os
 import random
 import time
 import uuid
+from pathlib import Path
 from typing import Any
 
 import torch
 
 from harness.engine.args import ServerArgs
+from harness.engine.hf_tokenizer import publish_tokenizer
 from harness.engine.model import SyntheticLM
 from harness.engine.params import BadRequest, PromptSpec, SamplingParams
 from harness.engine.presets import ModelPreset, get_preset
@@ -44,6 +47,7 @@ class EngineService:
         self.status = "starting"
         self.device: torch.device | None = None
         self.scheduler: Scheduler | None = None
+        self.tokenizer_dir: Path | None = None  # the Hugging Face tokenizer folder, once published
         self._seeds = random.Random(args.random_seed)
         self._loop_task: asyncio.Task | None = None
 
@@ -58,6 +62,7 @@ class EngineService:
         if self.args.num_threads:
             torch.set_num_threads(self.args.num_threads)
         self.device = resolve_device(self.args.device)
+        self.tokenizer_dir = await asyncio.to_thread(self._publish_tokenizer)
         t0 = time.monotonic()
         model = await asyncio.to_thread(SyntheticLM.build, self.preset, self.args.draft_divergence, self.device)
         log.info(f"Model {self.args.model_path} built in {time.monotonic() - t0:.2f}s on {self.device} "
@@ -74,6 +79,26 @@ class EngineService:
         self.scheduler.flush()
         self.status = "ready"
         log.info(READY_LINE)
+
+    def _publish_tokenizer(self) -> Path | None:
+        """The Hugging Face tokenizer folder for /model_info's tokenizer_path (None: none, say why)."""
+        keep = f"/model_info keeps tokenizer_path={self.args.model_path}"
+        stem = f"{self.preset.name}-v{self.preset.vocab_size}"
+        try:
+            path = publish_tokenizer(self.tokenizer, self.preset.context_length, stem, os.environ)
+        except OSError as e:
+            log.warning(f"Hugging Face tokenizer folder not written ({e}); {keep}")
+            return None
+        if path is None:
+            log.info(f"No Hugging Face tokenizer folder: a vocabulary of {self.preset.vocab_size} (< 257) writes "
+                     f"each byte as several digit tokens, which tokenizer.json cannot express; {keep}")
+        else:
+            log.info(f"Hugging Face tokenizer folder (tokenizer_path): {path}")
+        return path
+
+    @property
+    def tokenizer_path(self) -> str:
+        return str(self.tokenizer_dir) if self.tokenizer_dir is not None else self.args.model_path
 
     async def _warmup(self) -> None:
         params = SamplingParams(max_new_tokens=4, temperature=1.0, ignore_eos=True)
@@ -143,20 +168,26 @@ class EngineService:
     def server_info(self) -> dict[str, Any]:
         info = self.args.to_dict()
         info["device"] = str(self.device) if self.device is not None else self.args.device
-        sched = self.scheduler
-        info["internal_states"] = [{
-            "avg_spec_accept_length": sched.reported_accept_length if sched else 0.0,
-            "last_gen_throughput": sched.last_gen_throughput if sched else 0.0,
-            "num_running_reqs": len(sched.running) if sched else 0,
-            "num_queue_reqs": len(sched.waiting) if sched else 0,
-        }]
+        info["tokenizer_path"] = self.tokenizer_path
+        info["internal_states"] = [self._internal_state()]
         info["version"] = VERSION
         info["status"] = self.status
         return info
 
+    def _internal_state(self) -> dict[str, Any]:
+        """As SGLang's scheduler: `avg_spec_accept_length` (tokens per verify step, lifetime since start or
+        /flush_cache, as of the last --decode-log-interval boundary) only once an interval has closed."""
+        sched = self.scheduler
+        state = {"last_gen_throughput": sched.last_gen_throughput if sched else 0.0,
+                 "num_running_reqs": len(sched.running) if sched else 0,
+                 "num_queue_reqs": len(sched.waiting) if sched else 0}
+        if self.args.speculative and sched is not None and sched.reported_accept_length > 0:
+            state["avg_spec_accept_length"] = sched.reported_accept_length
+        return state
+
     def model_info(self) -> dict[str, Any]:
         p = self.preset
-        return {"model_path": self.args.model_path, "tokenizer_path": self.args.model_path, "is_generation": True,
+        return {"model_path": self.args.model_path, "tokenizer_path": self.tokenizer_path, "is_generation": True,
                 "preferred_sampling_params": None, "weight_version": "default",
                 "vocab_size": p.vocab_size, "context_length": p.context_length, "eos_token_id": self.tokenizer.eos_id,
                 "embedded": {"hidden": p.hidden, "draft_hidden": p.draft_hidden, "context_window": p.context_window,

@@ -4,7 +4,8 @@ Token 0 is end-of-sequence (it decodes to nothing). With a vocabulary of at leas
 1..256 are the 256 bytes and the rest are pseudo-words (" ka", " tomi", ...: a space then consonant-
 vowel syllables), so generated text reads as words. Encoding maps a space-word that is in the
 vocabulary to its id and everything else to bytes. Smaller vocabularies (the distribution-test
-presets) write each byte as k base-(V-1) digits, ids 1..V-1.
+presets) write each byte as k base-(V-1) digits, ids 1..V-1. `hf_tokenizer.py` writes the byte-level
+tokenizer as a Hugging Face tokenizer folder that encodes and decodes identically.
 """
 
 from __future__ import annotations
@@ -16,7 +17,10 @@ CONSONANTS = "bdfgklmnprstvz"
 VOWELS = "aeiou"
 SYLLABLES = [c + v for c in CONSONANTS for v in VOWELS]  # 70
 _SYLLABLE_INDEX = {s: i for i, s in enumerate(SYLLABLES)}
-_PIECES = re.compile(r" [a-z]+|.", re.DOTALL)
+# A space then lowercase ASCII letters, or any one character. Written without '.' and DOTALL so that the
+# same pattern means the same in the tokenizers library's regex engine (hf_tokenizer.py).
+PIECE_PATTERN = r" [a-z]+|[\s\S]"
+_PIECES = re.compile(PIECE_PATTERN)
 BYTE_TOKENS = 256
 FIRST_WORD_ID = 1 + BYTE_TOKENS
 

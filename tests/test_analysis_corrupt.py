@@ -1,0 +1,138 @@
+"""Corrupt records and manifests: the audit fails (or the report refuses, naming the file), never a
+traceback, never a figure that silently absorbs an impossible number."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+from test_analysis_report import CLEAN, copy_campaign, edit_json
+
+from analysis.report import build_report, main
+
+VALUES_CHECK = "Record values are valid (counts, times)"
+RECORDS = "runs/r1-block-100/records.jsonl"
+
+
+def edit_measured_record(camp: Path, item: str, change) -> None:
+    """Apply `change` to the measured (non-warmup) record of `item` in the block arm's seed-100 run."""
+    path = camp / RECORDS
+    lines = [json.loads(line) for line in path.read_text().splitlines()]
+    for rec in lines:
+        if rec["item_id"] == item and not rec["warmup"]:
+            change(rec)
+    path.write_text("".join(json.dumps(r) + "\n" for r in lines))  # json.dumps writes NaN/Infinity as Python does
+
+
+def check(report, name):
+    return next(c for c in report.audit.checks if c.name == name)
+
+
+CLEAN_BLOCK_AL = 142 / 42  # the block arm's pooled acceptance length in the clean fixture
+
+
+@pytest.mark.parametrize(("change", "reason"), [
+    (lambda r: r.update(completion_tokens=-40), "completion_tokens is negative"),
+    (lambda r: r.update(spec_verify_ct=-5), "spec_verify_ct is negative"),
+    (lambda r: r.update(spec_verify_ct=2.5), "spec_verify_ct is negative or not an integer"),
+    (lambda r: r.update(spec_num_correct_drafts=-1), "spec_num_correct_drafts is negative"),
+    (lambda r: r.update(spec_verify_ct=0), "no verify step but more than one completion token"),
+    (lambda r: r.update(completion_tokens=61), "completion_tokens exceeds the request's max_new_tokens"),
+    (lambda r: r.update(t_end=r["t_sent"] - 1), "t_end is before t_sent"),
+    (lambda r: r.update(t_first_token=r["t_end"] + 1), "t_first_token is outside"),
+])
+def test_impossible_values_fail_the_audit_and_stay_out_of_the_figures(tmp_path, change, reason):
+    camp = copy_campaign(CLEAN, tmp_path / "golden" / "c1")
+    edit_measured_record(camp, "q1", change)
+    report = build_report([camp])
+    values = check(report, VALUES_CHECK)
+    assert values.status == "fail" and len(values.details) == 1, values
+    assert "r1-block-100 line" in values.details[0] and reason in values.details[0]
+    assert report.audit.coverage.at["block", "errored"] == 1  # counted as errored, so never used
+    assert report.tables.pooled.at["acceptance_length", "block"] != pytest.approx(CLEAN_BLOCK_AL)
+    assert main([str(camp), "--strict", "--out", str(tmp_path / "out")]) == 1
+
+
+def test_a_plain_first_token_without_a_verify_step_is_valid(tmp_path):
+    camp = copy_campaign(CLEAN, tmp_path / "golden" / "c1")
+    edit_measured_record(camp, "q1", lambda r: r.update(completion_tokens=1, spec_verify_ct=0,
+                                                        spec_num_correct_drafts=0, meta_info=None))
+    assert check(build_report([camp]), VALUES_CHECK).status == "ok"
+
+
+@pytest.mark.parametrize(("value", "reason"), [
+    (float("nan"), "completion_tokens=nan is not finite"),
+    (float("inf"), "completion_tokens=inf is not finite"),
+    (10**400, "completion_tokens=inf is not finite, or too large for a float"),
+    ("40", "completion_tokens='40' is not a number"),
+])
+def test_non_finite_huge_and_mistyped_numbers_are_bad_lines(tmp_path, capsys, value, reason):
+    camp = copy_campaign(CLEAN, tmp_path / "golden" / "c1")
+    edit_measured_record(camp, "q1", lambda r: r.update(completion_tokens=value))
+    report = build_report([camp])
+    readable = check(report, "Records readable")
+    assert readable.status == "fail" and any(reason in d for d in readable.details), readable.details
+    assert report.tables.pooled.at["acceptance_length", "block"] != pytest.approx(CLEAN_BLOCK_AL)
+    assert main([str(camp), "--strict", "--out", str(tmp_path / "out")]) == 1
+    assert "Traceback" not in capsys.readouterr().err
+
+
+def test_out_of_range_request_seed_is_a_bad_line(tmp_path):
+    camp = copy_campaign(CLEAN, tmp_path / "golden" / "c1")
+    edit_measured_record(camp, "q1", lambda r: r.update(request_seed=2**70))
+    readable = check(build_report([camp]), "Records readable")
+    assert readable.status == "fail"
+    assert any("request_seed=1180591620717411303424 is out of the 64-bit integer range" in d for d in readable.details)
+
+
+@pytest.mark.parametrize(("key", "value", "message"), [
+    ("base_seed", "abc", "base_seed='abc' is of type str; expected int"),
+    ("concurrency", float("nan"), "concurrency=nan is of type float; expected int"),
+    ("request_rate", float("inf"), "request_rate=inf is not finite"),
+    ("repeat", 2**70, "repeat=1180591620717411303424 is out of the 64-bit integer range"),
+    ("status", 3, "status=3 is of type int; expected str"),
+    ("log_checks", {"passed": "yes"}, "log_checks.passed='yes' is of type str; expected bool"),
+])
+def test_mistyped_manifest_is_refused_naming_file_and_key(tmp_path, capsys, key, value, message):
+    camp = copy_campaign(CLEAN, tmp_path / "golden" / "c1")
+    manifest = camp / "runs" / "r1-block-100" / "manifest.json"
+    edit_json(manifest, lambda m: m.update({key: value}))
+    assert main([str(camp)]) == 2
+    err = capsys.readouterr().err
+    assert str(manifest) in err and message in err and "Traceback" not in err
+
+
+def test_mistyped_campaign_plan_is_refused_naming_file_and_key(tmp_path, capsys):
+    camp = copy_campaign(CLEAN, tmp_path / "golden" / "c1")
+    edit_json(camp / "campaign.json", lambda c: c["plan"][1].update(base_seed=[1]))
+    assert main([str(camp)]) == 2
+    err = capsys.readouterr().err
+    assert "campaign.json: plan[1].base_seed=[1] is of type list; expected int" in err
+
+
+def test_missing_manifest_is_named_not_reported_as_a_metadata_mismatch(tmp_path):
+    camp = copy_campaign(CLEAN, tmp_path / "golden" / "c1")
+    (camp / "runs" / "r1-block-100" / "manifest.json").unlink()
+    report = build_report([camp])  # no MismatchError
+    runs = check(report, "Runs finished, log checks passed")
+    assert runs.status == "fail"
+    assert runs.details == ("golden/c1/r1-block-100 (block): runs/r1-block-100/manifest.json is missing",)
+
+
+@pytest.mark.parametrize("value", [float("nan"), float("inf"), 10**400, "40", [1]])
+def test_the_line_by_line_reader_flags_the_same_values(tmp_path, value):
+    camp = copy_campaign(CLEAN, tmp_path / "golden" / "c1")
+    edit_measured_record(camp, "q1", lambda r: r.update(completion_tokens=value, spec_verify_ct=value))
+    report = build_report([camp], force_slow_reader=True)
+    readable = check(report, "Records readable")
+    assert readable.status == "fail"
+    assert [d.split(": ", 1)[1].split("=")[0] for d in readable.details] == ["completion_tokens", "spec_verify_ct"]
+
+
+def test_unwritable_out_folder_is_refused_with_a_message(tmp_path, capsys):
+    blocker = tmp_path / "file"
+    blocker.write_text("not a folder")
+    assert main([str(CLEAN), "--out", str(blocker / "report")]) == 2
+    err = capsys.readouterr().err
+    assert f"cannot write the report to {blocker / 'report'}" in err and "give a writable folder with --out" in err
