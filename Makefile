@@ -32,7 +32,7 @@ $(SGSTAMP): pyproject.toml requirements/sglang-cpu.txt requirements/sglang-nodep
 	$(SGPY) -m pip install -q --no-warn-conflicts -e '.[dev]'
 	@touch $(SGSTAMP)
 
-.PHONY: help venv sglang test test-fast test-sglang bench report micro micro-h200 perf lint clean
+.PHONY: help venv sglang test test-fast test-sglang bench report micro micro-h200 perf client-bench lint clean
 
 help: ## list the targets
 	@grep -E '^[a-zA-Z0-9_-]+:.*## ' $(MAKEFILE_LIST) | awk -F':.*## ' '{printf "  make %-12s %s\n", $$1, $$2}'
@@ -67,6 +67,11 @@ micro-h200: $(STAMP) ## the seed-size builder microbenchmark (needs a big GPU)
 
 perf: $(STAMP) ## embedded server throughput: NONE vs DFLASH token/block at concurrency 1, 8, 32
 	$(VPY) -m harness.engine.perf $(ARGS)
+
+client-bench: $(STAMP) ## client overhead: the project's client vs SGLang's (in .venv-sglang when it exists) on a stub
+	@if test -x $(SGPY); then $(SGPY) -m harness.client_bench $(ARGS); \
+	else echo ">> $(SGVENV) not found (make sglang builds it): the project's client alone"; \
+	$(VPY) -m harness.client_bench --clients ours $(ARGS); fi
 
 lint: $(STAMP) ## ruff
 	$(VPY) -m ruff check harness workloads analysis tests

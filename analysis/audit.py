@@ -14,11 +14,41 @@ import numpy as np
 import pandas as pd
 
 from analysis.commands import ArmDiff, RunVariant, compare_arms, run_variants
-from analysis.load import NO_MANIFEST, NOT_RUN, SCHEMA_VERSION, Loaded
+from analysis.load import NO_MANIFEST, NOT_RUN, Loaded
 
 FAIL, WARN, OK, INFO = "fail", "warn", "ok", "info"
 FINISHED_REASONS = ("stop", "length")
 _RTOL = 1e-6
+# Foreign load (manifest `machine`): other processes used more than this share of all CPUs during the run,
+# the hypervisor stole more than this share, or a 1 s sample before or after the run exceeded this.
+FOREIGN_CPU_FRAC = 0.10
+FOREIGN_STEAL_FRAC = 0.05
+FOREIGN_SNAPSHOT_FRAC = 0.25
+SEED_STREAM_STRIDE = 2**32
+
+
+def foreign_load(runs: pd.DataFrame) -> np.ndarray:
+    """[runs] True where the manifest's `machine` shows other work on the machine (thresholds above)."""
+    with np.errstate(invalid="ignore"):
+        during = (runs["cpu_other_frac"].to_numpy(float) > FOREIGN_CPU_FRAC) | (
+            runs["steal_frac"].to_numpy(float) > FOREIGN_STEAL_FRAC)
+        around = (runs["cpu_other_before"].to_numpy(float) > FOREIGN_SNAPSHOT_FRAC) | (
+            runs["cpu_other_after"].to_numpy(float) > FOREIGN_SNAPSHOT_FRAC)
+    return during | around
+
+
+def foreign_reasons(run: Any) -> list[str]:
+    """Why a run (a row of the runs table) counts as taken under foreign load."""
+    out = []
+    if run.cpu_other_frac > FOREIGN_CPU_FRAC:
+        out.append(f"other processes used {run.cpu_other_frac:.0%} of all CPUs during the run "
+                   f"(> {FOREIGN_CPU_FRAC:.0%})")
+    if run.steal_frac > FOREIGN_STEAL_FRAC:
+        out.append(f"steal {run.steal_frac:.0%} (> {FOREIGN_STEAL_FRAC:.0%})")
+    for when, value in (("before", run.cpu_other_before), ("after", run.cpu_other_after)):
+        if value > FOREIGN_SNAPSHOT_FRAC:
+            out.append(f"{value:.0%} of all CPUs busy in other processes just {when} it (> {FOREIGN_SNAPSHOT_FRAC:.0%})")
+    return out
 
 
 @dataclass(frozen=True)
@@ -294,6 +324,9 @@ def run_audit(data: Loaded, arms: list[str], baseline: str, mismatches: list[Mis
         check_histograms(data, sel),
         check_hit_cap(data, sel),
         check_metadata(mismatches, allow_mismatch),
+        check_quiet_machine(data),
+        check_scores(data, sel),
+        check_chunks(data, sel),
     ]
     order = [a for a in arms if a in cov["table"].index] + [a for a in cov["table"].index if a not in arms]
     return Audit(
@@ -304,17 +337,20 @@ def run_audit(data: Loaded, arms: list[str], baseline: str, mismatches: list[Mis
 
 
 def check_parsing(data: Loaded) -> Check:
+    """Every line parsed, and every record has its campaign's schema version."""
     versions = data.records["schema_version"]
-    wrong = int((versions.isna() | (versions != SCHEMA_VERSION)).sum())
+    want = data.runs["schema_version"].to_numpy(float)[data.records["_run"].to_numpy()]
+    wrong = int((versions.isna() | (versions.to_numpy() != want)).sum())
     details = [f"{b.path}:{b.line}: {b.reason}" for b in data.bad_lines]
     if wrong:
-        details.insert(0, f"{wrong} record(s) without schema_version {SCHEMA_VERSION}")
+        details.insert(0, f"{wrong} record(s) without their campaign's schema_version")
     n = len(data.records)
     if data.bad_lines or wrong:
         return Check("Records readable", FAIL, f"{len(data.bad_lines)} bad line(s), {wrong} wrong schema version "
                      f"among {n} records", tuple(details))
     note = f"; {len(data.slow_files)} file(s) read by the line-by-line reader" if data.slow_files else ""
-    return Check("Records readable", OK, f"{n} records, schema version {SCHEMA_VERSION}{note}")
+    shown = ", ".join(str(v) for v in sorted({c.schema_version for c in data.campaigns}))
+    return Check("Records readable", OK, f"{n} records, schema version {shown}{note}")
 
 
 def check_coverage(cov: dict[str, pd.DataFrame]) -> Check:
@@ -374,7 +410,8 @@ def check_seeds(data: Loaded, sel: Selection, plan: PlanKeys) -> Check:
     seeded = np.array([_seeded(data, c) for c in runs["campaign"]], dtype=bool)[run]
     offset = items["seed_offset"].to_numpy(dtype="float64", na_value=np.nan)[item] if len(items) else np.nan
     base = runs["base_seed"].to_numpy(dtype="float64", na_value=np.nan)[run]
-    planned = np.where(seeded, base + offset, np.nan)
+    stream = runs["seed_stream"].to_numpy(dtype="float64")[run] * SEED_STREAM_STRIDE  # exact below 2**53
+    planned = np.where(seeded, base + offset + stream, np.nan)
     got = rec["request_seed"].to_numpy(dtype="float64", na_value=np.nan)
     rec_offset = rec["seed_offset"].to_numpy(dtype="float64", na_value=np.nan)
     same = (got == planned) | (np.isnan(got) & np.isnan(planned))
@@ -382,7 +419,8 @@ def check_seeds(data: Loaded, sel: Selection, plan: PlanKeys) -> Check:
     details = _rows(data, bad, lambda i: f"request_seed {_int(got[i])}, planned {_int(planned[i])} "
                     f"(seed_offset {_int(rec_offset[i])}, planned {_int(offset[i])})")
     n = int(sel.chosen.sum())
-    what = "planned seeds (base seed + item seed_offset)" if seeded.all() else "planned seeds"
+    what = "planned seeds (base seed + item seed_offset" + (
+        " + seed_stream x 2^32)" if (runs["seed_stream"] != 0).any() else ")") if seeded.all() else "planned seeds"
     return Check("Request seeds equal the plan", FAIL if bad.any() else OK,
                  f"{n - int(bad.sum())}/{n} requests carry their {what}", tuple(details))
 
@@ -518,3 +556,77 @@ def check_metadata(mismatches: list[Mismatch], allow_mismatch: bool) -> Check:
     status = WARN if allow_mismatch else FAIL
     how = "compared anyway (--allow-mismatch)" if allow_mismatch else "refused"
     return Check(name, status, f"{len(mismatches)} mismatch(es), {how}", tuple(map(str, mismatches)))
+
+
+def check_quiet_machine(data: Loaded) -> Check:
+    """Runs whose manifest `machine` shows other work on the machine (schema 2)."""
+    name = "Runs taken on a quiet machine"
+    runs = data.runs[data.runs["planned"] & (data.runs["status"] == "finished")]
+    recorded = runs[runs["machine_recorded"].to_numpy(dtype=bool)]
+    if recorded.empty:
+        return Check(name, INFO, "machine load not recorded (schema 1 manifests)")
+    flagged = recorded[foreign_load(recorded)]
+    details = [f"{r.campaign}/{r.run_id} ({r.arm}): " + "; ".join(foreign_reasons(r)) for r in flagged.itertuples()]
+    unrecorded = len(runs) - len(recorded)
+    summary = (f"{len(flagged)} of {len(recorded)} runs taken under foreign load (other processes > "
+               f"{FOREIGN_CPU_FRAC:.0%} of all CPUs during the run, steal > {FOREIGN_STEAL_FRAC:.0%}, or > "
+               f"{FOREIGN_SNAPSHOT_FRAC:.0%} just before or after)")
+    if unrecorded:
+        summary += f"; {unrecorded} run(s) without a machine record"
+    if len(flagged):
+        summary += ": their throughput and latency may measure the other work, not the arms"
+    return Check(name, WARN if len(flagged) else OK, summary, tuple(details))
+
+
+def check_scores(data: Loaded, sel: Selection) -> Check:
+    """Schema 2: each finished run with records has a scores.jsonl that scores its used requests."""
+    name = "Answers scored (scores.jsonl)"
+    runs = data.runs[data.runs["planned"] & (data.runs["status"] == "finished") & (data.runs["schema_version"] >= 2)]
+    if runs.empty:
+        return Check(name, INFO, "schema 1: answers were scored in the client's event loop (the record's `correct`)")
+    missing = runs[(runs["scores_path"] == "") & (runs["records_path"] != "")]
+    details = [f"{r.campaign}/{r.run_id} ({r.arm}): records but no scores.jsonl; its score column is n/a"
+               for r in missing.itertuples()]
+    rec_run = data.records["_run"].to_numpy()
+    has_file = (data.runs["scores_path"] != "").to_numpy()[rec_run]
+    v2 = (data.runs["schema_version"] >= 2).to_numpy()[rec_run]
+    unscored = sel.used & v2 & has_file & np.isnan(data.records["correct"].to_numpy())
+    if unscored.any():
+        details.append(f"{int(unscored.sum())} used request(s) with no score line, or a null score (no reference "
+                       "answer, scoring off, or the request errored)")
+    summary = f"{len(runs) - len(missing)}/{len(runs)} finished runs have scores.jsonl"
+    return Check(name, WARN if len(missing) else OK, summary, tuple(details))
+
+
+def check_chunks(data: Loaded, sel: Selection) -> Check:
+    """Schema 2 chunk arrays: increasing times, one token count per chunk, counts adding up to completion_tokens."""
+    name = "Chunk timings consistent (chunk_us, chunk_tokens)"
+    ch = data.chunks
+    if not ch.us_present.any():
+        return Check(name, INFO, "no chunk arrays (schema 1): ITL n/a; the first chunk counts as 1 token")
+    rec = data.records
+    # per-record sums over the flat arrays: differences of cumulative sums at the record offsets
+    drop = np.zeros(len(ch.us) + 2, dtype=np.int64)  # one spare: no chunks at all (every request failed)
+    if len(ch.us) > 1:
+        drop[2:len(ch.us) + 1] = np.cumsum(np.diff(ch.us) < 0)  # drop[j + 1]: decreases among the first j + 1 chunks
+    starts, stops = ch.us_offsets[:-1], ch.us_offsets[1:]
+    backwards = (stops - starts > 1) & (drop[np.maximum(stops, 1)] - drop[np.minimum(starts + 1, stops)] > 0)
+    tok_cum = np.concatenate([[0], np.cumsum(ch.tok)])
+    tok_sum = tok_cum[ch.tok_offsets[1:]] - tok_cum[ch.tok_offsets[:-1]]
+    ct = rec["completion_tokens"].to_numpy()
+    mis_len = ch.us_present & ch.tok_present & ~ch.aligned
+    mis_sum = ch.aligned & ~np.isnan(ct) & (tok_sum != ct)
+    scope = sel.used & ch.us_present
+    bad = scope & (backwards | mis_len | mis_sum)
+
+    def say(i: int) -> str:
+        parts = ["chunk_us decreases"] if backwards[i] else []
+        parts += ["chunk_tokens and chunk_us differ in length"] if mis_len[i] else []
+        parts += [f"chunk_tokens add up to {int(tok_sum[i])}, completion_tokens {_int(ct[i])}"] if mis_sum[i] else []
+        return "; ".join(parts)
+
+    no_tokens = int((scope & ~ch.tok_present).sum())
+    summary = f"{int(scope.sum())} used requests carry chunk times; {int(bad.sum())} inconsistent"
+    if no_tokens:
+        summary += f"; {no_tokens} without chunk_tokens (ITL n/a for them, first chunk counted as 1 token)"
+    return Check(name, WARN if bad.any() else OK, summary, tuple(_rows(data, bad, say)))

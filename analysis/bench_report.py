@@ -1,9 +1,10 @@
 """Time the report on a large synthetic campaign: `python -m analysis.bench_report [--records 1000000]`.
 
-Writes a campaign in the `docs/records.md` layout (2 arms x seeds x repeats x items, with warmup
-records, categories, meta_info with correct-drafts histograms and a short output text) to a temporary
-directory, then times `analysis.report.main([campaign, --out ...])` end to end (reading, audit,
-metrics, bootstrap, markdown, figures). Generating the records is not timed.
+Writes a schema-2 campaign in the `docs/records.md` layout (2 arms x seeds x repeats x items, with
+warmup records, categories, meta_info with correct-drafts histograms, a short output text, one stream
+chunk per verify step in `chunk_us` / `chunk_tokens`, scores.jsonl and the manifests' `machine`) to a
+temporary directory, then times `analysis.report.main([campaign, --out ...])` end to end (reading,
+audit, metrics, bootstrap, markdown, figures). Generating the records is not timed.
 """
 
 from __future__ import annotations
@@ -45,10 +46,11 @@ def _campaign_json(n_items: int, seeds: list[int], repeats: int, max_new: int) -
                              "repeat": rep, "index": index, "gpu": 0})
                 index += 1
     return {
-        "schema_version": 1, "campaign_id": "bench", "experiment": "bench_report", "created": "2026-01-01T00:00:00Z",
+        "schema_version": 2, "campaign_id": "bench", "experiment": "bench_report", "created": "2026-01-01T00:00:00Z",
         "config": {"experiment": {"seeded_requests": True, "base_seeds": seeds, "repeats": repeats}},
-        "arms": [{"name": "token", "args": [], "env": {}, "python": None},
-                 {"name": "block", "args": ["--speculative-use-block-verification"], "env": {}, "python": None}],
+        "arms": [{"name": "token", "args": [], "env": {}, "python": None, "seed_stream": 0},
+                 {"name": "block", "args": ["--speculative-use-block-verification"], "env": {}, "python": None,
+                  "seed_stream": 0}],
         "baseline": "token", "declared_difference": "--speculative-use-block-verification",
         "concurrency": 8, "request_rate": None, "max_new_tokens": max_new,
         "workload": {"name": "synthetic", "dataset_id": "synthetic", "revision": None, "sha256": "0" * 64,
@@ -57,10 +59,14 @@ def _campaign_json(n_items: int, seeds: list[int], repeats: int, max_new: int) -
     }
 
 
+def _snapshot(t: float) -> dict:
+    return {"t_unix": t, "load_avg": [0.3, 0.3, 0.3], "cpu_other": 0.01, "steal": None, "gpus": None}
+
+
 def _manifest(run: dict, port: int) -> dict:
     extra = ["--speculative-use-block-verification"] if run["arm"] == "block" else []
     return {
-        "schema_version": 1, "campaign_id": "bench", "run_id": run["run_id"], "arm": run["arm"],
+        "schema_version": 2, "campaign_id": "bench", "run_id": run["run_id"], "arm": run["arm"],
         "base_seed": run["base_seed"], "repeat": run["repeat"], "gpu": 0, "status": "finished", "error": None,
         "command": ["python", "-m", "harness.engine", "--model-path", "tiny", "--port", str(port),
                     "--speculative-algorithm", "DFLASH", *extra, "--enable-deterministic-inference"],
@@ -69,17 +75,22 @@ def _manifest(run: dict, port: int) -> dict:
         "versions": {"harness": {"version": "0.1.0", "git_sha": "abc", "dirty": False}, "python": "3.11"},
         "gpu_info": None, "host": {"hostname": "h", "cores": 2}, "dataset": {"id": "synthetic", "sha256": "0" * 64},
         "model_path": "tiny", "log_checks": {"passed": True}, "concurrency": 8, "request_rate": None,
-        "max_new_tokens": 4096,
+        "max_new_tokens": 4096, "client": {"stream_mode": "incremental", "arrival": "closed", "cpus": None},
+        "scorer": {"name": "boxed+math-verify", "version": "0.8.0"}, "scoring": {"scored": 0, "seconds": 0.0},
+        "machine": {"before": _snapshot(0.0), "after": _snapshot(1.0),
+                    "during": {"wall_s": 1.0, "cpu_total_s": 1.0, "cpu_ours_s": 1.0, "cpu_other_frac": 0.01,
+                               "steal_frac": None}},
     }
 
 
 _LINE = (
-    '{"schema_version": 1, "campaign_id": "bench", "run_id": "%s", "arm": "%s", "base_seed": %d, "repeat": %d, '
+    '{"schema_version": 2, "campaign_id": "bench", "run_id": "%s", "arm": "%s", "request_index": %d, '
+    '"base_seed": %d, "repeat": %d, '
     '"item_id": "item-%d", "seed_offset": %d, "request_seed": %d, "category": "cat%d", "warmup": %s, '
     '"prompt_tokens": 120, "completion_tokens": %d, "spec_verify_ct": %d, "spec_num_correct_drafts": %d, '
     '"max_new_tokens": %d, "finish_reason": "%s", "hit_cap": %s, "t_scheduled": %.6f, "t_sent": %.6f, '
-    '"t_first_token": %.6f, "t_end": %.6f, "n_chunks": %d, "error": null, "output_text": "%s\\\\boxed{%d}", '
-    '"answer": "%d", "reference_answer": "%d", "correct": %s, "score_fallback": false, '
+    '"t_first_token": %.6f, "t_end": %.6f, "n_chunks": %d, "chunk_us": [%s], "chunk_tokens": [%s], '
+    '"error": null, "output_text": "%s\\\\boxed{%d}", "reference_answer": "%d", '
     '"meta_info": {"id": "req-%d", "finish_reason": {"type": "%s"}, "prompt_tokens": 120, '
     '"completion_tokens": %d, "cached_tokens": 0, "spec_verify_ct": %d, "spec_accept_length": %r, '
     '"spec_num_correct_drafts": %d, "spec_num_proposed_drafts": %d, "spec_correct_drafts_histogram": [%s], '
@@ -87,33 +98,52 @@ _LINE = (
 )
 
 
-def _run_lines(run: dict, n_items: int, max_new: int, rng: np.random.Generator, warmup: int) -> list[str]:
+_SCORE = ('{"request_index": %d, "item_id": "item-%d", "warmup": %s, "answer": "%d", "correct": %s, '
+          '"score_fallback": false, "scorer": "boxed+math-verify 0.8.0"}\n')
+
+
+def _chunks(steps: np.ndarray, ttft: float, dur: float) -> tuple[str, str]:
+    """One chunk per verify step (the first carries the prefill's token too), evenly spread over the decode."""
+    n = len(steps)
+    us = np.round((ttft + (dur - ttft) * np.arange(n) / max(n - 1, 1)) * 1e6).astype(np.int64)
+    tokens = steps.copy()
+    tokens[0] += 1
+    return ",".join(map(str, us)), ",".join(map(str, tokens))
+
+
+def _run_lines(run: dict, n_items: int, max_new: int, rng: np.random.Generator,
+               warmup: int) -> tuple[list[str], list[str]]:
     arm = ARMS.index(run["arm"])
     items = np.concatenate([np.arange(warmup), np.arange(n_items)])
     is_warm = np.arange(len(items)) < warmup
     cat = items % 8
-    vct = rng.integers(40, 400, size=len(items))
+    vct = rng.integers(8, 64, size=len(items))  # verify steps = stream chunks per request
     hist = np.zeros((len(items), N_DRAFT + 1), dtype=np.int64)
     for c in range(8):
         sel = cat == c
         hist[sel] = rng.multinomial(vct[sel], _pvals(arm, c))
     ncd = hist @ np.arange(N_DRAFT + 1)
     ct = ncd + vct
-    dur = ct / rng.uniform(150, 250, size=len(items))
-    t_sent = 100.0 + np.arange(len(items)) // 8 * dur.mean() + rng.uniform(0, 0.01, len(items))
     ttft = rng.uniform(0.02, 0.08, len(items))
-    lines = []
+    dur = ttft + ct / rng.uniform(150, 250, size=len(items))
+    t_sent = 100.0 + np.arange(len(items)) // 8 * dur.mean() + rng.uniform(0, 0.01, len(items))
+    lines, scores = [], []
     for i in range(len(items)):
-        it, c, v, n = int(items[i]), int(ct[i]), int(vct[i]), int(ncd[i])
+        it, c, v, n = int(items[i]), int(ct[i]) + 1, int(vct[i]), int(ncd[i])  # + 1: the prefill's token
         reason = "length" if c >= max_new else "stop"
         correct = "true" if (it * 7 + arm + run["base_seed"]) % 5 else "false"
+        warm = "true" if is_warm[i] else "false"
+        step_tokens = np.repeat(np.arange(N_DRAFT + 1) + 1, hist[i])
+        rng.shuffle(step_tokens)
+        us, tokens = _chunks(step_tokens, ttft[i], dur[i])
         lines.append(_LINE % (
-            run["run_id"], run["arm"], run["base_seed"], run["repeat"], it, it, run["base_seed"] + it, it % 8,
-            "true" if is_warm[i] else "false", c, v, n, max_new, reason, "true" if reason == "length" else "false",
-            t_sent[i] - 0.001, t_sent[i], t_sent[i] + ttft[i], t_sent[i] + dur[i], v, TEXT, it % 1000, it % 1000,
-            it % 1000, correct, i, reason, c, v, c / v, n, v * N_DRAFT, ", ".join(map(str, hist[i])), dur[i],
+            run["run_id"], run["arm"], i, run["base_seed"], run["repeat"], it, it, run["base_seed"] + it, it % 8,
+            warm, c, v, n, max_new, reason, "true" if reason == "length" else "false",
+            t_sent[i] - 0.001, t_sent[i], t_sent[i] + ttft[i], t_sent[i] + dur[i], v, us, tokens, TEXT, it % 1000,
+            it % 1000, i, reason, c, v, c / v, n, v * N_DRAFT, ", ".join(map(str, hist[i])), dur[i],
         ))
-    return lines
+        scores.append(_SCORE % (i, it, warm, it % 1000, correct))
+    return lines, scores
 
 
 def write_campaign(root: Path, n_records: int, seeds: int, repeats: int, seed: int = 0) -> Path:
@@ -130,8 +160,9 @@ def write_campaign(root: Path, n_records: int, seeds: int, repeats: int, seed: i
         run_dir = camp / "runs" / run["run_id"]
         run_dir.mkdir()
         (run_dir / "manifest.json").write_text(json.dumps(_manifest(run, 30000 + k)))
-        with (run_dir / "records.jsonl").open("w") as handle:
-            handle.writelines(_run_lines(run, n_items, 4096, rng, warmup=8))
+        lines, scores = _run_lines(run, n_items, 4096, rng, warmup=8)
+        (run_dir / "records.jsonl").write_text("".join(lines))
+        (run_dir / "scores.jsonl").write_text("".join(scores))
     return camp
 
 

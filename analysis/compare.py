@@ -1,11 +1,13 @@
-"""Changes of each arm against the baseline, with their intervals.
+"""Changes of each arm against the baseline, with their intervals, and the power table.
 
 - Ratio-of-sums metrics (acceptance length, correct drafts per step, the request-weighted mean AL):
-  one paired bootstrap over items serves every partition (pooled, per seed, per category): each
-  resample draws items with replacement and keeps all of an item's requests (every arm, seed and
-  repeat) together. Per-category intervals restrict the same resamples to the category's items.
-- Per-run metrics (throughput, decode tok/s, latency percentiles): runs are paired by campaign, base
-  seed and repeat; bootstrap over the pairs, and an exact sign-flip test on the per-pair log ratios.
+  a paired bootstrap over items: each resample draws items with replacement and keeps all of an item's
+  requests (every arm, seed and repeat) together; pooled and per-seed changes share the resamples.
+  Per-category changes resample within the category (stratified). No interval below MIN_ITEMS items.
+- Per-run metrics (throughput, decode throughput, latency percentiles): runs are paired by campaign,
+  base seed and repeat; the change is the geometric mean of the pair ratios, with a t-interval on the
+  log ratios from MIN_PAIRS pairs (below: the range of the pair ratios) and an exact sign-flip p-value.
+- Power: pairs needed to detect 1%, 2% and 5% at 80% power from the per-pair log-ratio SD.
 """
 
 from __future__ import annotations
@@ -15,8 +17,19 @@ from dataclasses import asdict, dataclass
 import numpy as np
 import pandas as pd
 
-from analysis.metrics import PERCENTILES, Metrics
-from analysis.stats import Change, bootstrap_sums, item_change, paired_change
+from analysis.metrics import LATENCIES, PERCENTILES, Metrics
+from analysis.stats import (
+    ALPHA,
+    MIN_PAIRS,
+    MIN_PAIRS_FOR_SD,
+    POWER,
+    Change,
+    bootstrap_sums,
+    item_change,
+    pair_log_ratios,
+    paired_change,
+    pairs_needed,
+)
 
 # quantities summed per item for each partition, and the ratio metrics built from them
 _QUANTITIES = {
@@ -29,13 +42,16 @@ RATIO_METRICS = {
     "al_request_mean": ("al_sum", "requests"),
     "correct_drafts_per_step": ("correct_drafts", "verify_steps"),
 }
-# per-run metrics: (numerator column, denominator column or None for a mean over runs)
+# per-run metrics: (numerator column, denominator column or None for a plain per-run value)
 RUN_METRICS = {
     "throughput": ("tokens", "window_s"),
-    "decode_tps": ("decode_tps", None),
-    **{f"ttft_p{p}": (f"ttft_p{p}", None) for p in PERCENTILES},
-    **{f"e2e_p{p}": (f"e2e_p{p}", None) for p in PERCENTILES},
+    "decode_tps": ("decode_tokens", "decode_span_s"),
+    "decode_rate_mean": ("decode_rate_mean", None),
+    **{f"{f}_p{p}": (f"{f}_p{p}", None) for f in LATENCIES for p in PERCENTILES},
 }
+POWER_METRICS = {"throughput": ("tokens", "window_s"), "decode_tps": ("decode_tokens", "decode_span_s"),
+                 "acceptance_length": ("acceptance_length", None)}
+POWER_CHANGES = (0.01, 0.02, 0.05)
 PAIR_KEYS = ["campaign_id", "base_seed", "repeat"]
 
 ChangeKey = tuple[str, object, str, str]  # (partition, group, metric, arm)
@@ -60,7 +76,8 @@ class Comparison:
 def compare(m: Metrics, n_boot: int, seed: int) -> Comparison:
     changes: dict[ChangeKey, Change] = {}
     changes.update(item_changes(m, n_boot, np.random.default_rng([seed, 0])))
-    changes.update(run_changes(m, n_boot, seed))
+    changes.update(category_changes(m, n_boot, seed))
+    changes.update(run_changes(m, seed))
     return Comparison(changes)
 
 
@@ -118,6 +135,8 @@ def item_changes(m: Metrics, n_boot: int, rng: np.random.Generator) -> dict[Chan
     base = m.arms.index(m.baseline)
     out: dict[ChangeKey, Change] = {}
     for name, part in m.partitions.items():
+        if name == "category":
+            continue  # stratified: category_changes
         lay = layouts[name]
         for metric, (num, den) in RATIO_METRICS.items():
             if num not in lay.quantities or den not in lay.quantities:
@@ -135,6 +154,33 @@ def item_changes(m: Metrics, n_boot: int, rng: np.random.Generator) -> dict[Chan
 def _items_in_group(matrix: np.ndarray, lay: _Layout, group: int, quantity: str) -> int:
     cols = [lay.col(group, a, quantity) for a in range(lay.n_arms)]
     return int(np.count_nonzero(matrix[:, cols].sum(axis=1)))
+
+
+def category_changes(m: Metrics, n_boot: int, seed: int) -> dict[ChangeKey, Change]:
+    """Per-category changes, each from a bootstrap over the category's own items (stratified)."""
+    if "category" not in m.partitions:
+        return {}
+    matrix, layouts, _ = item_matrix(m)
+    part, lay = m.partitions["category"], layouts["category"]
+    base = m.arms.index(m.baseline)
+    out: dict[ChangeKey, Change] = {}
+    for g, label in enumerate(part.labels):
+        cols = [lay.col(g, a, q) for a in range(len(m.arms)) for q in lay.quantities]
+        rows = np.flatnonzero(part.item_code[: len(matrix)] == g)
+        sub = matrix[np.ix_(rows, cols)]
+        local = _Layout(0, lay.quantities, lay.n_arms)  # the columns of `sub`: arm-major, then quantity
+        n_items = _items_in_group(sub, local, 0, "verify_steps")
+        point = sub.sum(axis=0)
+        boot = bootstrap_sums(sub, n_boot, np.random.default_rng([seed, 2, g]))
+        for metric, (num, den) in RATIO_METRICS.items():
+            if num not in lay.quantities or den not in lay.quantities:
+                continue
+            for a, arm in enumerate(m.arms):
+                if a == base:
+                    continue
+                idx = (local.col(0, a, num), local.col(0, a, den), local.col(0, base, num), local.col(0, base, den))
+                out[("category", label, metric, arm)] = item_change(point, boot, idx, n_items)
+    return out
 
 
 # ---------------------------------------------------------------------------------------------
@@ -156,33 +202,67 @@ def _pair_array(pairs: pd.DataFrame, num: str, den: str | None) -> np.ndarray:
     ])
 
 
-def run_changes(m: Metrics, n_boot: int, seed: int) -> dict[ChangeKey, Change]:
+def _pair_flagged(pairs: pd.DataFrame) -> np.ndarray:
+    return pairs["foreign_load_b"].to_numpy(bool) | pairs["foreign_load_a"].to_numpy(bool)
+
+
+def run_changes(m: Metrics, seed: int) -> dict[ChangeKey, Change]:
     out: dict[ChangeKey, Change] = {}
     stream = 0
     for arm in m.arms:
         if arm == m.baseline:
             continue
         pairs = run_pairs(m.runs, arm, m.baseline)
+        flagged = _pair_flagged(pairs)
         for metric, (num, den) in RUN_METRICS.items():
             stream += 1
             out[("pooled", "all", metric, arm)] = paired_change(
-                _pair_array(pairs, num, den), n_boot, np.random.default_rng([seed, 1, stream]))
+                _pair_array(pairs, num, den), np.random.default_rng([seed, 1, stream]), flagged)
         for label in m.partitions["seed"].labels:
             stream += 1
             sub = pairs[pairs["base_seed"] == label]
             out[("seed", label, "throughput", arm)] = paired_change(
-                _pair_array(sub, "tokens", "window_s"), n_boot, np.random.default_rng([seed, 1, stream]))
+                _pair_array(sub, "tokens", "window_s"), np.random.default_rng([seed, 1, stream]), _pair_flagged(sub))
     return out
 
 
 def pooled_run_value(runs: pd.DataFrame, arm: str, metric: str) -> float:
-    """The pooled value of a per-run metric: sum over sum for throughput, else the mean over runs."""
+    """The pooled value of a per-run ratio metric (sum of numerators / sum of denominators over runs), or
+    the mean over runs of a plain per-run value."""
     num, den = RUN_METRICS[metric]
     sub = runs[runs["arm"] == arm]
     if den is None:
         vals = sub[num].to_numpy(float)
         return float(np.nanmean(vals)) if np.isfinite(vals).any() else float("nan")
-    ok = np.isfinite(sub[den].to_numpy(float))
+    ok = np.isfinite(sub[den].to_numpy(float)) & np.isfinite(sub[num].to_numpy(float))
     total = sub[den].to_numpy(float)[ok].sum()
     return float(sub[num].to_numpy(float)[ok].sum() / total) if total > 0 else float("nan")
+
+
+def power_table(m: Metrics) -> pd.DataFrame:
+    """Run pairs a paired t-test on log ratios needs to detect each change in POWER_CHANGES at 80% power
+    (two-sided 0.05; never fewer than MIN_PAIRS), from the per-pair log-ratio SD of this campaign.
+
+    One row per (arm, metric). In an A/A campaign the SD is the run-to-run noise; in an A/B campaign it
+    also holds any pair-to-pair variation of the effect. sd and the counts are NaN / None below
+    MIN_PAIRS_FOR_SD pairs.
+    """
+    rows = []
+    for arm in m.arms:
+        if arm == m.baseline:
+            continue
+        pairs = run_pairs(m.runs, arm, m.baseline)
+        for metric, (num, den) in POWER_METRICS.items():
+            d = pair_log_ratios(_pair_array(pairs, num, den))
+            sd = float(np.std(d, ddof=1)) if len(d) >= MIN_PAIRS_FOR_SD else float("nan")
+            row = {"arm": arm, "metric": metric, "pairs": len(d), "sd_log_ratio": sd}
+            for change in POWER_CHANGES:
+                row[f"pairs_for_{round(change * 100)}pct"] = pairs_needed(change, sd) if np.isfinite(sd) else None
+            rows.append(row)
+    columns = ["arm", "metric", "pairs", "sd_log_ratio", *[f"pairs_for_{round(c * 100)}pct" for c in POWER_CHANGES]]
+    return pd.DataFrame(rows, columns=columns)
+
+
+POWER_NOTE = (f"paired t-test on per-pair log ratios, two-sided alpha {ALPHA}, power {POWER:.0%}, "
+              f"never fewer than {MIN_PAIRS} pairs")
 

@@ -12,6 +12,7 @@ import json
 import math
 import os
 import sys
+from collections.abc import Iterator
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -23,20 +24,22 @@ import pyarrow as pa
 import pyarrow.compute as pc
 import pyarrow.json as pj
 
-SCHEMA_VERSION = 1
+SCHEMA_VERSION = 2  # the version this analysis writes about; it reads every version in SCHEMA_VERSIONS
+SCHEMA_VERSIONS = (1, 2)
 _BLOCK_BYTES = 16 << 20  # pyarrow parses one block per thread; a record must fit in one block
 _INT64_MIN, _INT64_MAX = -(2**63), 2**63 - 1
 _FLOAT_MAX = sys.float_info.max
 
 STR_FIELDS = ("campaign_id", "run_id", "arm", "item_id", "finish_reason", "error")
-INT_FIELDS = ("schema_version", "base_seed", "repeat", "seed_offset", "request_seed")
+INT_FIELDS = ("schema_version", "base_seed", "repeat", "seed_offset", "request_seed", "request_index")
 FLOAT_FIELDS = (
     "completion_tokens", "spec_verify_ct", "spec_num_correct_drafts", "max_new_tokens",
-    "t_sent", "t_first_token", "t_end",
+    "t_scheduled", "t_sent", "t_first_token", "t_end",
 )
-BOOL_FIELDS = ("warmup", "hit_cap", "correct")
+BOOL_FIELDS = ("warmup", "hit_cap", "correct")  # `correct`: schema 1 only (schema 2 scores in scores.jsonl)
+LIST_FIELDS = ("chunk_us", "chunk_tokens")  # schema 2: per-chunk arrival offsets (us) and output tokens
 # Keys of records.md that no figure or check uses are not parsed (each parsed key costs reading time):
-# prompt_tokens, t_scheduled, n_chunks, output_text, answer, reference_answer, score_fallback, category
+# prompt_tokens, n_chunks, output_text, answer, reference_answer, score_fallback, category
 # (the campaign's item list is the source of categories), and meta_info but for the keys above.
 META_FLOAT_FIELDS = ("spec_accept_length",)
 META_HIST_FIELDS = ("spec_correct_drafts_histogram", "spec_accept_histogram")  # new name, old alias
@@ -49,8 +52,10 @@ RECORD_SCHEMA = pa.schema(
     + [(f, pa.int64()) for f in INT_FIELDS]
     + [(f, pa.float64()) for f in FLOAT_FIELDS]
     + [(f, pa.bool_()) for f in BOOL_FIELDS]
+    + [(f, pa.list_(pa.int64())) for f in LIST_FIELDS]
     + [("meta_info", META_TYPE)]
 )
+SCORE_SCHEMA = pa.schema([("request_index", pa.int64()), ("correct", pa.bool_())])
 
 
 class InputError(Exception):
@@ -109,6 +114,21 @@ class Campaign:
         return list(self.meta.get("plan") or [])
 
     @property
+    def schema_version(self) -> int:
+        return int(self.meta.get("schema_version") or 1)
+
+    def seed_stream(self, arm: str) -> int:
+        """The arm's `seed_stream` (schema 2; absent = 0): its request seeds are offset by stream * 2**32."""
+        decl = next((a for a in self.arms if str(a.get("name")) == arm), {})
+        value = decl.get("seed_stream")
+        return int(value) if isinstance(value, int) and not isinstance(value, bool) else 0
+
+    @property
+    def open_loop(self) -> bool:
+        """Requests arrive on a schedule (`request_rate` set) rather than as slots free up."""
+        return self.meta.get("request_rate") is not None
+
+    @property
     def seeded_requests(self) -> bool:
         """`config.experiment.seeded_requests`; the schema's default (true) when absent."""
         experiment = (self.meta.get("config") or {}).get("experiment") or {}
@@ -127,6 +147,28 @@ class Histograms:
     present: np.ndarray
 
 
+@dataclass(frozen=True)
+class Chunks:
+    """`chunk_us` and `chunk_tokens` of every record, flattened (schema 2; empty for schema 1).
+
+    us_offsets: [records + 1] the slice of `us` that belongs to each record; us: arrival offsets after
+    t_sent in microseconds. tok_offsets, tok: the same for chunk_tokens. us_present / tok_present: the
+    record carries the list.
+    """
+
+    us_offsets: np.ndarray
+    us: np.ndarray
+    us_present: np.ndarray
+    tok_offsets: np.ndarray
+    tok: np.ndarray
+    tok_present: np.ndarray
+
+    @property
+    def aligned(self) -> np.ndarray:
+        """[records] both lists present and of the same length (tokens per chunk are known)."""
+        return self.us_present & self.tok_present & (np.diff(self.us_offsets) == np.diff(self.tok_offsets))
+
+
 @dataclass
 class Loaded:
     """Everything read from the inputs, in flat tables.
@@ -142,6 +184,7 @@ class Loaded:
     items: pd.DataFrame
     records: pd.DataFrame
     hist: Histograms
+    chunks: Chunks
     bad_lines: list[BadLine] = field(default_factory=list)
     slow_files: list[str] = field(default_factory=list)
 
@@ -198,7 +241,9 @@ ITEM_TYPES = {"item_id": (str, int), "seed_offset": (int,), "category": (str,)}
 MANIFEST_TYPES = {**PLAN_TYPES, "status": (str,), "concurrency": (int,), "request_rate": _NUM,
                   "max_new_tokens": (int,), "seeds_honoured": (bool,), "model_path": (str,), "command": (list,),
                   "env": (dict,), "server_info": (dict,), "server_info_end": (dict,), "gpu_info": (dict,),
-                  "dataset": (dict,), "versions": (dict,), "log_checks": (dict,)}
+                  "dataset": (dict,), "versions": (dict,), "log_checks": (dict,), "machine": (dict,),
+                  "scorer": (dict,), "client": (dict,)}
+ARM_TYPES = {"name": (str,), "seed_stream": (int,)}
 
 
 def _type_problem(value: Any, kinds: tuple[type, ...]) -> str | None:
@@ -234,6 +279,8 @@ def _check_campaign_types(path: Path, meta: dict[str, Any]) -> None:
         check_types(path, run, PLAN_TYPES, f"plan[{i}].")
     for i, item in enumerate((meta.get("workload") or {}).get("items") or []):
         check_types(path, item, ITEM_TYPES, f"workload.items[{i}].")
+    for i, arm in enumerate(meta.get("arms") or []):
+        check_types(path, arm, ARM_TYPES, f"arms[{i}].")
 
 
 def _check_manifest_types(path: Path, man: dict[str, Any]) -> None:
@@ -244,14 +291,21 @@ def _check_manifest_types(path: Path, man: dict[str, Any]) -> None:
     check_types(path, man.get("log_checks") or {}, {"passed": (bool,)}, "log_checks.")
     check_types(path, man.get("dataset") or {}, {"sha256": (str,)}, "dataset.")
     check_types(path, man.get("gpu_info") or {}, {"name": (str,)}, "gpu_info.")
+    machine = man.get("machine") or {}
+    check_types(path, machine, {"before": (dict,), "after": (dict,), "during": (dict,)}, "machine.")
+    check_types(path, machine.get("during") or {}, {"cpu_other_frac": _NUM, "steal_frac": _NUM}, "machine.during.")
+    for when in ("before", "after"):
+        check_types(path, machine.get(when) or {}, {"cpu_other": _NUM, "steal": _NUM}, f"machine.{when}.")
+    check_types(path, man.get("scorer") or {}, {"name": (str,), "version": (str,)}, "scorer.")
+    check_types(path, man.get("client") or {}, {"arrival": (str,), "stream_mode": (str,)}, "client.")
 
 
 def read_campaign(path: Path) -> Campaign:
     meta = _read_json(path / "campaign.json")
-    if meta.get("schema_version") != SCHEMA_VERSION:
+    if meta.get("schema_version") not in SCHEMA_VERSIONS:
         raise InputError(
             f"{path / 'campaign.json'}: schema_version {meta.get('schema_version')!r}; "
-            f"this analysis reads version {SCHEMA_VERSION}"
+            f"this analysis reads versions {', '.join(map(str, SCHEMA_VERSIONS))}"
         )
     _check_campaign_types(path / "campaign.json", meta)
     run_dirs: dict[str, Path] = {}
@@ -315,22 +369,26 @@ def _read_fast(path: Path) -> pa.Table:
 def _read_slow(path: Path) -> tuple[pa.Table, list[BadLine]]:
     rows: list[dict[str, Any]] = []
     bad: list[BadLine] = []
+    for number, obj in json_lines(path, bad):
+        if not isinstance(obj, dict):
+            bad.append(BadLine(str(path), number, "not a JSON object"))
+            continue
+        problems: list[str] = []
+        rows.append(_coerce(obj, problems))
+        bad.extend(BadLine(str(path), number, p) for p in problems)
+    return pa.Table.from_pylist(rows, schema=RECORD_SCHEMA), bad
+
+
+def json_lines(path: Path, bad: list[BadLine]) -> Iterator[tuple[int, Any]]:
+    """(line number, parsed JSON) of each non-blank line; a line that is not JSON goes to `bad`."""
     with path.open("rb") as handle:
         for number, line in enumerate(handle, start=1):
             if not line.strip():
                 continue
             try:
-                obj = json.loads(line)
+                yield number, json.loads(line)
             except ValueError as err:
                 bad.append(BadLine(str(path), number, f"not JSON ({err})"))
-                continue
-            if not isinstance(obj, dict):
-                bad.append(BadLine(str(path), number, "not a JSON object"))
-                continue
-            problems: list[str] = []
-            rows.append(_coerce(obj, problems))
-            bad.extend(BadLine(str(path), number, p) for p in problems)
-    return pa.Table.from_pylist(rows, schema=RECORD_SCHEMA), bad
 
 
 def _coerce(obj: dict[str, Any], problems: list[str]) -> dict[str, Any]:
@@ -348,8 +406,21 @@ def _coerce(obj: dict[str, Any], problems: list[str]) -> dict[str, Any]:
             problems.append(f"{name}={value!r} is not a boolean (ignored)")
             value = None
         row[name] = value
+    for name in LIST_FIELDS:
+        row[name] = _int_list(name, obj.get(name), problems)
     row["meta_info"] = _coerce_meta(obj.get("meta_info"), problems)
     return row
+
+
+def _int_list(name: str, value: Any, problems: list[str]) -> list[int] | None:
+    if value is None:
+        return None
+    ok = isinstance(value, list) and all(
+        isinstance(v, int) and not isinstance(v, bool) and _INT64_MIN <= v <= _INT64_MAX for v in value)
+    if not ok:
+        problems.append(f"{name} is not a list of integers (ignored)")
+        return None
+    return value
 
 
 def _as_number(name: str, value: Any, problems: list[str], integral: bool) -> float | int | None:
@@ -410,7 +481,8 @@ def load(paths: list[str | Path], force_slow: bool = False) -> Loaded:
     slow = [str(path) for (_, path), (_, _, was_slow) in zip(todo, results, strict=True) if was_slow]
     table = pa.concat_tables(tables) if tables else _tag(RECORD_SCHEMA.empty_table(), 0)
     records = _records_frame(table, items)
-    return Loaded(campaigns, runs, items, records, _histograms(table), bad, slow)
+    bad += _apply_scores(records, runs)
+    return Loaded(campaigns, runs, items, records, _histograms(table), _chunks(table), bad, slow)
 
 
 def _tag(table: pa.Table, run: int) -> pa.Table:
@@ -439,6 +511,8 @@ _RUN_COLUMNS = (
     "records_path", "status", "concurrency", "request_rate", "max_new_tokens", "seeds_honoured",
     "server_accept_length", "deterministic_flag", "gpu_name", "model_path", "dataset_sha256",
     "harness_version", "harness_git_sha", "harness_dirty", "log_checks_passed",
+    "schema_version", "seed_stream", "open_loop", "scores_path", "scorer",
+    "machine_recorded", "cpu_other_frac", "steal_frac", "cpu_other_before", "cpu_other_after",
 )
 
 
@@ -449,11 +523,13 @@ def _run_row(camp: Campaign, run_id: str, plan: dict[str, Any] | None) -> dict[s
     records = run_dir / "records.jsonl" if run_dir is not None else None
     versions = man.get("versions") or {}
     harness = versions.get("harness") or {}
+    scores = run_dir / "scores.jsonl" if run_dir is not None else None
+    arm = str(source.get("arm"))
     return {
         "campaign_id": camp.campaign_id,
         "campaign": camp.label,
         "run_id": run_id,
-        "arm": str(source.get("arm")),
+        "arm": arm,
         "base_seed": _int_or_none(source.get("base_seed")),
         "repeat": _int_or_none(source.get("repeat")),
         "order": _int_or_none(source.get("index")),
@@ -476,6 +552,37 @@ def _run_row(camp: Campaign, run_id: str, plan: dict[str, Any] | None) -> dict[s
         "harness_git_sha": harness.get("git_sha"),
         "harness_dirty": harness.get("dirty"),
         "log_checks_passed": (man.get("log_checks") or {}).get("passed"),
+        "schema_version": camp.schema_version,
+        "seed_stream": camp.seed_stream(arm),
+        "open_loop": camp.open_loop,
+        "scores_path": str(scores) if scores is not None and scores.is_file() else "",
+        "scorer": _scorer(man.get("scorer")),
+        **_machine(man.get("machine")),
+    }
+
+
+def _scorer(scorer: Any) -> str | None:
+    if not isinstance(scorer, dict) or not scorer.get("name"):
+        return None
+    return f"{scorer.get('name')} {scorer.get('version') or '(no version)'}".strip()
+
+
+def _num(value: Any) -> float:
+    return float(value) if isinstance(value, int | float) and not isinstance(value, bool) else math.nan
+
+
+def _machine(machine: Any) -> dict[str, Any]:
+    """The manifest's `machine` load figures (NaN where not recorded)."""
+    m = machine if isinstance(machine, dict) else {}
+    during = m.get("during") if isinstance(m.get("during"), dict) else {}
+    before = m.get("before") if isinstance(m.get("before"), dict) else {}
+    after = m.get("after") if isinstance(m.get("after"), dict) else {}
+    return {
+        "machine_recorded": bool(during or before or after),
+        "cpu_other_frac": _num(during.get("cpu_other_frac")),
+        "steal_frac": _num(during.get("steal_frac")),
+        "cpu_other_before": _num(before.get("cpu_other")),
+        "cpu_other_after": _num(after.get("cpu_other")),
     }
 
 
@@ -492,7 +599,9 @@ def server_accept_length(server_info: Any) -> float | None:
         value = states[0].get("avg_spec_accept_length")
     else:
         value = server_info.get("avg_spec_accept_length")
-    return float(value) if isinstance(value, int | float) and not isinstance(value, bool) else None
+    if not isinstance(value, int | float) or isinstance(value, bool) or not math.isfinite(value) or value <= 0:
+        return None  # 0 (or absent) means the server never folded a value: not published, not zero
+    return float(value)
 
 
 def _deterministic_flag(server_info: Any) -> bool | None:
@@ -571,3 +680,74 @@ def _histograms(table: pa.Table) -> Histograms:
             rows = np.flatnonzero(lengths == length)  # lists of one length gather as one block
             dense[rows, :length] = values[offsets[rows][:, None] + np.arange(length)]
     return Histograms(dense=dense, present=present)
+
+
+def _list_parts(column: pa.ChunkedArray, n: int) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """(offsets [n + 1] from 0, values, present [n]) of a list<int64> column; a null list is empty."""
+    if n == 0:
+        return np.zeros(1, np.int64), np.zeros(0, np.int64), np.zeros(0, bool)
+    lists = column.combine_chunks()
+    present = lists.is_valid().to_numpy(zero_copy_only=False)
+    offsets = lists.offsets.to_numpy().astype(np.int64)
+    lengths = np.where(present, np.diff(offsets), 0)
+    values = np.asarray(lists.values.to_numpy(zero_copy_only=False), dtype=np.int64)
+    if np.array_equal(np.diff(offsets), lengths):
+        return offsets - offsets[0], values[offsets[0]:offsets[-1]], present
+    keep = np.repeat(present, np.diff(offsets))  # null lists with stale child values: drop them
+    values = values[offsets[0]:offsets[-1]][keep]
+    return np.concatenate([[0], np.cumsum(lengths)]), values, present
+
+
+def _chunks(table: pa.Table) -> Chunks:
+    n = table.num_rows
+    us_off, us, us_present = _list_parts(table.column("chunk_us"), n)
+    tok_off, tok, tok_present = _list_parts(table.column("chunk_tokens"), n)
+    return Chunks(us_off, us, us_present, tok_off, tok, tok_present)
+
+
+# ---------------------------------------------------------------------------------------------
+# scores (schema 2)
+
+
+def read_scores_file(path: Path) -> tuple[pa.Table, list[BadLine]]:
+    """scores.jsonl as (request_index, correct); unreadable lines become BadLines."""
+    try:
+        table = pj.read_json(path, read_options=pj.ReadOptions(block_size=_BLOCK_BYTES, use_threads=False),
+                             parse_options=pj.ParseOptions(explicit_schema=SCORE_SCHEMA,
+                                                           unexpected_field_behavior="ignore"))
+        return table.select(SCORE_SCHEMA.names).cast(SCORE_SCHEMA), []
+    except (pa.ArrowInvalid, pa.ArrowNotImplementedError):
+        pass
+    rows: list[dict[str, Any]] = []
+    bad: list[BadLine] = []
+    for number, obj in json_lines(path, bad):
+        index, correct = (obj.get("request_index"), obj.get("correct")) if isinstance(obj, dict) else (None, None)
+        if not isinstance(index, int) or isinstance(index, bool) or not (correct is None or isinstance(correct, bool)):
+            bad.append(BadLine(str(path), number, "not a score line (request_index integer, correct boolean or null)"))
+            continue
+        rows.append({"request_index": index, "correct": correct})
+    return pa.Table.from_pylist(rows, schema=SCORE_SCHEMA), bad
+
+
+def _apply_scores(records: pd.DataFrame, runs: pd.DataFrame) -> list[BadLine]:
+    """Schema-2 runs: `correct` of each record from its run's scores.jsonl, joined on request_index
+    (NaN when the run has no scores file or the record no score). Schema 1 keeps the record's own."""
+    v2 = runs["schema_version"].to_numpy() >= 2
+    if not v2.any():
+        return []
+    run = records["_run"].to_numpy()
+    correct = records["correct"].to_numpy().copy()
+    correct[v2[run]] = np.nan
+    index = records["request_index"].to_numpy()
+    bad: list[BadLine] = []
+    for r in np.flatnonzero(v2 & (runs["scores_path"] != "").to_numpy()):
+        table, lines = read_scores_file(Path(runs["scores_path"].iat[r]))
+        bad += lines
+        idx = table.column("request_index").to_numpy(zero_copy_only=False).astype(float)
+        val = pc.cast(table.column("correct"), pa.float64()).to_numpy(zero_copy_only=False)
+        first = ~pd.Series(idx).duplicated(keep="first").to_numpy()
+        lookup = pd.Series(val[first], index=idx[first])
+        mine = np.flatnonzero(run == r)
+        correct[mine] = lookup.reindex(index[mine]).to_numpy(dtype=float)
+    records["correct"] = correct
+    return bad

@@ -13,9 +13,21 @@ from typing import TYPE_CHECKING, Any
 
 import pandas as pd
 
-from analysis.audit import FAIL, OK, WARN, Audit, Check
+from analysis.audit import (
+    FAIL,
+    FOREIGN_CPU_FRAC,
+    FOREIGN_SNAPSHOT_FRAC,
+    FOREIGN_STEAL_FRAC,
+    OK,
+    WARN,
+    Audit,
+    Check,
+)
 from analysis.commands import normalise
-from analysis.tables import fmt_change
+from analysis.compare import POWER_CHANGES, POWER_NOTE
+from analysis.metrics import MIN_PERCENTILE_VALUES
+from analysis.stats import MIN_ITEMS, MIN_PAIRS, MIN_PAIRS_FOR_SD
+from analysis.tables import fmt_change, fmt_pct
 
 if TYPE_CHECKING:
     from analysis.report import Report
@@ -52,6 +64,7 @@ def render(report: Report) -> str:
         _audit(report.audit),
         _pooled(report),
         _noise_floor(report),
+        _power(report),
         _per_seed(report),
         _per_category(report),
         _per_run(report),
@@ -71,7 +84,9 @@ def _header(report: Report) -> str:
     lines.append("")
     arms = ", ".join(f"`{a}`" + (" (baseline)" if a == report.baseline else "") for a in report.arms)
     lines.append(f"Arms: {arms}. Declared difference: {first.meta.get('declared_difference') or '(none declared)'}.")
-    lines.append(f"Intervals: 95% paired bootstrap, {report.n_boot} resamples, seed {report.seed}.")
+    lines.append(f"Intervals: acceptance length and drafts per step, 95% paired bootstrap over items "
+                 f"({report.n_boot} resamples, seed {report.seed}; none below {MIN_ITEMS} items); per-run metrics, "
+                 f"95% t-interval on the per-pair log ratios (none below {MIN_PAIRS} run pairs). See Method.")
     return "\n".join(lines) + "\n"
 
 
@@ -113,17 +128,51 @@ def _audit_details(checks: list[Check]) -> str:
 
 def _pooled(report: Report) -> str:
     t = report.tables
+    m = report.metrics
     out = ["## Results, pooled over all seeds", "", table(t.pooled_display)]
     notes = [
         "Acceptance length and drafts per step are ratios of sums over requests; their intervals come "
-        "from a paired bootstrap over items.",
-        "Throughput = sum of output tokens / sum of the runs' measured windows; decode tok/s and latency "
-        "percentiles are means over runs. Their intervals come from a bootstrap over run pairs (same "
-        "campaign, base seed and repeat) and p from an exact sign-flip test.",
+        f"from a paired bootstrap over items (from {MIN_ITEMS} items).",
+        "Per-run metrics (throughput, decode throughput, latency percentiles): the arm columns pool all runs "
+        "(throughputs: sum of tokens / sum of times; percentiles: over all used requests of the arm, ITL over "
+        "tokens); the change is the geometric mean over run pairs (same campaign, base seed and repeat) of "
+        f"B/A, with a 95% t-interval on the log ratios from {MIN_PAIRS} pairs and an exact sign-flip p-value; "
+        "so the change need not equal the ratio of the two columns.",
+        _latency_origin(report),
         *t.footnotes,
     ]
+    if not m.chunk_timings:
+        notes.append("Records without per-chunk token counts (schema 1, or a route that reports none): ITL n/a for "
+                     "them, and their first chunk counts as 1 token in the decode throughput.")
+    greedy = _greedy_note(report)
+    if greedy:
+        notes.append(greedy)
     out.append(_bullets(notes, limit=100))
     return "\n".join(out)
+
+
+def _latency_origin(report: Report) -> str:
+    if report.metrics.open_loop:
+        return ("Open loop (requests arrive at a fixed rate): TTFT and end-to-end latency count from each "
+                "request's scheduled arrival (t_scheduled), so they include the client-side queueing time "
+                "(t_sent - t_scheduled), shown separately.")
+    return "Closed loop (a request is sent when a slot frees): TTFT and end-to-end latency count from t_sent."
+
+
+def _greedy_note(report: Report) -> str:
+    """A note when an arm runs greedy (point-mass) drafts and the arms differ in block verification."""
+    commands = [man.get("command") or [] for c in report.data.campaigns for man in c.manifests.values()]
+    greedy = any(any(a == "--draft-mode" and b == "greedy" for a, b in zip(cmd, cmd[1:], strict=False))
+                 for cmd in commands)
+    greedy |= any(str((man.get("env") or {}).get("SGLANG_DSPARK_USE_GREEDY_DRAFT")) == "1"
+                  for c in report.data.campaigns for man in c.manifests.values())
+    block = any("--speculative-use-block-verification" in str(h) for d in report.audit.arm_diffs for h in d.hunks)
+    if not (greedy and block):
+        return ""
+    return ("Greedy drafts: with point-mass proposals, block and token-wise verification are equal in "
+            "expectation (the same acceptance length on average); they need not accept the same prefixes "
+            "request by request, so per-request and per-run differences are expected and only the pooled "
+            "acceptance length should agree.")
 
 
 def _noise_floor(report: Report) -> str:
@@ -133,16 +182,66 @@ def _noise_floor(report: Report) -> str:
     out = ["## Noise floor (A/A)", ""]
     for d in aa:
         out.append(f"`{d.arm}` runs exactly the baseline's command and environment, so its changes measure "
-                   f"the noise of this setup; a real effect must exceed them:\n")
+                   f"the noise of this setup; a real effect must exceed them. {_seed_streams(report, d.arm)}\n")
         rows = []
         for metric, label in (("acceptance_length", "Acceptance length"),
                               ("correct_drafts_per_step", "Correct drafts per verify step"),
-                              ("throughput", "Output throughput"), ("decode_tps", "Decode tok/s")):
+                              ("throughput", "Output throughput"), ("decode_tps", "Decode throughput (measured)")):
             c = report.comparison.get("pooled", "all", metric, d.arm)
-            half = (c.hi - c.lo) / 2 if c is not None and c.has_interval else float("nan")
-            rows.append((label, fmt_change(c), "n/a" if half != half else f"\u00b1{half * 100:.2f}%"))
-        out.append(table(pd.DataFrame(rows, columns=["Metric", "A/A change [95% CI]", "Noise floor (CI half-width)"])))
+            rows.append((label, fmt_change(c), _floor(c)))
+        out.append(table(pd.DataFrame(rows, columns=["Metric", "A/A change [95% CI]", "Noise floor"])))
     return "\n".join(out)
+
+
+def _floor(c: Any) -> str:
+    """The CI half-width; below the minimum for an interval, the largest pair ratio's distance from 1."""
+    if c is None:
+        return "n/a"
+    if c.has_interval:
+        return f"\u00b1{(c.hi - c.lo) / 2 * 100:.2f}% (CI half-width)"
+    if c.unit == "run pairs" and c.n >= 2:
+        return f"\u00b1{max(abs(c.range_lo), abs(c.range_hi)) * 100:.2f}% (largest pair ratio, {c.n} pairs)"
+    return "n/a"
+
+
+def _seed_streams(report: Report, arm: str) -> str:
+    camps = report.data.campaigns
+    if not any(c.seeded_requests for c in camps):
+        return "Requests are not seeded, so the arms' samples differ and the acceptance-length change is sampling noise."
+    streams = {(c.seed_stream(report.baseline), c.seed_stream(arm)) for c in camps}
+    if all(a != b for a, b in streams):
+        shown = ", ".join(f"{a} and {b}" for a, b in sorted(streams))
+        return (f"The arms draw different seed streams ({shown}: request seed + stream x 2^32), so the "
+                "acceptance-length change is the sampling noise floor.")
+    return ("Both arms send the same request seeds, so with a server that honours them their outputs are "
+            "identical and the acceptance-length change is zero by construction: it measures no sampling noise. "
+            "Declare different `seed_stream`s for the arms to measure it.")
+
+
+def _power(report: Report) -> str:
+    p = report.power
+    if p.empty:
+        return ""
+    rows = []
+    names = {"throughput": "Output throughput", "decode_tps": "Decode throughput (measured)",
+             "acceptance_length": "Acceptance length (per run)"}
+    for r in p.itertuples():
+        sd = "n/a" if r.sd_log_ratio != r.sd_log_ratio else f"{r.sd_log_ratio * 100:.2f}%"
+        counts = [_pairs_cell(getattr(r, f"pairs_for_{round(c * 100)}pct"), r.sd_log_ratio) for c in POWER_CHANGES]
+        rows.append((f"{names[r.metric]} ({r.arm} vs {report.baseline})", str(r.pairs), sd, *counts))
+    cols = ["Metric", "Pairs", "SD of log pair ratio", *[f"Pairs for {fmt_pct(c)}" for c in POWER_CHANGES]]
+    aa = any(d.identical for d in report.audit.arm_diffs)
+    source = ("this A/A campaign's pairs: the run-to-run noise" if aa else
+              "this campaign's pairs (run-to-run noise plus any pair-to-pair variation of the effect)")
+    note = (f"Run pairs needed to detect a change of 1%, 2% and 5% at 80% power ({POWER_NOTE}), from the SD of the "
+            f"per-pair log ratios of {source}; the SD needs at least {MIN_PAIRS_FOR_SD} pairs.\n")
+    return "\n".join(["## Power", "", note, table(pd.DataFrame(rows, columns=cols))])
+
+
+def _pairs_cell(n: Any, sd: float) -> str:
+    if sd != sd:
+        return "n/a"
+    return "more than 100,000" if n is None or n != n else f"{int(n):,}"
 
 
 def _per_seed(report: Report) -> str:
@@ -150,21 +249,25 @@ def _per_seed(report: Report) -> str:
     few = sorted({c.n for k, c in report.comparison.changes.items()
                   if k[0] == "seed" and k[2] == "throughput" and c.too_few_pairs})
     if few:
-        out.append(f"\u2020 Per-seed throughput changes rest on {', '.join(map(str, few))} run pair(s) per seed: "
-                   "too few for any p-value below 0.05; read them as descriptive.\n")
+        out.append(f"Per-seed throughput changes rest on {', '.join(map(str, few))} run pair(s) per seed: too few "
+                   "for an interval or any p-value below 0.05; read them as descriptive.\n")
     return "\n".join(out)
 
 
 def _per_category(report: Report) -> str:
     if report.tables.per_category_display is None:
         return ""
-    note = ("Category intervals reuse the pooled item resamples restricted to the category's items.\n")
+    note = (f"Category intervals resample items within the category (stratified bootstrap); none below "
+            f"{MIN_ITEMS} items.\n")
     return "\n".join(["## Per category", "", table(report.tables.per_category_display), note])
 
 
 def _per_run(report: Report) -> str:
     note = ("The server's lifetime `avg_spec_accept_length` (rank 0, cumulative, from the manifest's "
-            "`/server_info` at the end of the run) is shown for the audit only; the recomputed figure is the run's.\n")
+            "`/server_info` at the end of the run) is shown for the audit only (n/a where the server never "
+            "published one); the recomputed figure is the run's. Foreign CPU: the share of all CPUs that processes outside "
+            f"the harness and its server used during the run (FLAGGED above {FOREIGN_CPU_FRAC:.0%}, or steal above "
+            f"{FOREIGN_STEAL_FRAC:.0%}, or above {FOREIGN_SNAPSHOT_FRAC:.0%} just before or after the run).\n")
     return "\n".join(["## Per run", "", table(report.tables.per_run_display), note])
 
 
@@ -282,7 +385,26 @@ def _workload(report: Report) -> str:
         lines.append(f"base seeds {exp.get('base_seeds')}, repeats {exp.get('repeats')}, order "
                      f"`{exp.get('order')}`, placement `{exp.get('placement')}`, seeded requests "
                      f"{exp.get('seeded_requests', True)}")
+    streams = {a: c.seed_stream(a) for c in report.data.campaigns for a in c.arm_names}
+    if any(streams.values()):
+        lines.append("seed streams: " + ", ".join(f"`{a}` {s}" for a, s in streams.items())
+                     + " (request seed = base seed + seed_offset + stream x 2^32)")
+    lines.append(_scoring(report))
     return "### Workload and client\n\n" + _bullets(lines, limit=100)
+
+
+def _scoring(report: Report) -> str:
+    runs = report.data.runs[report.data.runs["planned"]]
+    scorers = sorted({str(s) for s in runs["scorer"] if s})
+    v2 = bool((runs["schema_version"] >= 2).any())
+    v1 = bool((runs["schema_version"] < 2).any())
+    how = []
+    if v2:
+        how.append("scored after the measured window (runs/<run>/scores.jsonl)")
+    if v1:
+        how.append("scored in the client's event loop while other requests streamed (schema 1 records)")
+    who = ", ".join(f"`{s}`" for s in scorers) if scorers else "not recorded"
+    return f"score column: {' and '.join(how)}; scorer {who}"
 
 
 def _run_order(report: Report) -> str:
@@ -303,13 +425,37 @@ def _text(value: Any) -> str:
 
 def _method(report: Report) -> str:
     lines = [
-        "Acceptance length = sum of completion_tokens / sum of spec_verify_ct over the requests that report "
-        "verify steps (bonus token included); the request-weighted mean is secondary.",
-        "Correct drafts per verify step = sum of spec_num_correct_drafts / sum of spec_verify_ct.",
+        "Acceptance length (AL) = sum of completion_tokens / sum of spec_verify_ct over the requests that report "
+        "verify steps: completion tokens per verify step. Every completion token counts, the first one "
+        "(emitted by the prefill, without a verify step) included; a step that would overshoot max_new_tokens "
+        "is truncated at the cap and only its kept tokens count. Each step emits its correct drafts plus one "
+        "bonus token, so per request AL = (1 + steps + correct drafts - truncated tokens) / steps. The "
+        "request-weighted mean of per-request AL is secondary.",
+        "Correct drafts per verify step = sum of spec_num_correct_drafts / sum of spec_verify_ct (no bonus token, "
+        "no first token).",
         "Output throughput of a run = output tokens of its measured requests (all records outside warmup) / "
         "(last t_end - first t_sent); pooled = sum of tokens / sum of windows.",
-        "Decode tok/s of a run = mean over requests of (completion_tokens - 1) / (t_end - t_first_token), times "
-        "the client concurrency. TTFT = t_first_token - t_sent; end-to-end = t_end - t_sent.",
+        "Decode throughput (measured) of a run = sum over used requests of (completion_tokens - tokens of the "
+        "first chunk) / length of the union of their [first chunk, last chunk] arrival intervals: tokens per "
+        "second while at least one stream was decoding; pooled = sum of tokens / sum of union lengths. The "
+        "per-request decode rate is the same ratio per request, averaged over requests (secondary). Chunk times "
+        "are chunk_us (microseconds after t_sent); without them, [t_first_token, t_end] and 1 first-chunk token.",
+        "TTFT = t_first_token - t_start, end-to-end = t_end - t_start; t_start = t_scheduled in open loop (the "
+        "scheduled arrival; the client-side queueing time t_sent - t_scheduled is shown separately), t_sent in "
+        "closed loop. TPOT of a request = (t_end - t_first_token) / (completion_tokens - 1). ITL: each chunk after "
+        "the first that carries n > 0 tokens gives (its arrival - the previous such chunk's arrival) / n, counted "
+        "n times (SGLang bench_serving's rule).",
+        f"Percentiles (linear interpolation) pool all used requests of an arm (ITL: all tokens); one from fewer "
+        f"than {MIN_PERCENTILE_VALUES} values is marked (n=...). The paired comparison uses each run's own "
+        "percentiles.",
+        f"Per-run changes: the geometric mean over run pairs of B/A, minus 1. From {MIN_PAIRS} pairs, a 95% "
+        "t-interval on the per-pair log ratios, exp(mean +- t(0.975, n-1) sd / sqrt(n)) - 1, which contains the "
+        f"estimate by construction, and an exact two-sided sign-flip p-value. Below {MIN_PAIRS} pairs only the "
+        f"range of the pair ratios: a sign-flip test over n pairs cannot give p below 2^(1-n), which is 0.0625 at "
+        "5 pairs, so no interval is claimed.",
+        f"Acceptance length and drafts per step: 95% percentile bootstrap over items (all of an item's requests "
+        f"resampled together; categories resampled within the category); none below {MIN_ITEMS} items, where "
+        "the bootstrap of a ratio of sums falls well short of its 95% coverage.",
         "Boxed score, cap hits and errors count over the planned requests (a missing request counts as not "
         "correct); the cap is recomputed from finish_reason and max_new_tokens.",
         "Change = B/A - 1. A change is 'not significant' when its 95% interval covers zero (or, for per-run "

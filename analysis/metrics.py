@@ -1,18 +1,28 @@
 """Point metrics per arm: pooled, per base seed, per category and per run.
 
-Definitions (`shared/reference/sglang-protocol.md`, `docs/records.md`):
-- acceptance length = sum completion_tokens / sum spec_verify_ct (bonus token included), over the
-  requests that report verify steps; the request-weighted mean of completion_tokens / spec_verify_ct
-  is the secondary figure.
+Definitions (`docs/records.md`; the report's method section says the same in words):
+- acceptance length = sum completion_tokens / sum spec_verify_ct over the requests that report verify
+  steps: completion tokens per verify step, the first token (emitted by the prefill, without a verify
+  step) and tokens past the cap that a step emitted and the server truncated included as the server
+  counts them. The request-weighted mean of completion_tokens / spec_verify_ct is secondary.
 - correct drafts per verify step = sum spec_num_correct_drafts / sum spec_verify_ct.
-- output throughput of a run = sum completion_tokens of its measured requests / (max t_end - min t_sent)
-  over them; pooled over runs = sum of tokens / sum of run windows.
-- decode tok/s of a run = mean per-request (completion_tokens - 1) / (t_end - t_first_token) x
-  concurrency; pooled = mean over runs.
-- TTFT = t_first_token - t_sent and end-to-end latency = t_end - t_sent: percentiles per run (linear
-  interpolation), pooled = mean over runs.
-Measured requests (for throughput) are all records outside warmup of a finished planned run; every
-other figure uses the audit's selection (each planned request once, finished, no error).
+- output throughput of a run = sum completion_tokens of its measured requests / (max t_end - min t_sent);
+  pooled over runs = sum of tokens / sum of run windows.
+- decode throughput of a run (measured) = sum over its requests of (completion_tokens - tokens of the first
+  chunk) / length of the union of the requests' [first chunk, last chunk] intervals: output tokens per
+  second while at least one stream was decoding. Pooled = sum of tokens / sum of union lengths. The
+  per-request decode rate (completion_tokens - first-chunk tokens) / (last chunk - first chunk), averaged
+  over requests, is secondary. Schema 1 (no chunk arrays): the first chunk counts as 1 token and
+  [t_first_token, t_end] is the interval.
+- TTFT = t_first_token - t_start and end-to-end latency = t_end - t_start, where t_start = t_scheduled in
+  open loop (request_rate set) and t_sent in closed loop; queueing time = t_sent - t_scheduled (open loop).
+- TPOT of a request = (t_end - t_first_token) / (completion_tokens - 1), for 2 tokens or more.
+- ITL: each chunk after the first that carries n > 0 tokens gives (its arrival - the previous such chunk's)
+  / n, counted n times (SGLang bench_serving's rule); chunks without tokens are skipped. Schema 1: n/a.
+- Percentiles (linear interpolation) are pooled over all used requests of an arm (ITL: over its tokens);
+  per run for the paired comparison.
+Measured requests (for throughput) are all records outside warmup of a finished planned run; every other
+figure uses the audit's selection (each planned request once, finished, no error).
 """
 
 from __future__ import annotations
@@ -22,10 +32,12 @@ from dataclasses import dataclass
 import numpy as np
 import pandas as pd
 
-from analysis.audit import Audit, recompute_hit_cap
-from analysis.load import Loaded
+from analysis.audit import Audit, foreign_load, recompute_hit_cap
+from analysis.load import Chunks, Loaded
 
 PERCENTILES = (50, 90, 99)
+LATENCIES = ("ttft", "e2e", "itl", "tpot")  # percentile families
+MIN_PERCENTILE_VALUES = 100  # a percentile over fewer values is flagged in the report
 NO_CATEGORY = "(none)"
 
 
@@ -46,6 +58,21 @@ class Partition:
         return len(self.labels)
 
 
+@dataclass(frozen=True)
+class Itl:
+    """Inter-token latencies of the used requests: one entry per (request, chunk after its first), worth
+    gap_us / tokens microseconds per token and counted `tokens` times."""
+
+    run: np.ndarray  # int32
+    gap_us: np.ndarray  # int64: arrival after the request's previous chunk with tokens
+    tokens: np.ndarray  # int64: tokens the chunk carried (> 0)
+
+    @property
+    def value(self) -> np.ndarray:
+        """Seconds per token."""
+        return self.gap_us / 1e6 / self.tokens
+
+
 @dataclass
 class Metrics:
     arms: list[str]
@@ -57,7 +84,10 @@ class Metrics:
     runs: pd.DataFrame  # one row per planned run with data
     seed_runs: pd.DataFrame  # (base_seed, arm) -> tokens, window, throughput, runs
     histogram: pd.DataFrame  # bin -> verify steps per arm (empty without histograms)
-    concurrency_note: str
+    pooled_latency: pd.DataFrame  # index "<family>_p<q>" and "queue_mean" / "queue_p99"; one column per arm
+    pooled_counts: pd.DataFrame  # index family (ttft, e2e, itl, tpot, queue); values behind each percentile
+    open_loop: bool
+    chunk_timings: bool  # every used request carries chunk arrays with token counts
 
 
 def arm_order(data: Loaded, baseline: str) -> list[str]:
@@ -71,7 +101,10 @@ def compute(data: Loaded, audit: Audit, arms: list[str], baseline: str) -> Metri
     arm_of_run = pd.Index(arms).get_indexer(data.runs["arm"]).astype(np.int64)
     parts = partitions(data)
     req = request_frame(data, audit, arm_of_run)
-    runs = run_table(data, audit, req, arm_of_run)
+    itl = sort_by_run(itl_values(data.chunks, np.flatnonzero(audit.selection.used), req["run"].to_numpy()),
+                      len(data.runs))
+    runs = run_table(data, audit, req, itl, arm_of_run)
+    latency, counts = pooled_latency(req, itl, len(arms), arms)
     return Metrics(
         arms=arms,
         baseline=baseline,
@@ -82,7 +115,10 @@ def compute(data: Loaded, audit: Audit, arms: list[str], baseline: str) -> Metri
         runs=runs,
         seed_runs=seed_run_table(runs),
         histogram=histogram_table(data, audit, arm_of_run, arms),
-        concurrency_note=_concurrency_note(data),
+        pooled_latency=latency,
+        pooled_counts=counts,
+        open_loop=any(c.open_loop for c in data.campaigns),
+        chunk_timings=bool(len(req)) and bool(req["chunked"].all()),
     )
 
 
@@ -102,17 +138,43 @@ def partitions(data: Loaded) -> dict[str, Partition]:
     return out
 
 
+def _chunk_ends(chunks: Chunks, rows: np.ndarray) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray]:
+    """Per record in `rows`: has chunk times, first and last chunk offset (s after t_sent), first-chunk tokens."""
+    if len(chunks.us_present) == 0:
+        nan = np.full(len(rows), np.nan)
+        return np.zeros(len(rows), bool), nan, nan, np.ones(len(rows))
+    start, stop = chunks.us_offsets[rows], chunks.us_offsets[rows + 1]
+    has = chunks.us_present[rows] & (stop > start)
+    safe_first = np.where(has, start, 0)
+    safe_last = np.where(has, stop - 1, 0)
+    us = chunks.us if len(chunks.us) else np.zeros(1, np.int64)
+    first = np.where(has, us[safe_first] / 1e6, np.nan)
+    last = np.where(has, us[safe_last] / 1e6, np.nan)
+    aligned = chunks.aligned[rows] & has
+    tok = chunks.tok if len(chunks.tok) else np.zeros(1, np.int64)
+    first_tokens = np.where(aligned, tok[np.where(aligned, chunks.tok_offsets[rows], 0)], 1).astype(float)
+    return aligned, first, last, first_tokens
+
+
 def request_frame(data: Loaded, audit: Audit, arm_of_run: np.ndarray) -> pd.DataFrame:
     used = audit.selection.used
+    rows = np.flatnonzero(used)
     rec = data.records
     run = rec["_run"].to_numpy()[used]
     ct, vct = rec["completion_tokens"].to_numpy()[used], rec["spec_verify_ct"].to_numpy()[used]
     t_sent, t_first, t_end = (rec[c].to_numpy()[used] for c in ("t_sent", "t_first_token", "t_end"))
+    t_sched = rec["t_scheduled"].to_numpy()[used]
+    open_loop = data.runs["open_loop"].to_numpy(dtype=bool)[run] if len(run) else np.zeros(0, bool)
+    t_start = np.where(open_loop & np.isfinite(t_sched), t_sched, t_sent)
+    chunked, c_first, c_last, first_tokens = _chunk_ends(data.chunks, rows)
+    d0 = np.where(np.isfinite(c_first), t_sent + c_first, t_first)
+    d1 = np.where(np.isfinite(c_last), t_sent + c_last, t_end)
+    decode_tokens = np.where(np.isfinite(d0) & np.isfinite(d1), np.maximum(ct - first_tokens, 0), np.nan)
     spec = (vct > 0) & ~np.isnan(ct)
     with np.errstate(divide="ignore", invalid="ignore"):
-        decode = (ct - 1) / (t_end - t_first)
         al = np.where(spec, ct / vct, np.nan)
-    decode = np.where((ct >= 2) & (t_end > t_first), decode, np.nan)
+        rate = np.where((decode_tokens > 0) & (d1 > d0), decode_tokens / (d1 - d0), np.nan)
+        tpot = np.where((ct >= 2) & (t_end >= t_first), (t_end - t_first) / (ct - 1), np.nan)
     return pd.DataFrame({
         "run": run,
         "item": rec["_item"].to_numpy()[used],
@@ -124,10 +186,208 @@ def request_frame(data: Loaded, audit: Audit, arm_of_run: np.ndarray) -> pd.Data
         "al": al,
         "correct": rec["correct"].to_numpy()[used],
         "hit_cap": recompute_hit_cap(rec)[used],
-        "ttft": t_first - t_sent,
-        "e2e": t_end - t_sent,
-        "decode": decode,
+        "ttft": t_first - t_start,
+        "e2e": t_end - t_start,
+        "queue": np.where(open_loop, t_sent - t_sched, np.nan),
+        "tpot": tpot,
+        "decode_tokens": decode_tokens,
+        "decode_start": d0,
+        "decode_end": d1,
+        "decode_rate": rate,
+        "chunked": chunked,
     })
+
+
+_BLOCK = 1 << 20  # chunks per block: temporaries stay small enough to be reused, not page-faulted afresh
+
+
+def itl_values(chunks: Chunks, rows: np.ndarray, run_of_row: np.ndarray) -> Itl:
+    """ITL of the records `rows` (used requests, in order) whose chunk lists carry token counts.
+
+    Works on the flat chunk arrays, a block of whole records at a time, with per-record masks expanded by
+    np.repeat (no per-request loop)."""
+    n = len(chunks.us_present)
+    if n == 0 or len(rows) == 0 or len(chunks.us) == 0:
+        return Itl(np.zeros(0, np.int32), np.zeros(0, np.int64), np.zeros(0, np.int64))
+    lengths = np.diff(chunks.us_offsets)
+    selected = np.zeros(n, dtype=bool)
+    selected[rows] = chunks.aligned[rows]
+    tok = _tokens_per_chunk(chunks, selected, lengths)
+    run_of_record = np.full(n, -1, dtype=np.int32)
+    run_of_record[rows] = run_of_row
+    cuts = np.unique(np.searchsorted(chunks.us_offsets, np.arange(0, len(chunks.us), _BLOCK), side="right") - 1)
+    parts = [_itl_block(chunks, tok, lengths, selected, run_of_record, int(a), int(b))
+             for a, b in zip(cuts, [*cuts[1:], n], strict=True)]
+    return Itl(*(np.concatenate([p[k] for p in parts]) for k in range(3)))
+
+
+def _itl_block(chunks: Chunks, tok: np.ndarray, lengths: np.ndarray, selected: np.ndarray,
+               run_of_record: np.ndarray, r0: int, r1: int) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """(run, gap_us, tokens) of records r0..r1-1."""
+    base, end = chunks.us_offsets[r0], chunks.us_offsets[r1]
+    us, tk, ln = chunks.us[base:end], tok[base:end], lengths[r0:r1]
+    first = np.zeros(end - base, dtype=bool)
+    first[chunks.us_offsets[r0:r1][ln > 0] - base] = True
+    keep = np.repeat(selected[r0:r1], ln) & (first | (tk > 0))  # later chunks without tokens are skipped
+    run = np.repeat(run_of_record[r0:r1], ln)
+    if not keep.all():
+        idx = np.flatnonzero(keep)
+        us, first, tk, run = us[idx], first[idx], tk[idx], run[idx]
+    later = ~first[1:]  # chunk j + 1 is not a first chunk: its predecessor j is in the same request
+    return run[1:][later], np.diff(us)[later], tk[1:][later].astype(np.int64)
+
+
+def _tokens_per_chunk(chunks: Chunks, selected: np.ndarray, lengths: np.ndarray) -> np.ndarray:
+    """chunk_tokens laid out like chunk_us (zeros where a record is not selected)."""
+    if np.array_equal(chunks.tok_offsets, chunks.us_offsets):
+        return chunks.tok
+    tok = np.zeros(len(chunks.us), dtype=np.int64)
+    for r in np.flatnonzero(selected & (lengths > 0)):  # rare: some records lack chunk_tokens
+        a, b = chunks.us_offsets[r], chunks.us_offsets[r + 1]
+        tok[a:b] = chunks.tok[chunks.tok_offsets[r]:chunks.tok_offsets[r] + (b - a)]
+    return tok
+
+
+def weighted_percentiles(values: np.ndarray, weights: np.ndarray, qs: tuple[float, ...],
+                         presorted: bool = False) -> list[float]:
+    """np.percentile(np.repeat(values, weights), q) for each q (linear interpolation; integer weights),
+    without repeating anything: one sort, then the repeated positions are found in the cumulative weights.
+    presorted: values are sorted, finite, and their weights positive."""
+    if not presorted:
+        ok = np.isfinite(values) & (weights > 0)
+        order = np.argsort(values[ok])
+        values, weights = values[ok][order], weights[ok][order]
+    if values.size == 0:
+        return [float("nan")] * len(qs)
+    cw = np.cumsum(weights)
+    out = []
+    for q in qs:
+        h = (cw[-1] - 1) * q / 100.0
+        lo = int(np.floor(h))
+        hi = min(lo + 1, int(cw[-1]) - 1)
+        at = np.searchsorted(cw, [lo, hi], side="right")  # value at repeated position k: first cw > k
+        out.append(float(values[at[0]] + (h - lo) * (values[at[1]] - values[at[0]])))
+    return out
+
+
+def weighted_percentile(values: np.ndarray, weights: np.ndarray, q: float) -> float:
+    """np.percentile(np.repeat(values, weights), q) (see weighted_percentiles)."""
+    return weighted_percentiles(values, weights, (q,))[0]
+
+
+# ITL values are sorted as int64 keys, nanoseconds per token x 2^20 + tokens: np.sort of integers is several
+# times faster than an argsort of floats followed by gathers, and each value carries its token count. A value
+# is kept to the nanosecond (the report prints 10 microseconds). A chunk of 2^20 tokens or more, or a gap
+# beyond 2^42 ns (73 minutes) per token, falls back to sorting floats.
+_W_BITS = 20
+_W_MASK = (1 << _W_BITS) - 1
+
+
+@dataclass(frozen=True)
+class SortedItl:
+    """ITL grouped by run, sorted within each run; run r is bounds[r]:bounds[r + 1] of `keys` (packed) or of
+    `values` / `weights` (the float fallback)."""
+
+    bounds: np.ndarray
+    keys: np.ndarray | None
+    values: np.ndarray | None = None
+    weights: np.ndarray | None = None
+
+    def _slice(self, r: int) -> slice:
+        return slice(int(self.bounds[r]), int(self.bounds[r + 1]))
+
+    def run_percentiles(self, r: int, qs: tuple[float, ...]) -> list[float]:
+        if self.keys is not None:
+            return key_percentiles(self.keys[self._slice(r)], qs)
+        return weighted_percentiles(self.values[self._slice(r)], self.weights[self._slice(r)], qs, presorted=True)
+
+    def pooled(self, runs: list[int], qs: tuple[float, ...]) -> tuple[list[float], int]:
+        """Percentiles over the tokens of `runs` together, and how many tokens (a stable sort merges the
+        sorted runs)."""
+        if self.keys is not None:
+            keys = np.sort(np.concatenate([self.keys[self._slice(r)] for r in runs] or [np.zeros(0, np.int64)]),
+                           kind="stable")
+            return key_percentiles(keys, qs), int((keys & _W_MASK).sum())
+        values = np.concatenate([self.values[self._slice(r)] for r in runs] or [np.zeros(0)])
+        weights = np.concatenate([self.weights[self._slice(r)] for r in runs] or [np.zeros(0)])
+        order = np.argsort(values, kind="stable")
+        return weighted_percentiles(values[order], weights[order], qs, presorted=True), int(weights.sum())
+
+
+def key_percentiles(keys: np.ndarray, qs: tuple[float, ...]) -> list[float]:
+    """weighted_percentiles of sorted packed keys (value in ns x 2^20 + weight), in seconds."""
+    if keys.size == 0:
+        return [float("nan")] * len(qs)
+    cw = np.cumsum(keys & _W_MASK)
+    out = []
+    for q in qs:
+        h = (cw[-1] - 1) * q / 100.0
+        lo = int(np.floor(h))
+        hi = min(lo + 1, int(cw[-1]) - 1)
+        at = np.searchsorted(cw, [lo, hi], side="right")
+        v0, v1 = (keys[at] >> _W_BITS) / 1e9
+        out.append(float(v0 + (h - lo) * (v1 - v0)))
+    return out
+
+
+def sort_by_run(itl: Itl, n_runs: int) -> SortedItl:
+    run, gap, tokens = itl.run, itl.gap_us, itl.tokens
+    if len(run) > 1 and np.any(np.diff(run) < 0):
+        order = np.argsort(run, kind="stable")
+        run, gap, tokens = run[order], gap[order], tokens[order]
+    bounds = np.searchsorted(run, np.arange(n_runs + 1))
+    keys = np.empty(len(gap), dtype=np.int64)
+    packable = True
+    for a in range(0, len(gap), _BLOCK):  # in blocks: the float temporaries are reused
+        ns = np.rint(gap[a:a + _BLOCK] * 1000.0 / tokens[a:a + _BLOCK])
+        packable &= bool(np.all(np.abs(ns) < 2.0 ** (62 - _W_BITS)))
+        keys[a:a + _BLOCK] = ns
+    if packable and (len(tokens) == 0 or tokens.max() <= _W_MASK):
+        keys <<= _W_BITS
+        keys += tokens
+        for r in range(n_runs):
+            keys[bounds[r]:bounds[r + 1]].sort()
+        return SortedItl(bounds, keys)
+    values, weights = gap / 1e6 / tokens, tokens.astype(float)
+    for r in range(n_runs):
+        a, b = bounds[r], bounds[r + 1]
+        order = np.argsort(values[a:b])
+        values[a:b], weights[a:b] = values[a:b][order], weights[a:b][order]
+    return SortedItl(bounds, None, values, weights)
+
+
+def _percentile(values: np.ndarray, q: float) -> float:
+    finite = values[np.isfinite(values)]
+    return float(np.percentile(finite, q)) if finite.size else float("nan")
+
+
+def pooled_latency(req: pd.DataFrame, itl: SortedItl, n_arms: int, arms: list[str]) -> tuple[pd.DataFrame, pd.DataFrame]:
+    """Percentiles pooled over all used requests (ITL: tokens) of each arm, and how many values each has."""
+    arm = req["arm"].to_numpy()
+    values: dict[str, list[float]] = {}
+    counts: dict[str, list[float]] = {}
+    for family in LATENCIES:
+        for q in PERCENTILES:
+            values[f"{family}_p{q}"] = []
+        counts[family] = []
+    values["queue_mean"], values["queue_p99"], counts["queue"] = [], [], []
+    for a in range(n_arms):
+        for family in ("ttft", "e2e", "tpot"):
+            col = req[family].to_numpy()[arm == a]
+            counts[family].append(float(np.isfinite(col).sum()))
+            for q in PERCENTILES:
+                values[f"{family}_p{q}"].append(_percentile(col, q))
+        pooled, tokens = itl.pooled(sorted({int(r) for r in req["run"].to_numpy()[arm == a]}), PERCENTILES)
+        counts["itl"].append(float(tokens))
+        for q, x in zip(PERCENTILES, pooled, strict=True):
+            values[f"itl_p{q}"].append(x)
+        queue = req["queue"].to_numpy()[arm == a]
+        finite = queue[np.isfinite(queue)]
+        counts["queue"].append(float(finite.size))
+        values["queue_mean"].append(float(finite.mean()) if finite.size else float("nan"))
+        values["queue_p99"].append(_percentile(queue, 99))
+    latency = pd.DataFrame.from_dict(values, orient="index", columns=arms)
+    return latency, pd.DataFrame.from_dict(counts, orient="index", columns=arms)
 
 
 def _group_sums(code: np.ndarray, arm: np.ndarray, n_groups: int, n_arms: int, weights: np.ndarray) -> np.ndarray:
@@ -200,7 +460,7 @@ def outcome_table(
     return out
 
 
-def run_table(data: Loaded, audit: Audit, req: pd.DataFrame, arm_of_run: np.ndarray) -> pd.DataFrame:
+def run_table(data: Loaded, audit: Audit, req: pd.DataFrame, itl: SortedItl, arm_of_run: np.ndarray) -> pd.DataFrame:
     runs = data.runs
     rec = data.records
     meas = audit.selection.measured
@@ -210,15 +470,17 @@ def run_table(data: Loaded, audit: Audit, req: pd.DataFrame, arm_of_run: np.ndar
     t0 = _group_extreme(m_run, rec["t_sent"].to_numpy()[meas], n, np.minimum, np.inf)
     t1 = _group_extreme(m_run, rec["t_end"].to_numpy()[meas], n, np.maximum, -np.inf)
     window = np.where(np.isfinite(t0) & np.isfinite(t1) & (t1 > t0), t1 - t0, np.nan)
-    concurrency = pd.to_numeric(runs["concurrency"], errors="coerce").to_numpy(dtype=float)
     out = runs[["run", "campaign", "campaign_id", "run_id", "arm", "base_seed", "repeat", "order", "status",
-                "server_accept_length"]].copy()
+                "server_accept_length", "machine_recorded", "cpu_other_frac", "steal_frac", "cpu_other_before",
+                "cpu_other_after"]].copy()
+    out["foreign_load"] = foreign_load(runs)
     out["measured"] = np.bincount(m_run, minlength=n)
     out["tokens"] = tokens
     out["window_s"] = window
     out["throughput"] = tokens / window
-    out = out.join(_per_run_request_stats(req, n), on="run")
-    out["decode_tps"] = out["decode_mean"] * concurrency
+    out = out.join(_per_run_request_stats(req, itl, n), on="run")
+    with np.errstate(divide="ignore", invalid="ignore"):
+        out["decode_tps"] = out["decode_tokens"] / out["decode_span_s"].where(out["decode_span_s"] > 0)
     keep = runs["planned"].to_numpy() & (runs["status"] == "finished").to_numpy() & (arm_of_run >= 0)
     return out[keep].reset_index(drop=True)
 
@@ -230,7 +492,20 @@ def _group_extreme(group: np.ndarray, values: np.ndarray, n: int, ufunc: np.ufun
     return out
 
 
-def _per_run_request_stats(req: pd.DataFrame, n_runs: int) -> pd.DataFrame:
+def union_length(start: np.ndarray, end: np.ndarray) -> float:
+    """Length of the union of the intervals [start_i, end_i] (empty or reversed ones count for nothing)."""
+    ok = np.isfinite(start) & np.isfinite(end) & (end > start)
+    if not ok.any():
+        return 0.0
+    order = np.argsort(start[ok], kind="stable")
+    s, e = start[ok][order], end[ok][order]
+    reach = np.maximum.accumulate(e)
+    before = np.concatenate([[-np.inf], reach[:-1]])
+    return float(np.sum(np.maximum(reach - np.maximum(s, before), 0.0)))
+
+
+def _per_run_request_stats(req: pd.DataFrame, itl: SortedItl, n_runs: int) -> pd.DataFrame:
+    """Per-run sums and percentiles."""
     run = req["run"].to_numpy()
     order = np.argsort(run, kind="stable")
     bounds = np.searchsorted(run[order], np.arange(n_runs + 1))
@@ -241,11 +516,18 @@ def _per_run_request_stats(req: pd.DataFrame, n_runs: int) -> pd.DataFrame:
     ct_spec = np.bincount(run, weights=np.where(spec, req["ct"].to_numpy(), 0.0), minlength=n_runs)
     with np.errstate(divide="ignore", invalid="ignore"):
         rows["acceptance_length"] = np.where(sums["vct"] > 0, ct_spec / sums["vct"], np.nan)
-    cols = {k: req[k].to_numpy()[order] for k in ("decode", "ttft", "e2e")}
-    rows["decode_mean"] = _slice_stat(cols["decode"], bounds, np.nanmean)
-    for p in PERCENTILES:
-        rows[f"ttft_p{p}"] = _slice_stat(cols["ttft"], bounds, lambda v, p=p: np.nanpercentile(v, p))
-        rows[f"e2e_p{p}"] = _slice_stat(cols["e2e"], bounds, lambda v, p=p: np.nanpercentile(v, p))
+    rows["decode_tokens"] = np.bincount(run, weights=np.nan_to_num(req["decode_tokens"].to_numpy()), minlength=n_runs)
+    cols = {k: req[k].to_numpy()[order] for k in ("decode_rate", "ttft", "e2e", "tpot", "decode_start", "decode_end")}
+    rows["decode_span_s"] = np.array([union_length(cols["decode_start"][bounds[i]:bounds[i + 1]],
+                                                   cols["decode_end"][bounds[i]:bounds[i + 1]])
+                                      for i in range(n_runs)])
+    rows["decode_rate_mean"] = _slice_stat(cols["decode_rate"], bounds, np.nanmean)
+    for family in ("ttft", "e2e", "tpot"):
+        for p in PERCENTILES:
+            rows[f"{family}_p{p}"] = _slice_stat(cols[family], bounds, lambda v, p=p: np.nanpercentile(v, p))
+    per_run = np.array([itl.run_percentiles(i, PERCENTILES) for i in range(n_runs)]).reshape(n_runs, len(PERCENTILES))
+    for k, p in enumerate(PERCENTILES):
+        rows[f"itl_p{p}"] = per_run[:, k]
     return pd.DataFrame(rows, index=pd.RangeIndex(n_runs, name="run"))
 
 
@@ -262,8 +544,10 @@ def seed_run_table(runs: pd.DataFrame) -> pd.DataFrame:
     ok = runs[np.isfinite(runs["window_s"])]
     grouped = ok.groupby(["base_seed", "arm"], sort=True)
     out = grouped.agg(tokens=("tokens", "sum"), window_s=("window_s", "sum"), runs=("run", "count"),
-                      decode_tps=("decode_tps", "mean"))
+                      decode_tokens=("decode_tokens", "sum"), decode_span_s=("decode_span_s", "sum"))
     out["throughput"] = out["tokens"] / out["window_s"]
+    with np.errstate(divide="ignore", invalid="ignore"):
+        out["decode_tps"] = out["decode_tokens"] / out["decode_span_s"].where(out["decode_span_s"] > 0)
     return out.reset_index()
 
 
@@ -278,11 +562,3 @@ def histogram_table(data: Loaded, audit: Audit, arm_of_run: np.ndarray, arms: li
     table = pd.DataFrame(sums, columns=arms)
     table.index.name = "correct_drafts"
     return table
-
-
-def _concurrency_note(data: Loaded) -> str:
-    rates = {c.meta.get("request_rate") for c in data.campaigns}
-    if rates - {None}:
-        return ("requests arrive at a fixed rate (open loop), so mean decode rate x concurrency is an upper "
-                "bound on the decode throughput, not a measurement of it")
-    return ""

@@ -15,11 +15,14 @@ import sys
 from dataclasses import dataclass
 from pathlib import Path
 
+import pandas as pd
+
 from analysis import markdown, plots
 from analysis.audit import Audit, Mismatch, metadata_mismatches, run_audit
-from analysis.compare import Comparison, compare
+from analysis.compare import POWER_CHANGES, Comparison, compare, power_table
 from analysis.load import InputError, Loaded, load
 from analysis.metrics import Metrics, arm_order, compute
+from analysis.stats import MIN_PAIRS_FOR_SD
 from analysis.tables import Tables, build
 
 DEFAULT_BOOTSTRAP = 2000
@@ -54,6 +57,7 @@ class Report:
     figures: dict[str, str]  # file name under figures/ -> caption
     n_boot: int
     seed: int
+    power: pd.DataFrame  # run pairs needed for a 1%, 2%, 5% change at 80% power (compare.power_table)
     markdown: str = ""
 
 
@@ -81,7 +85,7 @@ def build_report(
     report = Report(
         inputs=[Path(p) for p in paths], data=data, arms=arms, baseline=baseline, audit=audit,
         metrics=metrics, comparison=comparison, tables=tables, figures=plots.figure_specs(metrics),
-        n_boot=n_boot, seed=seed,
+        n_boot=n_boot, seed=seed, power=power_table(metrics),
     )
     report.markdown = markdown.render(report)
     return report
@@ -133,28 +137,50 @@ def parser() -> argparse.ArgumentParser:
 
 def main(argv: list[str] | None = None) -> int:
     """The CLI. Returns the exit status (see `--help`); never raises for bad input."""
+    return run_cli(argv)[0]
+
+
+def run_cli(argv: list[str] | None = None) -> tuple[int, Report | None]:
+    """The CLI's work: (exit status, the report, or None when nothing was written)."""
     args = parser().parse_args(argv)
     try:
         report = build_report(args.results_dirs, allow_mismatch=args.allow_mismatch, n_boot=args.bootstrap,
                               seed=args.seed)
     except (InputError, MismatchError) as err:
         print(f"analysis.report: {err}", file=sys.stderr)
-        return EXIT_REFUSED
+        return EXIT_REFUSED, None
     out_dir = Path(args.out) if args.out else default_out_dir(args.results_dirs)
     try:
         written = write_report(report, out_dir)
     except OSError as err:
         print(f"analysis.report: cannot write the report to {out_dir} ({err.strerror or err}); "
               "give a writable folder with --out PATH", file=sys.stderr)
-        return EXIT_REFUSED
+        return EXIT_REFUSED, None
     figures = [p for p in written if p.suffix == ".png"]
     print(f"wrote {written[0]}" + (f" and {len(figures)} figure(s) in {figures[0].parent}" if figures else ""))
     if report.audit.passed:
         print("audit: passed")
-        return EXIT_OK
+        return EXIT_OK, report
     names = "; ".join(c.name for c in report.audit.failed)
     print(f"AUDIT FAILED: {names} (details at the top of {written[0]})", file=sys.stderr)
-    return EXIT_AUDIT_FAILED if args.strict else EXIT_OK
+    return (EXIT_AUDIT_FAILED if args.strict else EXIT_OK), report
+
+
+def power_lines(report: Report) -> list[str]:
+    """One line per (arm, metric) of `report.power`: run pairs for a 1%, 2% and 5% change at 80% power."""
+    out = []
+    for r in report.power.itertuples():
+        head = f"power, {r.metric} ({r.arm} vs {report.baseline})"
+        if r.sd_log_ratio != r.sd_log_ratio:
+            out.append(f"{head}: {r.pairs} run pair(s); at least {MIN_PAIRS_FOR_SD} are needed to estimate the "
+                       "run-to-run SD")
+            continue
+        counts = [getattr(r, f"pairs_for_{round(c * 100)}pct") for c in POWER_CHANGES]
+        shown = ", ".join(f"{round(c * 100)}%: {'>100,000' if n is None else n}"
+                          for c, n in zip(POWER_CHANGES, counts, strict=True))
+        out.append(f"{head}: SD of log pair ratio {r.sd_log_ratio * 100:.2f}% from {r.pairs} pairs; "
+                   f"run pairs for 80% power: {shown}")
+    return out
 
 
 if __name__ == "__main__":

@@ -1,8 +1,13 @@
-"""Paired resampling statistics: bootstrap intervals and the sign-flip permutation test.
+"""Paired statistics: the item bootstrap, the t-interval on per-pair log ratios, the sign-flip test, power.
 
-Every comparison is a ratio of sums, B over A, minus one: acceptance length is sum(tokens) /
-sum(verify steps) per arm, throughput is sum(tokens) / sum(run windows), a mean over runs is
-sum(values) / number of runs. Resampling units (items, or run pairs) keep both arms together.
+- Ratio-of-sums metrics over items (acceptance length, drafts per step) get a paired percentile
+  bootstrap over items, from MIN_ITEMS items up (below it, no interval).
+- Per-run metrics (throughput, decode throughput, latency percentiles) are compared over run pairs:
+  the change is the geometric mean of the pair ratios B/A minus one; from MIN_PAIRS pairs up its 95%
+  interval is the t-interval on the per-pair log ratios, exp(mean +- t_{0.975,n-1} s / sqrt(n)) - 1,
+  which holds the estimate by construction; below MIN_PAIRS only the range of the pair ratios is given.
+  The p-value is the exact two-sided sign-flip test of the mean log ratio.
+- Power: pairs a paired t-test on log ratios needs to detect a change at 80% power, two-sided 0.05.
 """
 
 from __future__ import annotations
@@ -12,9 +17,19 @@ from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 
 import numpy as np
+from scipy import stats as sps
 
 LEVEL = 0.95
 ALPHA = 0.05
+POWER = 0.80
+# An exact two-sided sign-flip test over n pairs cannot give p below 2**(1-n): n = 5 gives 0.0625, so
+# below 6 pairs no per-run change can be significant at 0.05 and no interval is printed.
+MIN_PAIRS = 6
+# The percentile bootstrap of a ratio of sums over items covers its 95% target only from about this many
+# items (simulation in tests/test_analysis_coverage.py); below it, no interval.
+MIN_ITEMS = 10
+MIN_PAIRS_FOR_SD = 3  # a run-to-run SD for the power table needs at least this many pairs
+MAX_PAIRS_SHOWN = 100_000
 EXACT_MAX_PAIRS = 16  # up to 2**16 sign vectors are enumerated; beyond, random sign flips
 RANDOM_FLIPS = 20_000
 _MAX_CELLS = 1 << 22  # resample indices held at once (chunking bounds memory)
@@ -22,7 +37,12 @@ _MAX_CELLS = 1 << 22  # resample indices held at once (chunking bounds memory)
 
 @dataclass(frozen=True)
 class Change:
-    """B/A - 1 with its 95% interval; `p_value` only for run pairs (sign-flip test)."""
+    """B/A - 1 with its 95% interval (NaN when there is none).
+
+    items: a ratio of sums with a bootstrap interval over items. run pairs: the geometric mean of the
+    pair ratios, a t-interval on their logs from MIN_PAIRS pairs, the range of the pair ratios
+    (range_lo, range_hi) always, and the sign-flip p-value.
+    """
 
     estimate: float
     lo: float
@@ -31,10 +51,18 @@ class Change:
     unit: str  # "items" | "run pairs"
     p_value: float | None = None
     exact: bool = True
+    range_lo: float = math.nan
+    range_hi: float = math.nan
+    min_n: int = 0  # fewer units than this: no interval
+    flagged: int = 0  # run pairs with a run taken under foreign load
 
     @property
     def has_interval(self) -> bool:
         return math.isfinite(self.lo) and math.isfinite(self.hi)
+
+    @property
+    def below_minimum(self) -> bool:
+        return self.n < self.min_n
 
     @property
     def covers_zero(self) -> bool:
@@ -108,33 +136,52 @@ def ratio_change(num_b: np.ndarray, den_b: np.ndarray, num_a: np.ndarray, den_a:
         return (np.asarray(num_b) / den_b) / (np.asarray(num_a) / den_a) - 1
 
 
-def item_change(point: np.ndarray, boot: np.ndarray, cols: tuple[int, int, int, int], n_items: int) -> Change:
+def item_change(point: np.ndarray, boot: np.ndarray, cols: tuple[int, int, int, int], n_items: int,
+                min_items: int = MIN_ITEMS) -> Change:
     """Change from the summed columns (num_b, den_b, num_a, den_a) of a bootstrap over items."""
     nb, db, na, da = cols
     estimate = float(ratio_change(point[nb], point[db], point[na], point[da]))
-    if n_items < 2 or not math.isfinite(estimate):
-        return Change(estimate, math.nan, math.nan, n_items, "items")
+    if n_items < max(2, min_items) or not math.isfinite(estimate):
+        return Change(estimate, math.nan, math.nan, n_items, "items", min_n=min_items)
     lo, hi = percentile_interval(ratio_change(boot[:, nb], boot[:, db], boot[:, na], boot[:, da]))
-    return Change(estimate, lo, hi, n_items, "items")
+    return Change(estimate, lo, hi, n_items, "items", min_n=min_items)
 
 
-def paired_change(pairs: np.ndarray, n_boot: int, rng: np.random.Generator) -> Change:
-    """Change over run pairs. pairs: [n, 4] = (num_b, den_b, num_a, den_a) per pair.
+def pair_log_ratios(pairs: np.ndarray) -> np.ndarray:
+    """log((num_b/den_b) / (num_a/den_a)) per pair, for the pairs whose four values are finite and positive."""
+    pairs = np.asarray(pairs, dtype=float).reshape(-1, 4)
+    ok = np.all(np.isfinite(pairs), axis=1) & np.all(pairs > 0, axis=1)
+    p = pairs[ok]
+    return np.log(p[:, 0] / p[:, 1]) - np.log(p[:, 2] / p[:, 3])
 
-    Interval: bootstrap over pairs. p-value: sign-flip test on the per-pair log ratios.
-    """
-    pairs = pairs[np.all(np.isfinite(pairs), axis=1) & np.all(pairs[:, [1, 3]] > 0, axis=1)]
-    n = len(pairs)
-    total = pairs.sum(axis=0)
-    estimate = float(ratio_change(total[0], total[1], total[2], total[3])) if n else math.nan
+
+def t_interval(d: np.ndarray, level: float = LEVEL) -> tuple[float, float]:
+    """exp(mean(d) +- t_{(1+level)/2, n-1} sd(d) / sqrt(n)) - 1 (NaN below two values)."""
+    n = len(d)
     if n < 2:
-        return Change(estimate, math.nan, math.nan, n, "run pairs", p_value=1.0 if n else None)
-    boot = bootstrap_sums(pairs, n_boot, rng)
-    lo, hi = percentile_interval(ratio_change(boot[:, 0], boot[:, 1], boot[:, 2], boot[:, 3]))
-    with np.errstate(divide="ignore", invalid="ignore"):
-        d = np.log((pairs[:, 0] / pairs[:, 1]) / (pairs[:, 2] / pairs[:, 3]))
+        return math.nan, math.nan
+    half = float(sps.t.ppf((1 + level) / 2, n - 1)) * float(np.std(d, ddof=1)) / math.sqrt(n)
+    mean = float(np.mean(d))
+    return math.expm1(mean - half), math.expm1(mean + half)
+
+
+def paired_change(pairs: np.ndarray, rng: np.random.Generator, flagged: np.ndarray | None = None,
+                  min_pairs: int = MIN_PAIRS) -> Change:
+    """Change over run pairs. pairs: [n, 4] = (num_b, den_b, num_a, den_a) per pair (den = 1 for a plain
+    value); flagged: [n] pairs with a run under foreign load. Pairs with a missing or non-positive value
+    are left out."""
+    pairs = np.asarray(pairs, dtype=float).reshape(-1, 4)
+    ok = np.all(np.isfinite(pairs), axis=1) & np.all(pairs > 0, axis=1)
+    n_flagged = int(np.asarray(flagged, dtype=bool)[ok].sum()) if flagged is not None else 0
+    d = pair_log_ratios(pairs)
+    n = len(d)
+    if n == 0:
+        return Change(math.nan, math.nan, math.nan, 0, "run pairs", min_n=min_pairs)
+    estimate = math.expm1(float(np.mean(d)))
+    lo, hi = t_interval(d) if n >= min_pairs else (math.nan, math.nan)
     p, exact = sign_flip_pvalue(d, rng)
-    return Change(estimate, lo, hi, n, "run pairs", p_value=p, exact=exact)
+    return Change(estimate, lo, hi, n, "run pairs", p_value=p, exact=exact, range_lo=math.expm1(float(d.min())),
+                  range_hi=math.expm1(float(d.max())), min_n=min_pairs, flagged=n_flagged)
 
 
 def sign_flip_pvalue(d: np.ndarray, rng: np.random.Generator) -> tuple[float, bool]:
@@ -156,3 +203,37 @@ def sign_flip_pvalue(d: np.ndarray, rng: np.random.Generator) -> tuple[float, bo
     signs = rng.choice(np.array([-1.0, 1.0]), size=(RANDOM_FLIPS, n))
     stats = np.abs(signs @ d) / n
     return float((1 + np.sum(stats >= observed - tol)) / (RANDOM_FLIPS + 1)), False
+
+
+# ---------------------------------------------------------------------------------------------
+# power
+
+
+def t_test_power(n: int, effect: float, sd: float, alpha: float = ALPHA) -> float:
+    """Power of a two-sided paired t-test over n pairs to detect a mean log ratio `effect` when the per-pair
+    log ratios have standard deviation `sd` (noncentral t)."""
+    if n < 2 or sd <= 0:
+        return math.nan if n < 2 else 1.0
+    crit = float(sps.t.ppf(1 - alpha / 2, n - 1))
+    nc = math.sqrt(n) * abs(effect) / sd
+    return float(sps.nct.sf(crit, n - 1, nc) + sps.nct.cdf(-crit, n - 1, nc))
+
+
+def pairs_needed(change: float, sd: float, power: float = POWER, alpha: float = ALPHA,
+                 floor: int = MIN_PAIRS, cap: int = MAX_PAIRS_SHOWN) -> int | None:
+    """The fewest run pairs (never below `floor`) at which a paired t-test on log ratios detects a
+    relative change `change` (0.02 = 2%) with the given power; None beyond `cap` or when sd is unknown."""
+    if not math.isfinite(sd) or sd < 0:
+        return None
+    effect = math.log1p(change)
+    if sd == 0:
+        return floor
+    z = float(sps.norm.ppf(1 - alpha / 2) + sps.norm.ppf(power))
+    n = max(floor, 2, int((z * sd / effect) ** 2) - 1)  # the normal approximation, a little low for t
+    if n > cap:
+        return None
+    while t_test_power(n, effect, sd, alpha) < power:
+        n += 1 if n < 1000 else max(1, n // 200)
+        if n > cap:
+            return None
+    return n

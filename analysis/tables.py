@@ -14,14 +14,17 @@ import numpy as np
 import pandas as pd
 
 from analysis.compare import RATIO_METRICS, RUN_METRICS, Comparison, pooled_run_value
-from analysis.metrics import PERCENTILES, Metrics
+from analysis.metrics import LATENCIES, MIN_PERCENTILE_VALUES, PERCENTILES, Metrics
 from analysis.stats import Change
 
+_MS = ("ttft", "itl", "tpot")  # shown in milliseconds
 DECIMALS = {
     "acceptance_length": 4, "al_request_mean": 4, "correct_drafts_per_step": 4, "throughput": 2,
-    "decode_tps": 2, **{f"ttft_p{p}": 1 for p in PERCENTILES}, **{f"e2e_p{p}": 3 for p in PERCENTILES},
+    "decode_tps": 2, "decode_rate_mean": 2, "queue_mean": 1, "queue_p99": 1,
+    **{f"{f}_p{p}": 1 if f == "ttft" else 2 if f in _MS else 3 for f in LATENCIES for p in PERCENTILES},
 }
-SCALE = {f"ttft_p{p}": 1000.0 for p in PERCENTILES}  # TTFT shown in milliseconds
+SCALE = {**{f"{f}_p{p}": 1000.0 for f in _MS for p in PERCENTILES}, "queue_mean": 1000.0, "queue_p99": 1000.0}
+QUEUE_METRICS = ("queue_mean", "queue_p99")
 
 
 def labels(max_new_tokens: object) -> dict[str, str]:
@@ -31,10 +34,15 @@ def labels(max_new_tokens: object) -> dict[str, str]:
         "al_request_mean": "Acceptance length, request-weighted mean (secondary)",
         "correct_drafts_per_step": "Correct drafts per verify step",
         "throughput": "Output throughput (tokens/s)",
-        "decode_tps": "Decode tok/s (mean request rate x concurrency)",
+        "decode_tps": "Decode throughput, measured (tokens/s while any stream decodes)",
+        "decode_rate_mean": "Per-request decode rate, mean (tokens/s, secondary)",
+        "queue_mean": "Client queueing time, mean (ms)",
+        "queue_p99": "Client queueing time p99 (ms)",
     }
     out.update({f"ttft_p{p}": f"TTFT p{p} (ms)" for p in PERCENTILES})
     out.update({f"e2e_p{p}": f"End-to-end latency p{p} (s)" for p in PERCENTILES})
+    out.update({f"itl_p{p}": f"ITL p{p} (ms)" for p in PERCENTILES})
+    out.update({f"tpot_p{p}": f"TPOT p{p} (ms)" for p in PERCENTILES})
     out.update({
         "score": "Boxed score over entire response",
         "cap_hits": f"Responses hitting the {cap}",
@@ -77,15 +85,28 @@ def fmt_change(c: Change | None) -> str:
     if c is None or not math.isfinite(c.estimate):
         return "n/a"
     text = fmt_pct(c.estimate)
+    if c.unit == "run pairs":
+        return text + _run_pairs_tail(c)
     if c.has_interval:
         text += f" [{fmt_pct(c.lo)}, {fmt_pct(c.hi)}]"
+        return text + ("" if c.significant else " not significant")
+    unit = c.unit if c.n != 1 else c.unit.rstrip("s")
+    if c.below_minimum:
+        return text + f" (no interval: {c.n} {unit}, fewer than {c.min_n})"
+    return text + f" (no interval: {c.n} {unit})"
+
+
+def _run_pairs_tail(c: Change) -> str:
+    pairs = f"{c.n} pair" + ("s" if c.n != 1 else "")
+    if c.has_interval:
+        text = f" [{fmt_pct(c.lo)}, {fmt_pct(c.hi)}] p={c.p_value:.3g}" + ("" if c.exact else " (random flips)")
+        text += "" if c.significant else " not significant"
+    elif c.n >= 2:
+        text = f" (range of pair ratios [{fmt_pct(c.range_lo)}, {fmt_pct(c.range_hi)}], {pairs}, no interval)"
     else:
-        unit = c.unit if c.n != 1 else c.unit.rstrip("s")
-        text += f" (no interval: {c.n} {unit})"
-    if c.p_value is not None and c.has_interval:
-        text += f" p={c.p_value:.3g}" + ("\u2020" if c.too_few_pairs else "")
-    if not c.significant:
-        text += " not significant"
+        text = f" ({pairs}, no interval)"
+    if c.flagged:
+        text += f"; {c.flagged} of {c.n} pairs under foreign load"
     return text
 
 
@@ -128,10 +149,20 @@ def _ratio(m: Metrics, partition: str, group: object) -> pd.DataFrame:
 
 
 def pooled_numeric(m: Metrics) -> pd.DataFrame:
+    """Pooled values: ratios of sums over requests, throughputs as sums over runs, percentiles over all
+    used requests (ITL: tokens) of the arm; times in the display unit (ms or s)."""
     ratio, out = _ratio(m, "pooled", "all"), _outcome(m, "pooled", "all")
     rows: dict[str, list[float]] = {k: ratio[k].tolist() for k in RATIO_METRICS}
     for metric in RUN_METRICS:
-        rows[metric] = [pooled_run_value(m.runs, a, metric) * SCALE.get(metric, 1.0) for a in m.arms]
+        if metric in m.pooled_latency.index:
+            rows[metric] = [float(m.pooled_latency.at[metric, a]) * SCALE.get(metric, 1.0) for a in m.arms]
+        elif metric == "decode_rate_mean":
+            rate, arm = m.requests["decode_rate"].to_numpy(), m.requests["arm"].to_numpy()
+            rows[metric] = [_mean(rate[arm == i]) for i in range(len(m.arms))]
+        else:
+            rows[metric] = [pooled_run_value(m.runs, a, metric) for a in m.arms]
+    for metric in QUEUE_METRICS:
+        rows[metric] = [float(m.pooled_latency.at[metric, a]) * SCALE[metric] for a in m.arms]
     for key in ("correct", "scored", "cap_hits", "errors", "used", "planned"):
         rows[key] = out[key].astype(float).tolist()
     frame = pd.DataFrame.from_dict(rows, orient="index", columns=m.arms)
@@ -139,13 +170,41 @@ def pooled_numeric(m: Metrics) -> pd.DataFrame:
     return frame
 
 
+def _mean(values: np.ndarray) -> float:
+    finite = values[np.isfinite(values)]
+    return float(finite.mean()) if finite.size else float("nan")
+
+
+def _family(metric: str) -> str | None:
+    head = metric.rsplit("_p", 1)[0]
+    return head if head in LATENCIES and metric != head else None
+
+
+def _shown_metrics(m: Metrics) -> list[str]:
+    """Rows of the pooled table: ITL only with chunk timings, queueing time only in open loop."""
+    shown = [*RATIO_METRICS, *[k for k in RUN_METRICS if _family(k) != "itl" or m.pooled_counts.loc["itl"].sum() > 0]]
+    return shown + (list(QUEUE_METRICS) if m.open_loop else [])
+
+
+def value_cell(m: Metrics, pooled: pd.DataFrame, metric: str, arm: str) -> str:
+    """A pooled value; a percentile over fewer than MIN_PERCENTILE_VALUES values says how many."""
+    text = fmt_num(pooled.at[metric, arm], DECIMALS[metric])
+    family = _family(metric) or ("queue" if metric == "queue_p99" else None)
+    if family and text != "n/a":
+        n = int(m.pooled_counts.at[family, arm])
+        if n < MIN_PERCENTILE_VALUES:
+            text += f" (n={n})"
+    return text
+
+
 def pooled_display(m: Metrics, comp: Comparison, pooled: pd.DataFrame, names: dict[str, str]) -> pd.DataFrame:
     others = [a for a in m.arms if a != m.baseline]
     cols = ["Metric", *[_arm_title(m, a) for a in m.arms], *[f"Change {a} vs {m.baseline} [95% CI]" for a in others]]
     rows = []
-    for metric in [*RATIO_METRICS, *RUN_METRICS]:
-        values = [fmt_num(pooled.at[metric, a], DECIMALS[metric]) for a in m.arms]
-        changes = [fmt_change(comp.get("pooled", "all", metric, a)) for a in others]
+    for metric in _shown_metrics(m):
+        values = [value_cell(m, pooled, metric, a) for a in m.arms]
+        changes = [fmt_change(comp.get("pooled", "all", metric, a)) if metric not in QUEUE_METRICS else "-"
+                   for a in others]
         rows.append([names[metric], *values, *changes])
     for key, num in (("score", "correct"), ("cap_hits", "cap_hits"), ("errors", "errors"), ("used", "used")):
         values = [_count_cell(pooled, key, num, a) for a in m.arms]
@@ -168,16 +227,26 @@ def _footnotes(m: Metrics, comp: Comparison) -> list[str]:
         c = comp.get("pooled", "all", "throughput", arm)
         if c is None:
             continue
-        if c.too_few_pairs:
+        if c.n == 0:
+            notes.append(f"{arm} vs {m.baseline}: no run pair has a measured window (no finished run with "
+                         "output in both arms): no per-run change.")
+        elif c.n < c.min_n:
             notes.append(
-                f"\u2020 {arm} vs {m.baseline}: {c.n} run pair(s); an exact sign-flip test over {c.n} pairs "
-                f"cannot give a p-value below {c.min_p:.3g}, so no per-run change (throughput, decode tok/s, "
-                f"latency) can be significant at 0.05 here. More seeds or repeats are needed."
-            )
+                f"{arm} vs {m.baseline}: {c.n} run pair(s), fewer than {c.min_n}: per-run changes (throughput, "
+                f"decode throughput, latency percentiles) show the geometric mean and the range of the pair ratios, "
+                f"no interval; an exact sign-flip test over {c.n} pairs cannot give p below {c.min_p:.3g}. "
+                f"More seeds or repeats are needed.")
         elif c.p_value is not None and not c.exact:
             notes.append(f"{arm} vs {m.baseline}: {c.n} run pairs; p-values from random sign flips.")
-    if m.concurrency_note:
-        notes.append(f"Decode tok/s: {m.concurrency_note}.")
+    flagged = m.runs[m.runs["foreign_load"].to_numpy(bool)]
+    if len(flagged):
+        notes.append(f"**{len(flagged)} of {len(m.runs)} runs were taken under foreign load** (see the audit check "
+                     "'Runs taken on a quiet machine' and the per-run 'Foreign CPU' column): the throughput and "
+                     "latency changes of pairs holding them may measure that other work, not the arms.")
+    small = [a for a in m.arms if (m.pooled_counts[a] < MIN_PERCENTILE_VALUES).any()]
+    if small:
+        notes.append(f"A percentile marked (n=...) comes from fewer than {MIN_PERCENTILE_VALUES} values and is "
+                     "a rough estimate (a p99 over fewer than 100 values is close to the maximum).")
     return notes
 
 
@@ -240,8 +309,19 @@ def per_category_display(m: Metrics, comp: Comparison, pc: pd.DataFrame) -> pd.D
     return pd.DataFrame(rows)
 
 
+def foreign_cell(r: object) -> str:
+    """The share of all CPUs other processes used during the run, flagged when it counts as foreign load."""
+    if not r.machine_recorded:
+        return "not recorded"
+    frac = r.cpu_other_frac
+    text = "n/a" if not math.isfinite(frac) else f"{frac * 100:.1f}%"
+    return text + (" FLAGGED" if r.foreign_load else "")
+
+
 def per_run_display(m: Metrics, multi_campaign: bool) -> pd.DataFrame:
     r = m.runs.sort_values(["campaign", "order", "run_id"], kind="stable")
+    server_al = [fmt_num(x, 4) if x is not None and math.isfinite(x) else "n/a"
+                 for x in r["server_accept_length"].astype(float)]
     out = pd.DataFrame({
         **({"Campaign": r["campaign"]} if multi_campaign else {}),
         "Run": r["run_id"],
@@ -250,11 +330,12 @@ def per_run_display(m: Metrics, multi_campaign: bool) -> pd.DataFrame:
         "Repeat": r["repeat"].astype(str),
         "Requests": r["used"].astype(int).astype(str),
         "AL (recomputed)": [fmt_num(x, 4) for x in r["acceptance_length"]],
-        "AL (server, lifetime)": [fmt_num(x, 4) for x in r["server_accept_length"].astype(float)],
+        "AL (server, lifetime)": server_al,
         "tok/s": [fmt_num(x, 2) for x in r["throughput"]],
         "Window (s)": [fmt_num(x, 2) for x in r["window_s"]],
-        "Decode tok/s": [fmt_num(x, 2) for x in r["decode_tps"]],
+        "Decode tok/s (measured)": [fmt_num(x, 2) for x in r["decode_tps"]],
         "TTFT p50 (ms)": [fmt_num(x * 1000, 1) for x in r["ttft_p50"]],
         "E2E p50 (s)": [fmt_num(x, 3) for x in r["e2e_p50"]],
+        "Foreign CPU": [foreign_cell(x) for x in r.itertuples()],
     })
     return out.reset_index(drop=True)

@@ -38,10 +38,11 @@ def to_typed(cfg: DictConfig) -> BenchConfig:
 def write_report(campaign_dir, console: Console, strict: bool) -> int:
     """The analysis report of the campaign (it prints where it wrote); its exit code, non-zero when the
     report could not be written or (strict) its audit failed."""
-    from analysis.report import EXIT_AUDIT_FAILED  # noqa: PLC0415  (heavy imports only when needed)
-    from analysis.report import main as report_main  # noqa: PLC0415
+    from analysis.report import EXIT_AUDIT_FAILED, power_lines, run_cli  # noqa: PLC0415  (heavy imports)
 
-    code = report_main([str(campaign_dir), *(["--strict"] if strict else [])])
+    code, report = run_cli([str(campaign_dir), *(["--strict"] if strict else [])])
+    for line in power_lines(report) if report is not None else []:
+        console.print(line, highlight=False, markup=False)
     if code == EXIT_AUDIT_FAILED:
         console.print(f"[bold red]the audit of {campaign_dir} failed[/] (see the top of its report.md); exit 1 "
                       "(strict_audit=false keeps exit 0)")

@@ -9,6 +9,7 @@ Entry points convert the composed DictConfig into these objects once (`OmegaConf
 from __future__ import annotations
 
 import math
+import os
 import re
 from dataclasses import dataclass, field
 from typing import Any
@@ -50,6 +51,38 @@ def check_name(what: str, value: str) -> None:
                           "starting with a letter or digit, without '..' (it names a folder under results_dir)")
 
 
+def allowed_cpus() -> set[int]:
+    """The CPUs this process may run on (every CPU where sched_getaffinity is missing)."""
+    try:
+        return set(os.sched_getaffinity(0))
+    except AttributeError:
+        return set(range(os.cpu_count() or 1))
+
+
+def check_cpus(what: str, cpus: list[int]) -> None:
+    """ConfigError unless every CPU of a pinning list exists for this process, once each."""
+    allowed = allowed_cpus()
+    bad = [c for c in cpus if c not in allowed]
+    if bad:
+        raise ConfigError(f"{what}={list(cpus)} names CPU(s) {bad} that this process may not run on (allowed: "
+                          f"{', '.join(map(str, sorted(allowed)))}); pick from those, or [] for no pinning")
+    if len(set(cpus)) != len(cpus):
+        raise ConfigError(f"{what}={list(cpus)} lists a CPU twice; list each CPU once")
+
+
+INT64_MIN, INT64_MAX = -(2**63), 2**63 - 1  # a request seed is a 64-bit integer (SGLang's sampling_seed)
+SEED_STREAM_STRIDE = 2**32  # request seed = base seed + seed offset + seed_stream * SEED_STREAM_STRIDE
+
+
+def request_seed(base_seed: int, seed_offset: int, seed_stream: int) -> int:
+    """The planned `sampling_seed` of one request; ConfigError when it does not fit 64 bits."""
+    seed = base_seed + seed_offset + seed_stream * SEED_STREAM_STRIDE
+    if not INT64_MIN <= seed <= INT64_MAX:
+        raise ConfigError(f"request seed {base_seed} + {seed_offset} + {seed_stream} * 2**32 = {seed} does not fit "
+                          "a 64-bit integer; use smaller experiment.base_seeds or arms[].seed_stream")
+    return seed
+
+
 @dataclass
 class LogChecks:
     """Regexes searched in the server log after readiness and again at the end of the run."""
@@ -88,9 +121,11 @@ class ServerConfig:
     # says "ok" and before a real run launches anything. require = a refused argv, or one that could not
     # be checked (no SGLang in that interpreter), fails the command; skip = do not check (said so).
     preflight: str = "require"
+    cpus: list[int] = field(default_factory=list)  # pin the server (and its children) to these CPUs; [] = no pinning
 
     def __post_init__(self) -> None:
         check_choice("server.backend", self.backend, ("embedded", "sglang"))
+        check_cpus("server.cpus", self.cpus)
         check_choice("server.preflight", self.preflight, ("require", "skip"))
         if not 0 <= self.port < 65536:
             raise ConfigError(f"server.port={self.port} is out of range; use 0 for a free port or 1-65535")
@@ -107,6 +142,14 @@ class ArmConfig:
     env: dict[str, str] = field(default_factory=dict)
     python: str | None = None  # a different interpreter / install (before vs after builds)
     log_checks: LogChecks = field(default_factory=LogChecks)
+    # request seed = base seed + seed offset + seed_stream * 2**32: arms with different streams draw
+    # different seeds (an A/A run that measures sampling noise); 0 = the plain base seed + offset
+    seed_stream: int = 0
+
+    def __post_init__(self) -> None:
+        if self.seed_stream < 0:
+            raise ConfigError(f"experiment.arms[{self.name}].seed_stream={self.seed_stream} must be >= 0 "
+                              "(0 = the base seeds as they are)")
 
 
 MAX_TOP_K = 2**31 - 1  # a 32-bit int, as SGLang's sampling tensors hold it; -1 means the whole vocabulary
@@ -141,9 +184,11 @@ class ClientConfig:
     timeout_s: float = 7200.0
     store_output_text: bool = True
     chat_template_kwargs: dict[str, Any] = field(default_factory=dict)
+    cpus: list[int] = field(default_factory=list)  # pin the runner to these CPUs while it drives; [] = no pinning
 
     def __post_init__(self) -> None:
         check_choice("client.route", self.route, ("generate", "chat"))
+        check_cpus("client.cpus", self.cpus)
         if self.concurrency < 1:
             raise ConfigError(f"client.concurrency={self.concurrency} must be >= 1")
         if self.request_rate is not None:
@@ -173,7 +218,7 @@ class ExperimentConfig:
     baseline: str = MISSING
     base_seeds: list[int] = field(default_factory=lambda: [980406, 981406, 982406])
     repeats: int = 1
-    seeded_requests: bool = True  # request seed = base seed + the item's numeric id
+    seeded_requests: bool = True  # request seed = base seed + the item's numeric id + seed_stream * 2**32
     warmup: WarmupConfig = field(default_factory=WarmupConfig)
     order: str = "alternate"  # alternate (seed 1: A,B; seed 2: B,A; ...) | fixed
     placement: str = "sequential"  # sequential | parallel (one GPU per arm)
@@ -205,6 +250,9 @@ class ExperimentConfig:
             raise ConfigError("experiment.base_seeds is empty; give at least one seed")
         if self.repeats < 1:
             raise ConfigError(f"experiment.repeats={self.repeats} must be >= 1")
+        for arm in self.arms:
+            for base_seed in self.base_seeds:
+                request_seed(base_seed, 0, arm.seed_stream)
         if self.placement == "parallel" and len(self.gpus) < len(self.arms):
             raise ConfigError(
                 f"experiment.placement=parallel needs one GPU per arm: {len(self.arms)} arms but "
@@ -226,11 +274,17 @@ class BenchConfig:
     dry_run: bool = False
     report: bool = True  # write the analysis report at the end
     strict_audit: bool = True  # exit 1 when the report's audit fails; false: the report still says so, exit 0
+    load_sample_s: float = 1.0  # length of the machine-load samples taken before and after each run
 
     def validate(self) -> BenchConfig:
         self.experiment.validate()
+        check_range("load_sample_s", self.load_sample_s, 0.01, 60)
         if self.campaign is not None:
             check_name("campaign", self.campaign)
+        shared = sorted(set(self.server.cpus) & set(self.client.cpus))
+        if shared:
+            raise ConfigError(f"server.cpus={self.server.cpus} and client.cpus={self.client.cpus} share CPU(s) "
+                              f"{shared}; give the server and the client separate CPUs (or [] for no pinning)")
         return self
 
 

@@ -45,6 +45,20 @@ def env_diff(base: dict[str, str], other: dict[str, str]) -> str:
     return "; ".join(parts) or "(same env)"
 
 
+def seeds_line(cfg: BenchConfig, run: PlannedRun) -> str:
+    """How the run's request seeds are made (the arm's seed stream included)."""
+    if not cfg.experiment.seeded_requests:
+        return "unseeded (experiment.seeded_requests=false)"
+    stream = cfg.experiment.arm(run.arm).seed_stream
+    return f"base {run.base_seed} + item seed_offset + seed_stream {stream} * 2**32"
+
+
+def stream_diff(cfg: BenchConfig, arm: str) -> str:
+    base = cfg.experiment.arm(cfg.experiment.baseline).seed_stream
+    other = cfg.experiment.arm(arm).seed_stream
+    return "(same seed stream)" if base == other else f"seed_stream {base} -> {other}"
+
+
 def print_dry_run(cfg: BenchConfig, console: Console) -> int:
     """Print the plan; the exit code: non-zero when the argv preflight refused or could not check a command."""
     exp = cfg.experiment
@@ -54,6 +68,8 @@ def print_dry_run(cfg: BenchConfig, console: Console) -> int:
                   f"order={exp.order}, placement={exp.placement}, baseline={exp.baseline}")
     console.print(f"workload: {cfg.workload.kind}; sampling: {cfg.sampling}; client: route={cfg.client.route} "
                   f"concurrency={cfg.client.concurrency} request_rate={cfg.client.request_rate}")
+    console.print(f"pinning: server.cpus={list(cfg.server.cpus) or 'none'} client.cpus={list(cfg.client.cpus) or 'none'}",
+                  highlight=False)
     for run in plan:
         spec = spec_of(cfg, run)
         where = f"CUDA_VISIBLE_DEVICES={run.gpu}" if run.gpu is not None else "sequential"
@@ -62,20 +78,22 @@ def print_dry_run(cfg: BenchConfig, console: Console) -> int:
         console.print("  argv: " + shlex.join(shown_argv(spec)), highlight=False, soft_wrap=True)
         env = " ".join(f"{k}={v}" for k, v in sorted(spec.env_overrides.items())) or "(none)"
         console.print(f"  env:  {env}", highlight=False, soft_wrap=True)
+        console.print(f"  request seeds: {seeds_line(cfg, run)}", highlight=False, soft_wrap=True)
         if report is not None:
             console.print(f"  preflight: {escape(report.outcome_of(run.run_id).line())}", highlight=False, soft_wrap=True)
     first_slot = [r for r in plan if r.slot == 0]
     base_run = next(r for r in first_slot if r.arm == exp.baseline)
     base_spec = spec_of(cfg, base_run)
     table = Table(title=f"What differs from the baseline arm '{exp.baseline}' (declared: {exp.declared_difference!r})")
-    for col in ("arm", "argv", "env"):
+    for col in ("arm", "argv", "env", "seeds"):
         table.add_column(col, overflow="fold")
     for run in first_slot:
         if run.arm != exp.baseline:
             spec = spec_of(cfg, run)
             env_base = {k: v for k, v in base_spec.env_overrides.items() if k != "CUDA_VISIBLE_DEVICES"}
             env_other = {k: v for k, v in spec.env_overrides.items() if k != "CUDA_VISIBLE_DEVICES"}
-            table.add_row(run.arm, argv_diff(base_spec.argv, spec.argv), env_diff(env_base, env_other))
+            table.add_row(run.arm, argv_diff(base_spec.argv, spec.argv), env_diff(env_base, env_other),
+                          stream_diff(cfg, run.arm))
     console.print()
     console.print(table)
     code = print_verdict(report, console) if report is not None else 0

@@ -21,7 +21,7 @@ _NVIDIA_SMI_FIELDS = ("name", "driver_version", "clocks.sm", "clocks.mem", "cloc
 _NVIDIA_SMI_KEYS = ("name", "driver_version", "clocks_sm_mhz", "clocks_mem_mhz", "clocks_max_sm_mhz")
 
 
-def _run(cmd: list[str], cwd: Path | None = None, timeout: float = 10.0) -> str | None:
+def run_tool(cmd: list[str], cwd: Path | None = None, timeout: float = 10.0) -> str | None:
     """stdout of `cmd` stripped, or None when the tool is missing, fails or times out."""
     try:
         proc = subprocess.run(cmd, cwd=cwd, capture_output=True, text=True, timeout=timeout, check=False)
@@ -55,8 +55,8 @@ def git_info(repo: Path = REPO_ROOT) -> dict:
     version: the installed specbench distribution's version; git_sha: HEAD; dirty: whether anything is
     uncommitted (tracked changes or untracked files that git does not ignore). None where unknown.
     """
-    sha = _run(["git", "rev-parse", "HEAD"], cwd=repo)
-    status = _run(["git", "status", "--porcelain"], cwd=repo) if sha else None
+    sha = run_tool(["git", "rev-parse", "HEAD"], cwd=repo)
+    status = run_tool(["git", "status", "--porcelain"], cwd=repo) if sha else None
     return {
         "version": dist_version(DIST_NAME),
         "git_sha": sha,
@@ -117,7 +117,7 @@ def gpu_info() -> dict | None:
     every GPU nvidia-smi sees (its numbering, which CUDA_VISIBLE_DEVICES may remap).
     """
     query = "--query-gpu=" + ",".join(_NVIDIA_SMI_FIELDS)
-    out = _run(["nvidia-smi", query, "--format=csv,noheader"])
+    out = run_tool(["nvidia-smi", query, "--format=csv,noheader"])
     gpus = parse_nvidia_smi(out) if out else []
     if not gpus:
         return None

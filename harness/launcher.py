@@ -3,13 +3,15 @@
 Both backends are started the same way: `python -m MODULE --model-path M --host H --port P ...`,
 argv built as a list, in a process group of its own, stdout and stderr to `server.log`. Stopping sends
 SIGTERM to the whole group, then SIGKILL. On Linux the server also gets SIGTERM when the runner
-dies (PR_SET_PDEATHSIG), so no server outlives a crashed or killed runner.
+dies (PR_SET_PDEATHSIG), so no server outlives a crashed or killed runner. With `server.cpus` the
+server (and every process it starts) runs pinned to those CPUs from its first instruction.
 """
 
 from __future__ import annotations
 
 import asyncio
 import ctypes
+import functools
 import os
 import re
 import signal
@@ -120,6 +122,7 @@ class LaunchSpec:
     log_checks: LogChecks
     ready_timeout_s: float
     stop_timeout_s: float
+    cpus: list[int] = field(default_factory=list)  # pin the server to these CPUs; [] = no pinning
 
     @property
     def base_url(self) -> str:
@@ -146,7 +149,8 @@ def build_spec(server: ServerConfig, arm: ArmConfig, *, port: int, base_seed: in
         env["CUDA_VISIBLE_DEVICES"] = str(gpu)
     return LaunchSpec(argv=argv, env_overrides=env, host=server.host, port=port, log_path=log_path,
                       log_checks=merge_log_checks(server.log_checks, arm.log_checks),
-                      ready_timeout_s=server.ready_timeout_s, stop_timeout_s=server.stop_timeout_s)
+                      ready_timeout_s=server.ready_timeout_s, stop_timeout_s=server.stop_timeout_s,
+                      cpus=list(server.cpus))
 
 
 def planned_spec(cfg: BenchConfig, run: PlannedRun, *, port: int, log_path: Path = Path("server.log")) -> LaunchSpec:
@@ -155,11 +159,19 @@ def planned_spec(cfg: BenchConfig, run: PlannedRun, *, port: int, log_path: Path
                       log_path=log_path)
 
 
-def _set_parent_death_signal() -> None:  # runs in the child between fork and exec
+def _set_parent_death_signal() -> None:
     try:
         ctypes.CDLL("libc.so.6", use_errno=True).prctl(PR_SET_PDEATHSIG, signal.SIGTERM)
     except OSError:
         pass
+
+
+def _prepare_child(cpus: list[int]) -> None:  # runs in the child between fork and exec
+    """SIGTERM when the runner dies (Linux), and the CPU pinning the server inherits down its tree."""
+    if sys.platform == "linux":
+        _set_parent_death_signal()
+    if cpus:
+        os.sched_setaffinity(0, cpus)
 
 
 def log_tail(path: Path, lines: int = 40) -> str:
@@ -199,7 +211,7 @@ class Server:
         env = {**os.environ, **self.spec.env_overrides, "PYTHONUNBUFFERED": "1"}
         self.proc = subprocess.Popen(
             self.spec.argv, stdout=self._log, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL, env=env,
-            start_new_session=True, preexec_fn=_set_parent_death_signal if sys.platform == "linux" else None,
+            start_new_session=True, preexec_fn=functools.partial(_prepare_child, list(self.spec.cpus)),
         )
 
     async def wait_ready(self) -> None:

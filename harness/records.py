@@ -12,9 +12,9 @@ from pathlib import Path
 from typing import Any
 
 from harness.client import SPEC_FIELDS, Outcome, RequestSpec
-from workloads.base import Workload
+from workloads.scoring import Score, Scorer
 
-SCHEMA_VERSION = 1
+SCHEMA_VERSION = 2
 
 
 def write_json(path: Path, obj: Any) -> None:
@@ -56,16 +56,25 @@ def finish_reason(out: Outcome) -> str:
     return kind if kind in ("stop", "length", "abort") else "abort"
 
 
-def make_record(ids: dict[str, Any], spec: RequestSpec, out: Outcome, workload: Workload,
+def chunk_us(out: Outcome) -> list[int]:
+    """Arrival of each output-carrying chunk, whole microseconds after t_sent (docs/records.md)."""
+    times = getattr(out, "chunk_times", None) or []  # Outcome.chunk_times: monotonic seconds, one per chunk
+    if out.t_sent is None:
+        return []
+    return [round((t - out.t_sent) * 1e6) for t in times]
+
+
+def make_record(ids: dict[str, Any], request_index: int, spec: RequestSpec, out: Outcome,
                 store_text: bool) -> dict[str, Any]:
-    """One raw record (docs/records.md). `ids` holds campaign_id, run_id, arm, base_seed, repeat."""
+    """One raw record (docs/records.md), unscored. `ids` holds campaign_id, run_id, arm, base_seed, repeat;
+    `request_index` is the request's position in the run (warmup first, from 0)."""
     meta = out.meta_info or {}
     reason = finish_reason(out)
     completion = meta.get("completion_tokens")
-    score = workload.score(spec.item, out.text) if out.error is None else None
     return {
         "schema_version": SCHEMA_VERSION,
         **ids,
+        "request_index": request_index,
         "item_id": spec.item.item_id,
         "seed_offset": spec.item.seed_offset,
         "request_seed": spec.request_seed,
@@ -82,11 +91,25 @@ def make_record(ids: dict[str, Any], spec: RequestSpec, out: Outcome, workload: 
         "t_first_token": out.t_first_token,
         "t_end": out.t_end,
         "n_chunks": out.n_chunks,
+        "chunk_us": chunk_us(out),
+        "chunk_tokens": getattr(out, "chunk_tokens", None),
         "error": out.error,
         "output_text": out.text if store_text else None,
-        "answer": score.answer if score else None,
         "reference_answer": spec.item.answer,
-        "correct": score.correct if score else None,
-        "score_fallback": bool(score.fallback) if score else False,
         "meta_info": out.meta_info,
+    }
+
+
+def make_score(request_index: int, spec: RequestSpec, text: str, errored: bool, scorer: Scorer) -> dict[str, Any]:
+    """One line of scores.jsonl (docs/records.md): the response scored after the run's measured window.
+    An errored request gets no verdict (answer and correct null)."""
+    score = Score(answer=None, correct=None, fallback=False) if errored else scorer.score(text, spec.item.answer)
+    return {
+        "request_index": request_index,
+        "item_id": spec.item.item_id,
+        "warmup": spec.warmup,
+        "answer": score.answer,
+        "correct": score.correct,
+        "score_fallback": bool(score.fallback),
+        "scorer": scorer.label,
     }

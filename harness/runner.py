@@ -1,6 +1,10 @@
 """Run a campaign: every planned run gets a fresh server, a warmup, a cache flush, the measured
 requests, and a manifest. Finished runs of an existing campaign are kept; unfinished ones are set
-aside (never mixed in) and run again from scratch."""
+aside (never mixed in) and run again from scratch.
+
+Nothing but sending and recording happens inside the measured window: responses are scored once the
+run's server is stopped (scores.jsonl), and the machine's load is sampled before and after it.
+"""
 
 from __future__ import annotations
 
@@ -23,9 +27,9 @@ from rich.console import Console
 from rich.panel import Panel
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 
-from harness import envinfo
+from harness import envinfo, machine
 from harness.client import Outcome, RequestSpec, drive
-from harness.config import BenchConfig, ConfigError
+from harness.config import BenchConfig, ClientConfig, ConfigError, request_seed
 from harness.launcher import (
     LaunchSpec,
     Server,
@@ -39,8 +43,17 @@ from harness.launcher import (
     redact,
     redact_argv,
 )
+from harness.machine import CpuPin
 from harness.plan import PlannedRun, make_plan, slots
-from harness.records import SCHEMA_VERSION, RecordWriter, finish_reason, make_record, read_json, write_json
+from harness.records import (
+    SCHEMA_VERSION,
+    RecordWriter,
+    finish_reason,
+    make_record,
+    make_score,
+    read_json,
+    write_json,
+)
 from workloads.base import Workload
 
 
@@ -54,6 +67,7 @@ class Campaign:
     plan: list[PlannedRun]
     root: Path
     console: Console = field(default_factory=Console)
+    pin: CpuPin = field(default_factory=lambda: CpuPin([]))  # the runner's own pinning (client.cpus)
     _lock: Any = field(default=None, repr=False)
 
     @property
@@ -72,7 +86,7 @@ class Campaign:
             "created": datetime.now(UTC).isoformat(timespec="seconds"),
             "config": self.config_dict,
             "arms": [{"name": a.name, "args": redact_argv([str(t) for t in a.args]), "env": redact(dict(a.env)),
-                      "python": a.python} for a in exp.arms],
+                      "python": a.python, "seed_stream": a.seed_stream} for a in exp.arms],
             "baseline": exp.baseline,
             "declared_difference": exp.declared_difference,
             "concurrency": cfg.client.concurrency,
@@ -97,7 +111,7 @@ class Campaign:
             raise ConfigError(f"cannot write the campaign folder {self.root} ({exc.strerror or exc}); "
                               "choose a writable results_dir=...") from None
         old = read_json(path)
-        diffs = config_differences(old.get("config", {}), self.config_dict)
+        diffs = config_differences(with_added_keys(old.get("config", {})), self.config_dict)
         if diffs:
             raise ConfigError(
                 f"campaign {self.root} was created with a different config (differs at: {', '.join(diffs[:10])}); "
@@ -174,9 +188,30 @@ def workload_doc(workload: Workload) -> dict[str, Any]:
     }
 
 
+# keys added to the config after campaigns were made: absent from an older campaign's stored config,
+# they mean what these values mean (so such a campaign still resumes)
+ADDED_KEYS: dict[str, Any] = {"server.cpus": [], "client.cpus": [], "experiment.arms.seed_stream": 0}
+
+
+def with_added_keys(config: dict[str, Any]) -> dict[str, Any]:
+    """An older campaign's stored config with the keys added since filled in with their neutral values."""
+    out = copy.deepcopy(config)
+    for dotted, value in ADDED_KEYS.items():
+        head, key = dotted.rsplit(".", 1)
+        parts = head.split(".")
+        node: Any = out
+        for part in parts:
+            node = node.get(part) if isinstance(node, dict) else None
+        targets = node if isinstance(node, list) else [node]
+        for target in targets:
+            if isinstance(target, dict):
+                target.setdefault(key, copy.deepcopy(value))
+    return out
+
+
 def config_differences(old: Any, new: Any, prefix: str = "") -> list[str]:
     """Dotted keys whose values differ, ignoring the keys that do not change what is measured."""
-    ignored = {"campaign", "dry_run", "report", "strict_audit"}
+    ignored = {"campaign", "dry_run", "report", "strict_audit", "load_sample_s"}
     if isinstance(old, dict) and isinstance(new, dict):
         out = []
         for key in sorted(set(old) | set(new)):
@@ -187,16 +222,28 @@ def config_differences(old: Any, new: Any, prefix: str = "") -> list[str]:
     return [] if old == new else [prefix.rstrip(".")]
 
 
-def request_specs(cfg: BenchConfig, workload: Workload, base_seed: int) -> tuple[list[RequestSpec], list[RequestSpec]]:
-    """(warmup specs, measured specs) of one run. Request seed = base seed + the item's numeric id."""
+def request_specs(cfg: BenchConfig, workload: Workload, base_seed: int,
+                  seed_stream: int = 0) -> tuple[list[RequestSpec], list[RequestSpec]]:
+    """(warmup specs, measured specs) of one run. Request seed = base seed + the item's numeric id +
+    the arm's seed_stream * 2**32."""
     def seed(offset: int) -> int | None:
-        return base_seed + offset if cfg.experiment.seeded_requests else None
+        return request_seed(base_seed, offset, seed_stream) if cfg.experiment.seeded_requests else None
 
     items = workload.items
     warm = [RequestSpec(items[i % len(items)], seed(items[i % len(items)].seed_offset), True,
                         cfg.experiment.warmup.max_new_tokens) for i in range(cfg.experiment.warmup.requests)]
     measured = [RequestSpec(it, seed(it.seed_offset), False, cfg.sampling.max_new_tokens) for it in items]
     return warm, measured
+
+
+def check_request_seeds(cfg: BenchConfig, workload: Workload) -> None:
+    """ConfigError (before anything launches) when a planned request seed does not fit 64 bits."""
+    if not cfg.experiment.seeded_requests:
+        return
+    for arm in cfg.experiment.arms:
+        for base_seed in cfg.experiment.base_seeds:
+            for item in workload.items:
+                request_seed(base_seed, item.seed_offset, arm.seed_stream)
 
 
 def server_env(env_overrides: dict[str, str]) -> dict[str, str]:
@@ -214,6 +261,17 @@ class RunFailed(RuntimeError):
 
 
 @dataclass
+class Response:
+    """What scoring needs of one request, kept in memory until the measured window is over (the text
+    too, whether or not the record stores it)."""
+
+    request_index: int
+    spec: RequestSpec
+    text: str
+    errored: bool
+
+
+@dataclass
 class RunContext:
     campaign: Campaign
     planned: PlannedRun
@@ -221,6 +279,7 @@ class RunContext:
     manifest: dict[str, Any]
     progress: Progress
     failures: list[str] = field(default_factory=list)  # "item: error" of each errored/aborted/timed-out request
+    responses: list[Response] = field(default_factory=list)
 
     def save(self) -> None:
         write_json(self.campaign.run_dir(self.planned.run_id) / "manifest.json", self.manifest)
@@ -242,7 +301,27 @@ def start_manifest(c: Campaign, run: PlannedRun, spec: LaunchSpec) -> dict[str, 
         "wall_anchor": {"monotonic": mono, "unix": unix}, "t_start_unix": unix, "t_end_unix": None,
         "concurrency": cfg.client.concurrency, "request_rate": cfg.client.request_rate,
         "max_new_tokens": cfg.sampling.max_new_tokens,
+        "client": {"stream_mode": None, "arrival": "open" if cfg.client.request_rate else "closed",
+                   "cpus": list(cfg.client.cpus) or None},
+        "server_cpus": list(spec.cpus) or None,
+        "machine": {"before": None, "after": None, "during": None},
+        "scorer": {"name": c.workload.scorer.name, "version": c.workload.scorer.version},
+        "scoring": None,
     }
+
+
+def incremental_stream(server_info: dict | None) -> bool:
+    """Whether the server streams only the new text in each chunk (SGLang --incremental-streaming-output)."""
+    return bool((server_info or {}).get("incremental_streaming_output"))
+
+
+def stream_mode(client: ClientConfig, server_info: dict | None) -> str:
+    """How the client reads the stream: none | chat | incremental | cumulative (manifest client.stream_mode)."""
+    if not client.stream:
+        return "none"
+    if client.route == "chat":
+        return "chat"
+    return "incremental" if incremental_stream(server_info) else "cumulative"
 
 
 def seeds_honoured(cfg: BenchConfig, server_info: dict | None) -> bool:
@@ -251,45 +330,100 @@ def seeds_honoured(cfg: BenchConfig, server_info: dict | None) -> bool:
     return bool((server_info or {}).get("enable_deterministic_inference", False))
 
 
-async def drive_run(ctx: RunContext, server: Server) -> None:
-    """Warm up, flush, send the measured requests, appending every record."""
-    c, run, cfg = ctx.campaign, ctx.planned, ctx.campaign.cfg
-    base = ctx.spec.base_url
+async def read_server_facts(ctx: RunContext) -> None:
+    """/server_info and /model_info after readiness, and what follows from them (seeds, stream mode)."""
+    c, run, cfg, base = ctx.campaign, ctx.planned, ctx.campaign.cfg, ctx.spec.base_url
     ctx.manifest["server_info"] = await get_json(base, "/server_info") or await get_json(base, "/get_server_info")
     ctx.manifest["model_info"] = await get_json(base, "/model_info") or await get_json(base, "/get_model_info")
     ctx.manifest["seeds_honoured"] = seeds_honoured(cfg, ctx.manifest["server_info"])
+    ctx.manifest["client"]["stream_mode"] = stream_mode(cfg.client, ctx.manifest["server_info"])
     if not ctx.manifest["seeds_honoured"]:
         c.console.print(Panel(
             f"run {run.run_id}: per-request seeds are sent but the server does not run with "
             "--enable-deterministic-inference, so it ignores them; results are NOT reproducible "
             "(recorded as seeds_honoured: false)", title="WARNING: seeds not honoured", style="bold red"))
     ctx.save()
+
+
+async def drive_run(ctx: RunContext) -> None:
+    """Warm up, flush, send the measured requests, appending every record; the runner is pinned to
+    client.cpus meanwhile, and the machine's CPU counters are read at both ends of the measured window."""
+    c, run, cfg = ctx.campaign, ctx.planned, ctx.campaign.cfg
+    base = ctx.spec.base_url
+    await read_server_facts(ctx)
+    incremental = incremental_stream(ctx.manifest["server_info"])
     ids = {"campaign_id": c.campaign_id, "run_id": run.run_id, "arm": run.arm, "base_seed": run.base_seed,
            "repeat": run.repeat}
+    warm, measured = request_specs(cfg, c.workload, run.base_seed, cfg.experiment.arm(run.arm).seed_stream)
+    index_of = {id(spec): i for i, spec in enumerate([*warm, *measured])}
     writer = RecordWriter(c.run_dir(run.run_id) / "records.jsonl")
     task = ctx.progress.add_task(f"{run.run_id}", total=None)
     model = (ctx.manifest["model_info"] or {}).get("model_path") or cfg.server.model_path
 
     def on_done(spec: RequestSpec, out: Outcome) -> None:
-        writer.append(make_record(ids, spec, out, c.workload, cfg.client.store_output_text))
+        index = index_of[id(spec)]
+        writer.append(make_record(ids, index, spec, out, cfg.client.store_output_text))
+        ctx.responses.append(Response(index, spec, out.text, out.error is not None))
         if out.error is not None or finish_reason(out) == "abort":
             ctx.failures.append(f"{'warmup ' if spec.warmup else ''}item {spec.item.item_id}: {out.error or 'aborted'}")
         ctx.progress.advance(task)
 
+    c.pin.acquire()
     try:
-        warm, measured = request_specs(cfg, c.workload, run.base_seed)
         if warm:
             ctx.progress.update(task, total=len(warm), completed=0, description=f"{run.run_id} warmup")
             await drive(base, warm, sampling=cfg.sampling, client=cfg.client, model=model,
-                        concurrency=len(warm), arrival_seed=run.base_seed, on_done=on_done)
+                        concurrency=len(warm), arrival_seed=run.base_seed, on_done=on_done,
+                        incremental=incremental)
         if cfg.experiment.warmup.flush_cache:
             await flush_cache(base)
         ctx.progress.update(task, total=len(measured), completed=0, description=f"{run.run_id}")
+        start = machine.read_counters()
         await drive(base, measured, sampling=cfg.sampling, client=cfg.client, model=model,
-                    concurrency=cfg.client.concurrency, arrival_seed=run.base_seed, on_done=on_done)
+                    concurrency=cfg.client.concurrency, arrival_seed=run.base_seed, on_done=on_done,
+                    incremental=incremental)
+        ctx.manifest["machine"]["during"] = machine.during(start, machine.read_counters())
     finally:
+        c.pin.release()
         writer.close()
         ctx.progress.remove_task(task)
+
+
+def score_run(ctx: RunContext) -> None:
+    """Score every response of the run (warmup too) into scores.jsonl, after its measured window; the
+    manifest gets how many and how long. Any scoring error fails the run (RunFailed), naming the request."""
+    scorer = ctx.campaign.workload.scorer
+    writer = RecordWriter(ctx.campaign.run_dir(ctx.planned.run_id) / "scores.jsonl")
+    start = time.monotonic()
+    try:
+        for resp in sorted(ctx.responses, key=lambda r: r.request_index):
+            try:
+                line = make_score(resp.request_index, resp.spec, resp.text, resp.errored, scorer)
+            except Exception as exc:  # any failure of the scorer is the run's failure, loudly
+                raise RunFailed(f"scoring request_index {resp.request_index} (item {resp.spec.item.item_id}) with "
+                                f"{scorer.label} failed: {type(exc).__name__}: {exc}") from exc
+            writer.append(line)
+    finally:
+        writer.close()
+        ctx.manifest["scoring"] = {"scored": writer.count, "seconds": round(time.monotonic() - start, 3)}
+
+
+@dataclass
+class SlotGate:
+    """Scoring runs in the event loop's thread (math-verify's timeout needs the main thread), so it would
+    stall any run still measuring: with parallel placement the runs of a slot score only once every one
+    of them has stopped its server. Sequential runs get a gate of their own."""
+
+    pending: set[str]
+    event: asyncio.Event = field(default_factory=asyncio.Event)
+
+    def arrive(self, run_id: str) -> None:
+        self.pending.discard(run_id)
+        if not self.pending:
+            self.event.set()
+
+    async def wait(self) -> None:
+        await self.event.wait()
 
 
 END_HEALTH_TIMEOUT_S = 10.0
@@ -325,8 +459,16 @@ async def responds(base_url: str, path: str, timeout_s: float) -> bool:
         return False
 
 
-async def run_one(c: Campaign, run: PlannedRun, progress: Progress) -> str:
-    """One run from a fresh server to its manifest. Returns its final status."""
+async def run_one(c: Campaign, run: PlannedRun, progress: Progress, gate: SlotGate | None = None) -> str:
+    """One run from a fresh server to its manifest and scores. Returns its final status."""
+    gate = gate or SlotGate({run.run_id})
+    try:
+        return await measure_and_score(c, run, progress, gate)
+    finally:
+        gate.arrive(run.run_id)
+
+
+async def measure_and_score(c: Campaign, run: PlannedRun, progress: Progress, gate: SlotGate) -> str:
     if c.run_status(run.run_id) == "finished":
         c.console.print(f"[dim]{run.run_id}: finished earlier, kept[/]")
         return "finished"
@@ -339,18 +481,23 @@ async def run_one(c: Campaign, run: PlannedRun, progress: Progress) -> str:
     ctx.save()
     checks: dict[str, Any] = {}
     try:
+        ctx.manifest["machine"]["before"] = await machine.sample(c.cfg.load_sample_s)
         async with Server(spec) as server:
             await server.wait_ready()
             checks["after_ready"] = check_log(spec.log_path, spec.log_checks)
             if not checks["after_ready"]["passed"]:
                 raise RunFailed(f"log check after readiness failed: {describe_failed_checks(checks['after_ready'])}")
-            await drive_run(ctx, server)
+            await drive_run(ctx)
+            ctx.manifest["machine"]["after"] = await machine.sample(c.cfg.load_sample_s)
             check_failed_requests(ctx)
             ctx.manifest["server_info_end"] = await get_json(spec.base_url, "/server_info", END_HEALTH_TIMEOUT_S)
             checks["at_end"] = check_log(spec.log_path, spec.log_checks)
             await check_server_health(ctx, server)
             if not checks["at_end"]["passed"]:
                 raise RunFailed(f"log check at the end failed: {describe_failed_checks(checks['at_end'])}")
+        gate.arrive(run.run_id)
+        await gate.wait()
+        score_run(ctx)
         ctx.manifest["status"] = "finished"
     except (ServerError, RunFailed, OSError, aiohttp.ClientError) as exc:  # the run fails, the campaign goes on
         ctx.manifest.update(status="failed", error=str(exc))
@@ -375,7 +522,8 @@ async def run_campaign(c: Campaign) -> dict[str, str]:
         overall = progress.add_task("runs", total=len(c.plan))
         for slot in slots(c.plan):
             if c.cfg.experiment.placement == "parallel":
-                results = await asyncio.gather(*(run_one(c, r, progress) for r in slot))
+                gate = SlotGate({r.run_id for r in slot})
+                results = await asyncio.gather(*(run_one(c, r, progress, gate) for r in slot))
             else:
                 results = [await run_one(c, r, progress) for r in slot]
             for run, status in zip(slot, results, strict=True):
@@ -393,8 +541,10 @@ def campaign_root(cfg: BenchConfig) -> Path:
 
 
 def build_campaign(cfg: BenchConfig, config_dict: dict, workload: Workload, console: Console) -> Campaign:
+    """The campaign of a config; ConfigError (nothing launched) when a planned request seed is out of range."""
+    check_request_seeds(cfg, workload)
     return Campaign(cfg=cfg, config_dict=redact_config(config_dict), workload=workload, plan=make_plan(cfg.experiment),
-                    root=campaign_root(cfg), console=console)
+                    root=campaign_root(cfg), console=console, pin=CpuPin(list(cfg.client.cpus)))
 
 
 def summary(statuses: dict[str, str]) -> str:

@@ -14,7 +14,9 @@ from pathlib import Path
 import numpy as np
 import pytest
 
+from analysis.compare import item_matrix
 from analysis.report import build_report
+from analysis.stats import MIN_ITEMS, bootstrap_sums, item_change
 
 FIXTURES = Path(__file__).parent / "fixtures" / "analysis"
 
@@ -60,17 +62,28 @@ def test_pooled_acceptance_length_is_a_ratio_of_sums_not_a_mean_of_ratios(clean)
     assert pooled.at["correct_drafts_per_step", "block"] == pytest.approx(100 / 42)
 
 
-def test_acceptance_length_change_and_its_item_bootstrap_interval(clean):
+def test_acceptance_length_change_has_no_interval_below_min_items(clean):
     c = change(clean, "acceptance_length")
     assert c.estimate == pytest.approx(142 / 100 - 1)
-    # two items: a resample holds {q1,q1}, {q1,q2} or {q2,q2}: q1 alone gives 105/70 - 1 = +50%,
-    # q2 alone 37/30 - 1 = +23.33%; each has probability 1/4, so they are the 2.5% and 97.5% points.
-    assert (c.lo, c.hi) == (pytest.approx(37 / 30 - 1), pytest.approx(0.5))
-    assert c.unit == "items" and c.n == 2 and c.significant
-    rw = change(clean, "al_request_mean")  # item sums of ratios: q1 token 4, block 6; q2 token 9, block 11
-    assert (rw.estimate, rw.lo, rw.hi) == (pytest.approx(17 / 13 - 1), pytest.approx(11 / 9 - 1), pytest.approx(0.5))
-    cd = change(clean, "correct_drafts_per_step")  # q1 35 -> 70, q2 23 -> 30
-    assert (cd.estimate, cd.lo, cd.hi) == (pytest.approx(100 / 58 - 1), pytest.approx(30 / 23 - 1), pytest.approx(1.0))
+    assert c.unit == "items" and c.n == 2 < MIN_ITEMS
+    assert not c.has_interval and c.below_minimum and not c.significant
+    assert change(clean, "al_request_mean").estimate == pytest.approx(17 / 13 - 1)
+    assert change(clean, "correct_drafts_per_step").estimate == pytest.approx(100 / 58 - 1)
+
+
+def test_item_bootstrap_interval_by_hand(clean):
+    """The bootstrap itself, with the minimum lowered to 2 items: a resample holds {q1,q1}, {q1,q2} or
+    {q2,q2}: q1 alone gives 105/70 - 1 = +50%, q2 alone 37/30 - 1 = +23.33%; each has probability 1/4, so
+    they are the 2.5% and 97.5% points."""
+    m = clean.metrics
+    matrix, layouts, _ = item_matrix(m)
+    boot = bootstrap_sums(matrix, 2000, np.random.default_rng(0))
+    lay = layouts["pooled"]
+    cols = (lay.col(0, 1, "tokens"), lay.col(0, 1, "verify_steps"), lay.col(0, 0, "tokens"),
+            lay.col(0, 0, "verify_steps"))
+    c = item_change(matrix.sum(axis=0), boot, cols, 2, min_items=2)
+    assert (c.estimate, c.lo, c.hi) == (pytest.approx(0.42), pytest.approx(37 / 30 - 1), pytest.approx(0.5))
+    assert c.significant
 
 
 def test_throughput_is_sum_of_tokens_over_sum_of_windows(clean):
@@ -83,23 +96,40 @@ def test_throughput_is_sum_of_tokens_over_sum_of_windows(clean):
     assert pooled.at["throughput", "token"] == pytest.approx(100 / 8)  # not mean(50/4.5, 50/3.5)
     assert pooled.at["throughput", "block"] == pytest.approx(142 / 7)
     c = change(clean, "throughput")
-    assert c.estimate == pytest.approx((142 / 7) / 12.5 - 1)
-    # two run pairs, both faster: the exact sign-flip p is 2/4, and no p below 0.05 is possible
-    assert c.p_value == pytest.approx(0.5) and c.exact and c.n == 2
+    # the change is the geometric mean of the pair ratios: seed 100 (72/3.5)/(50/4.5), seed 200 (70/3.5)/(50/3.5)
+    r100, r200 = (72 / 3.5) / (50 / 4.5), (70 / 3.5) / (50 / 3.5)
+    assert c.estimate == pytest.approx(np.sqrt(r100 * r200) - 1)
+    assert (c.range_lo, c.range_hi) == (pytest.approx(r200 - 1), pytest.approx(r100 - 1))
+    # two run pairs (< 6): no interval; the exact sign-flip p is 2/4
+    assert not c.has_interval and c.n == 2 and c.p_value == pytest.approx(0.5) and c.exact
     assert c.too_few_pairs and not c.significant
 
 
-def test_decode_rate_and_latency_percentiles(clean):
+def test_decode_throughput_is_measured_and_latency_percentiles_are_pooled(clean):
     pooled = clean.tables.pooled
-    # per request (completion - 1) / (t_end - t_first_token); run mean x concurrency 2; mean over runs
-    token = np.mean([(39 / 4.0 + 9 / 1.0) / 2 * 2, (29 / 3.0 + 19 / 2.0) / 2 * 2])
-    block = np.mean([(59 / 3.0 + 11 / 1.0) / 2 * 2, (44 / 3.0 + 24 / 2.0) / 2 * 2])
-    assert pooled.at["decode_tps", "token"] == pytest.approx(token)
-    assert pooled.at["decode_tps", "block"] == pytest.approx(block)
-    assert pooled.at["ttft_p50", "token"] == pytest.approx(350.0)  # ms: TTFTs 0.5 s and 0.2 s in every run
-    # e2e per run: token 4.5/1.2 and 3.5/2.2 -> p50 2.85 and 2.85
+    # schema 1: the first chunk counts as 1 token; a request decodes over [t_first_token, t_end].
+    # token seed 100: (39 + 9) tokens over [100.2, 104.5] (the union of [100.5, 104.5] and [100.2, 101.2]);
+    # seed 200: (29 + 19) over [300.2, 303.5]. block: (59 + 11) over 3.3 s and (44 + 24) over 3.3 s.
+    runs = clean.tables.per_run.set_index("run_id")
+    assert runs.at["r0-token-100", "decode_tps"] == pytest.approx(48 / 4.3)
+    assert pooled.at["decode_tps", "token"] == pytest.approx(96 / 7.6)
+    assert pooled.at["decode_tps", "block"] == pytest.approx(138 / 6.6)
+    # per-request rate, mean over the arm's requests: token 39/4, 9/1, 29/3, 19/2
+    assert pooled.at["decode_rate_mean", "token"] == pytest.approx(np.mean([39 / 4, 9, 29 / 3, 19 / 2]))
+    assert "decode_tps" in pooled.index and "Decode tok/s (mean request rate x concurrency)" not in clean.markdown
+    # TTFT pooled over the arm's four requests: 0.5, 0.2, 0.5, 0.2 s -> p50 0.35 s
+    assert pooled.at["ttft_p50", "token"] == pytest.approx(350.0)
+    # e2e token: 4.5, 1.2, 3.5, 2.2 -> p50 (2.2 + 3.5) / 2, p90 at 2.7 of 3: 3.5 + 0.7 x 1.0
     assert pooled.at["e2e_p50", "token"] == pytest.approx(2.85)
-    assert pooled.at["e2e_p50", "block"] == pytest.approx(np.mean([(3.5 + 1.2) / 2, (3.5 + 2.2) / 2]))
+    assert pooled.at["e2e_p90", "token"] == pytest.approx(4.2)
+    # block: 3.5, 1.2, 3.5, 2.2 -> p50 2.85
+    assert pooled.at["e2e_p50", "block"] == pytest.approx(2.85)
+    # TPOT = (t_end - t_first_token) / (completion_tokens - 1): token 4/39, 1/9, 3/29, 2/19 -> p50 (3/29 + 2/19) / 2
+    assert pooled.at["tpot_p50", "token"] == pytest.approx((3 / 29 + 2 / 19) / 2 * 1000)
+    # every percentile here comes from 4 values: flagged; ITL needs chunk arrays (schema 2)
+    assert "| TTFT p99 (ms) | 500.0 (n=4) | 500.0 (n=4) |" in clean.markdown
+    assert "ITL p50" not in clean.markdown
+    assert clean.metrics.pooled_counts.loc["itl"].sum() == 0
 
 
 def test_counts_score_cap_and_errors(clean):
@@ -116,7 +146,7 @@ def test_per_seed_table(clean):
     assert ps.at[(200, "block"), "throughput"] == pytest.approx(20.0)
     assert ps.at[(100, "token"), "correct"] == 1 and ps.at[(100, "block"), "correct"] == 2
     seed100 = change(clean, "acceptance_length", "seed", 100)
-    assert (seed100.estimate, seed100.lo, seed100.hi) == (pytest.approx(0.44), pytest.approx(0.2), pytest.approx(0.5))
+    assert seed100.estimate == pytest.approx(0.44) and not seed100.has_interval
 
 
 def test_per_category_table(clean):
@@ -150,15 +180,18 @@ def test_markdown_tables_match_the_shape_of_the_published_ab(clean):
     md = clean.markdown
     assert "## Audit: PASSED" in md
     assert "| Metric | token (baseline) | block | Change block vs token [95% CI] |" in md
-    assert "| Acceptance length (includes bonus) | 2.3810 | 3.3810 | +42.00% [+23.33%, +50.00%] |" in md
-    assert "| Output throughput (tokens/s) | 12.50 | 20.29 | +62.29% [" in md
-    assert "p=0.5\u2020 not significant |" in md
+    assert "| Acceptance length (includes bonus) | 2.3810 | 3.3810 | +42.00% (no interval: 2 items, fewer than 10) |" in md
+    assert ("| Output throughput (tokens/s) | 12.50 | 20.29 | +61.00% (range of pair ratios [+40.00%, +85.14%], "
+            "2 pairs, no interval) |") in md
     assert "| Boxed score over entire response | 3/4 | 3/4 |  |" in md
     assert "| Responses hitting the 60-token cap | 0/4 | 1/4 |  |" in md
-    assert "| 100 | 2.2727 | 3.2727 | 11.11 | 20.57 | 1/2 | 2/2 | +44.00% [+20.00%, +50.00%] |" in md
+    assert "| 100 | 2.2727 | 3.2727 | 11.11 | 20.57 | 1/2 | 2/2 | +44.00% (no interval: 2 items, fewer than 10) |" in md
     assert "| geometry | 4 | 4.2857 | 5.2857 |" in md
-    assert "cannot give a p-value below 0.5" in md
-    assert md.index("## Audit") < md.index("## Results") < md.index("## Per seed") < md.index("## Setup")
+    assert "cannot give p below 0.5" in md
+    assert "scored in the client's event loop" in md and "Closed loop" in md
+    assert "Foreign CPU" in md and "| not recorded |" in md
+    assert md.index("## Audit") < md.index("## Results") < md.index("## Power") < md.index("## Per seed") \
+        < md.index("## Setup") < md.index("## Method")
 
 
 # ---------------------------------------------------------------------------------------------
@@ -193,7 +226,7 @@ def test_metrics_use_the_first_copy_of_a_duplicate_and_skip_errors(holes):
 def test_markdown_is_loud_about_a_failed_audit(holes):
     md = holes.markdown
     assert md.startswith("# A/B report: golden")
-    assert "## Audit: FAILED (1 of 12 checks)" in md
+    assert "## Audit: FAILED (1 of 15 checks)" in md
     assert "> **AUDIT FAILED.**" in md
     assert "- missing: arm block, seed 200, repeat 0, item q2 (golden/golden-c1/r2-block-200)" in md
     assert "- duplicated (2 records): arm token, seed 100, repeat 0, item q1" in md

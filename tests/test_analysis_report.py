@@ -106,7 +106,12 @@ def test_a_a_campaign_reports_its_noise_floor(tmp_path):
     (diff,) = report.audit.arm_diffs
     assert diff.identical and report.audit.passed
     assert "## Noise floor (A/A)" in report.markdown
-    assert "| Acceptance length | +42.00% [+23.33%, +50.00%] | \u00b113.33% |" in report.markdown
+    assert "| Acceptance length | +42.00% (no interval: 2 items, fewer than 10) | n/a |" in report.markdown
+    # two run pairs: no interval; the floor shown is the largest pair ratio's distance from 1
+    assert "| Output throughput | +61.00% (range of pair ratios [+40.00%, +85.14%], 2 pairs, no interval) | " \
+           "\u00b185.14% (largest pair ratio, 2 pairs) |" in report.markdown
+    assert "Both arms send the same request seeds" in report.markdown
+    assert "this A/A campaign's pairs: the run-to-run noise" in report.markdown
 
 
 def test_truncated_last_line_is_read_line_by_line_and_flagged(tmp_path):

@@ -6,13 +6,18 @@ import math
 
 import numpy as np
 import pytest
+from scipy import stats as sps
 
+from analysis.metrics import union_length, weighted_percentile
 from analysis.stats import (
+    MIN_PAIRS,
     Change,
     bootstrap_sums,
     paired_change,
+    pairs_needed,
     percentile_interval,
     sign_flip_pvalue,
+    t_test_power,
 )
 
 
@@ -82,24 +87,111 @@ def test_verdicts():
 
 
 def test_paired_change_of_identical_arms_is_zero_and_not_significant():
-    pairs = np.array([[10.0, 2.0, 10.0, 2.0], [12.0, 3.0, 12.0, 3.0], [9.0, 1.0, 9.0, 1.0]])
-    c = paired_change(pairs, 200, np.random.default_rng(0))
-    assert (c.estimate, c.lo, c.hi) == (0.0, 0.0, 0.0)
+    pairs = np.array([[10.0, 2.0, 10.0, 2.0], [12.0, 3.0, 12.0, 3.0], [9.0, 1.0, 9.0, 1.0]] * 2)
+    c = paired_change(pairs, np.random.default_rng(0))
+    assert c.n == 6 and (c.estimate, c.lo, c.hi) == (0.0, 0.0, 0.0)
     assert c.p_value == 1.0 and not c.significant
 
 
-def test_paired_change_is_a_ratio_of_sums_over_pairs():
+def test_paired_change_is_the_geometric_mean_of_pair_ratios():
     # throughput pairs: (tokens_b, window_b, tokens_a, window_a)
     pairs = np.array([[72.0, 3.5, 50.0, 4.5], [70.0, 3.5, 50.0, 3.5]])
-    c = paired_change(pairs, 500, np.random.default_rng(1))
-    assert c.estimate == pytest.approx((142 / 7) / (100 / 8) - 1)
-    # resamples: pair 1 twice, pair 2 twice, or both
-    assert c.lo == pytest.approx((70 / 3.5) / (50 / 3.5) - 1)
-    assert c.hi == pytest.approx((72 / 3.5) / (50 / 4.5) - 1)
-    assert c.p_value == pytest.approx(0.5) and c.n == 2
+    c = paired_change(pairs, np.random.default_rng(1))
+    r1, r2 = (72 / 3.5) / (50 / 4.5), (70 / 3.5) / (50 / 3.5)
+    assert c.estimate == pytest.approx(math.sqrt(r1 * r2) - 1)
+    assert (c.range_lo, c.range_hi) == (pytest.approx(r2 - 1), pytest.approx(r1 - 1))
+    assert not c.has_interval and c.p_value == pytest.approx(0.5) and c.n == 2
+
+
+def test_five_pairs_give_the_range_and_no_interval():
+    ratios = np.array([1.10, 1.02, 1.05, 1.08, 1.04])
+    pairs = np.column_stack([ratios, np.ones(5), np.ones(5), np.ones(5)])
+    c = paired_change(pairs, np.random.default_rng(0))
+    assert c.n == 5 < MIN_PAIRS and c.below_minimum
+    assert not c.has_interval and not c.significant  # all five faster, yet p = 2/32 = 0.0625 at best
+    assert c.p_value == pytest.approx(2 / 32)
+    assert (c.range_lo, c.range_hi) == (pytest.approx(0.02), pytest.approx(0.10))
+    assert c.estimate == pytest.approx(np.exp(np.mean(np.log(ratios))) - 1)
+
+
+def test_six_pairs_give_a_t_interval_on_log_ratios_holding_the_estimate():
+    ratios = np.array([1.10, 1.02, 1.05, 1.08, 1.04, 1.06])
+    pairs = np.column_stack([ratios, np.ones(6), np.ones(6), np.ones(6)])
+    c = paired_change(pairs, np.random.default_rng(0))
+    d = np.log(ratios)  # by hand: mean +- t(0.975, 5) sd / sqrt(6), t(0.975, 5) = 2.5706
+    half = 2.570582 * d.std(ddof=1) / math.sqrt(6)
+    assert (c.lo, c.hi) == (pytest.approx(math.expm1(d.mean() - half), rel=1e-6),
+                            pytest.approx(math.expm1(d.mean() + half), rel=1e-6))
+    assert c.lo < c.estimate < c.hi
+    assert c.p_value == pytest.approx(2 / 64) and c.significant  # all six faster: the exact p is 2/2^6
 
 
 def test_paired_change_drops_pairs_with_missing_values():
     pairs = np.array([[1.0, 1.0, 1.0, 1.0], [np.nan, 1.0, 1.0, 1.0], [2.0, 0.0, 1.0, 1.0]])
-    c = paired_change(pairs, 10, np.random.default_rng(0))
-    assert c.n == 1 and not c.has_interval
+    c = paired_change(pairs, np.random.default_rng(0), flagged=np.array([True, True, False]))
+    assert c.n == 1 and not c.has_interval and c.flagged == 1
+
+
+@pytest.mark.parametrize(("effect_size", "pairs"), [(1.0, 10), (0.8, 15), (0.5, 34)])
+def test_pairs_needed_match_the_textbook_paired_t_test_table(effect_size, pairs):
+    """Cohen's table for a two-sided one-sample (paired) t-test at 0.05 and 80% power: d = 1 needs 10,
+    d = 0.8 needs 15, d = 0.5 needs 34. Here d = log(1.02) / sd."""
+    sd = math.log1p(0.02) / effect_size
+    assert pairs_needed(0.02, sd) == pairs
+    assert t_test_power(pairs, math.log1p(0.02), sd) >= 0.8 > t_test_power(pairs - 1, math.log1p(0.02), sd)
+
+
+def test_power_by_hand_from_the_noncentral_t():
+    # n = 10, effect/sd = 1: nc = sqrt(10), crit = t(0.975, 9) = 2.2622; power = P(T' > 2.2622) + P(T' < -2.2622)
+    crit = sps.t.ppf(0.975, 9)
+    want = sps.nct.sf(crit, 9, math.sqrt(10)) + sps.nct.cdf(-crit, 9, math.sqrt(10))
+    assert t_test_power(10, 0.01, 0.01) == pytest.approx(want) == pytest.approx(0.8031, abs=1e-4)
+
+
+def test_pairs_needed_never_below_min_pairs_and_none_beyond_the_cap():
+    assert pairs_needed(0.05, 0.0001) == MIN_PAIRS
+    assert pairs_needed(0.01, 0.0) == MIN_PAIRS
+    assert pairs_needed(0.01, 5.0) is None
+    assert pairs_needed(0.01, math.nan) is None
+
+
+def test_weighted_percentile_equals_the_percentile_of_the_repeated_values():
+    rng = np.random.default_rng(4)
+    for _ in range(20):
+        values = rng.normal(size=7)
+        weights = rng.integers(0, 5, size=7).astype(float)
+        if weights.sum() == 0:
+            continue
+        for q in (0, 10, 50, 90, 99, 100):
+            want = np.percentile(np.repeat(values, weights.astype(int)), q)
+            assert weighted_percentile(values, weights, q) == pytest.approx(want)
+    assert math.isnan(weighted_percentile(np.array([]), np.array([]), 50))
+
+
+def test_union_length_counts_overlaps_once_and_skips_gaps():
+    # [0, 2] and [1, 3] merge to [0, 3]; [5, 6] adds 1; [5.5, 5.8] is inside; [7, 7] is empty
+    start = np.array([1.0, 0.0, 5.0, 5.5, 7.0])
+    end = np.array([3.0, 2.0, 6.0, 5.8, 7.0])
+    assert union_length(start, end) == pytest.approx(4.0)
+    assert union_length(np.array([np.nan]), np.array([1.0])) == 0.0
+
+
+def test_itl_sort_packed_keys_and_float_fallback_give_the_weighted_percentiles():
+    from analysis.metrics import PERCENTILES, Itl, sort_by_run, weighted_percentiles
+
+    rng = np.random.default_rng(5)
+    run = np.repeat(np.arange(3, dtype=np.int32), 50)
+    gap = rng.integers(1, 10**6, 150)
+    for tokens, packed in ((rng.integers(1, 9, 150), True), (np.r_[2**20, rng.integers(1, 9, 149)], False)):
+        s = sort_by_run(Itl(run, gap, tokens), 3)
+        assert (s.keys is not None) is packed
+        value = gap / 1e6 / tokens
+        for r in range(3):
+            mine = run == r
+            want = weighted_percentiles(value[mine], tokens[mine].astype(float), PERCENTILES)
+            assert s.run_percentiles(r, PERCENTILES) == pytest.approx(want, abs=1e-9)  # to the nanosecond
+        both = (run == 0) | (run == 2)
+        got, count = s.pooled([0, 2], PERCENTILES)
+        assert count == tokens[both].sum()
+        assert got == pytest.approx(weighted_percentiles(value[both], tokens[both].astype(float), PERCENTILES),
+                                    abs=1e-9)

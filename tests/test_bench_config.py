@@ -257,3 +257,16 @@ def test_the_flag_of_an_sglang_error_is_named(message, flag):
 def test_bad_preflight_value_is_named():
     with pytest.raises(ConfigError, match="server.preflight='maybe' is not valid; choose one of: require, skip"):
         composed("server.preflight=maybe")
+
+
+def test_manifest_client_stream_mode():
+    """manifest client.stream_mode: how the client reads the server's stream (docs/records.md)."""
+    from harness.config import ClientConfig  # noqa: PLC0415
+    from harness.runner import stream_mode  # noqa: PLC0415
+
+    incremental = {"incremental_streaming_output": True}
+    assert stream_mode(ClientConfig(), {"incremental_streaming_output": False}) == "cumulative"
+    assert stream_mode(ClientConfig(), None) == "cumulative"
+    assert stream_mode(ClientConfig(), incremental) == "incremental"
+    assert stream_mode(ClientConfig(route="chat"), incremental) == "chat"
+    assert stream_mode(ClientConfig(stream=False), incremental) == "none"

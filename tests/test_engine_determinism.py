@@ -35,3 +35,12 @@ def test_seeded_outputs_do_not_depend_on_concurrency(algorithm_args: list[str]) 
         assert other_seed != alone[0]
         batch_sizes = [int(n) for n in re.findall(r"#running-req: (\d+)", server.log_text())]
         assert max(batch_sizes) >= 16  # the probes really ran inside a large batch
+
+
+def test_fold_seed_mixes_the_high_word():
+    """Seeds 2**32 apart (two seed streams) must give different generator seeds; low seeds are kept."""
+    from harness.engine.service import fold_seed
+
+    assert [fold_seed(s) for s in (0, 1, 980406, 2**32 - 1)] == [0, 1, 980406, 2**32 - 1]
+    assert fold_seed(980406 + 2**32) != fold_seed(980406)
+    assert len({fold_seed(7 + k * 2**32) for k in range(64)}) == 64

@@ -1,8 +1,9 @@
 """End to end: `python -m harness.bench` drives the embedded server as real subprocesses.
 
-A small campaign runs; the layout and record keys are there; arms alternate; warmup is kept out;
-request seeds are base seed + item id; no server survives; a killed server fails its run and a rerun
-resumes it without losing or duplicating records; seeds that the server ignores are flagged."""
+A small campaign runs; the layout and record keys (schema 2) are there; arms alternate; warmup is kept
+out; request seeds are base seed + item id; every record is scored once, in scores.jsonl; the machine's
+load is recorded; no server survives; a killed server fails its run and a rerun resumes it without
+losing or duplicating records; seeds that the server ignores are flagged."""
 
 from __future__ import annotations
 
@@ -18,20 +19,26 @@ from pathlib import Path
 import psutil
 import pytest
 
+from workloads.scoring import Scorer
+
 pytestmark = pytest.mark.slow
 
 RECORD_KEYS = {
-    "schema_version", "campaign_id", "run_id", "arm", "base_seed", "repeat", "item_id", "request_seed", "warmup",
-    "prompt_tokens", "completion_tokens", "spec_verify_ct", "spec_num_correct_drafts", "finish_reason", "hit_cap",
-    "t_scheduled", "t_sent", "t_first_token", "t_end", "n_chunks", "error", "output_text", "answer", "correct",
+    "schema_version", "campaign_id", "run_id", "arm", "request_index", "base_seed", "repeat", "item_id",
+    "seed_offset", "request_seed", "category", "warmup", "prompt_tokens", "completion_tokens", "spec_verify_ct",
+    "spec_num_correct_drafts", "max_new_tokens", "finish_reason", "hit_cap", "t_scheduled", "t_sent",
+    "t_first_token", "t_end", "n_chunks", "chunk_us", "chunk_tokens", "error", "output_text", "reference_answer",
     "meta_info",
 }
+SCORE_KEYS = {"request_index", "item_id", "warmup", "answer", "correct", "score_fallback", "scorer"}
 MANIFEST_KEYS = {
     "command", "env", "versions", "host", "dataset", "t_start_unix", "t_end_unix", "log_checks", "status",
-    "server_info", "model_info", "seeds_honoured", "wall_anchor",
+    "server_info", "model_info", "seeds_honoured", "wall_anchor", "client", "server_cpus", "machine", "scorer",
+    "scoring",
 }
+# load_sample_s: 0.1 s machine-load samples around each run instead of 1 s (the suite runs many campaigns)
 SMALL = ["server.model_path=embedded:mini", "workload.n_items=4", "sampling.max_new_tokens=24", "experiment.warmup.requests=2",
-         "experiment.warmup.max_new_tokens=4", "client.concurrency=4", "report=false"]
+         "experiment.warmup.max_new_tokens=4", "client.concurrency=4", "load_sample_s=0.1", "report=false"]
 WITH_REPORT = SMALL[:-1]
 
 
@@ -42,6 +49,61 @@ def bench(tmp: Path, *overrides: str, timeout: float = 240) -> subprocess.Comple
 
 def read_jsonl(path: Path) -> list[dict]:
     return [json.loads(line) for line in path.read_text().splitlines() if line.strip()]
+
+
+def check_schema2_run(run_dir: Path) -> tuple[dict, list[dict], list[dict]]:
+    """A finished run's manifest, records and scores agree with docs/records.md (schema 2)."""
+    manifest = json.loads((run_dir / "manifest.json").read_text())
+    records = read_jsonl(run_dir / "records.jsonl")
+    scores = read_jsonl(run_dir / "scores.jsonl")
+    assert manifest["schema_version"] == 2 and manifest["status"] == "finished"
+    n_warm = sum(r["warmup"] for r in records)
+    assert sorted(r["request_index"] for r in records if r["warmup"]) == list(range(n_warm))  # warmup first
+    assert sorted(r["request_index"] for r in records) == list(range(len(records)))
+    for rec in records:
+        assert rec["schema_version"] == 2 and RECORD_KEYS == set(rec), set(rec) ^ RECORD_KEYS  # no answer/correct
+        if rec["error"] is None:
+            check_chunks(rec)
+    # one score per record, written after the run's last request returned
+    assert [s["request_index"] for s in scores] == list(range(len(records)))
+    by_index = {r["request_index"]: r for r in records}
+    label = " ".join(str(v) for v in manifest["scorer"].values() if v)
+    for score in scores:
+        assert set(score) == SCORE_KEYS and score["scorer"] == label
+        rec = by_index[score["request_index"]]
+        assert (score["item_id"], score["warmup"]) == (rec["item_id"], rec["warmup"])
+        if rec["output_text"] is not None and manifest["scorer"]["name"] == "boxed+math-verify":
+            again = Scorer().score(rec["output_text"], rec["reference_answer"])
+            assert (score["answer"], score["correct"], score["score_fallback"]) == (
+                again.answer, again.correct, again.fallback)
+    assert manifest["scoring"]["scored"] == len(records) and manifest["scoring"]["seconds"] >= 0
+    wall = manifest["wall_anchor"]
+    last_end_unix = wall["unix"] + max(r["t_end"] for r in records) - wall["monotonic"]
+    assert (run_dir / "scores.jsonl").stat().st_mtime >= last_end_unix - 0.05
+    check_machine(manifest["machine"])
+    return manifest, records, scores
+
+
+def check_chunks(rec: dict) -> None:
+    """chunk_us and chunk_tokens agree with n_chunks, completion_tokens and the request's times."""
+    us, tokens = rec["chunk_us"], rec["chunk_tokens"]
+    assert 1 <= len(us) <= rec["n_chunks"] and us == sorted(us) and us[0] >= 0
+    assert us[0] == round((rec["t_first_token"] - rec["t_sent"]) * 1e6)
+    assert us[-1] <= round((rec["t_end"] - rec["t_sent"]) * 1e6)
+    if tokens is not None:
+        assert len(tokens) == len(us) and sum(tokens) == rec["completion_tokens"] and min(tokens) >= 0
+
+
+def check_machine(doc: dict) -> None:
+    for when in ("before", "after"):
+        snap = doc[when]
+        assert 0 <= snap["cpu_other"] <= 1 and (snap["steal"] is None or 0 <= snap["steal"] <= 1)
+        assert len(snap["load_avg"]) == 3 and snap["t_unix"] > 1.7e9
+        assert snap["gpus"] is None or all({"index", "sm_clock_mhz"} <= set(g) for g in snap["gpus"])
+    during = doc["during"]
+    assert during["wall_s"] > 0 and 0 <= during["cpu_other_frac"] <= 1
+    assert during["cpu_ours_s"] > 0 and during["cpu_total_s"] > 0  # the server worked during the window
+    assert doc["before"]["t_unix"] < doc["after"]["t_unix"]
 
 
 def campaign_dir(tmp: Path, experiment: str = "embedded_block_vs_token") -> Path:
@@ -77,15 +139,17 @@ def test_small_campaign_and_its_report(tmp_path):
     order = [r["run_id"] for r in campaign["order_run"]]
     assert [r.split("-")[1] for r in order] == ["token", "block", "block", "token", "token", "block"]
     assert all(r["status"] == "finished" for r in campaign["order_run"])
+    assert [a["seed_stream"] for a in campaign["arms"]] == [0, 0] and campaign["schema_version"] == 2
     for run in campaign["plan"]:
         run_dir = root / "runs" / run["run_id"]
-        manifest = json.loads((run_dir / "manifest.json").read_text())
+        manifest, records, scores = check_schema2_run(run_dir)
         assert MANIFEST_KEYS <= set(manifest) and manifest["status"] == "finished"
         assert manifest["seeds_honoured"] is True and manifest["log_checks"]["passed"] is True
+        assert manifest["client"] == {"stream_mode": "cumulative", "arrival": "closed", "cpus": None}
+        assert manifest["server_cpus"] is None
+        assert manifest["scorer"]["name"] == "boxed+math-verify" and manifest["scorer"]["version"]
         assert (run_dir / "server.log").stat().st_size > 0
-        records = read_jsonl(run_dir / "records.jsonl")
         for rec in records:
-            assert RECORD_KEYS <= set(rec), RECORD_KEYS - set(rec)
             assert rec["request_seed"] == run["base_seed"] + items[rec["item_id"]]
             assert rec["error"] is None and rec["finish_reason"] in ("stop", "length")
         warm = [r for r in records if r["warmup"]]
@@ -222,8 +286,8 @@ def test_ignored_seeds_are_flagged_chat_route(tmp_path):
     assert "seeds not honoured" in proc.stdout
     root = campaign_dir(tmp_path, "embedded_aa")
     for manifest in [*root.glob("runs/*/manifest.json"), *root.glob("attempts/*/manifest.json")]:
-        doc = json.loads(manifest.read_text())
-        assert doc["seeds_honoured"] is False
+        doc, _, _ = check_schema2_run(manifest.parent)
+        assert doc["seeds_honoured"] is False and doc["client"]["stream_mode"] == "chat"
         assert doc["server_info"]["enable_deterministic_inference"] is False
         for rec in read_jsonl(manifest.parent / "records.jsonl"):
             assert rec["error"] is None and rec["completion_tokens"] >= 1 and rec["output_text"]

@@ -12,6 +12,7 @@
 
 from __future__ import annotations
 
+import importlib.metadata
 import re
 import threading
 from dataclasses import dataclass
@@ -42,6 +43,29 @@ class Scorer:
 
     mode: str = "boxed"
     fallback_last_integer: bool = True
+
+    @property
+    def name(self) -> str:
+        """What produces the verdicts: "boxed+math-verify" (the last box, else the last integer, compared
+        by math-verify), "boxed-strict+math-verify" (no last-integer fallback), or "none"."""
+        if self.mode == "none":
+            return "none"
+        return "boxed+math-verify" if self.fallback_last_integer else "boxed-strict+math-verify"
+
+    @property
+    def version(self) -> str | None:
+        """The installed math-verify's version (None for mode none, or when it is not installed)."""
+        if self.mode == "none":
+            return None
+        try:
+            return importlib.metadata.version("math-verify")
+        except importlib.metadata.PackageNotFoundError:
+            return None
+
+    @property
+    def label(self) -> str:
+        """`name version` as scores.jsonl records it ("none" alone for mode none)."""
+        return f"{self.name} {self.version}" if self.version else self.name
 
     def score(self, output_text: str | None, reference: str | None) -> Score:
         """Extract the answer of `output_text` and compare it with `reference` (None: no verdict)."""

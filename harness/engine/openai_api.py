@@ -70,6 +70,7 @@ class StreamOptions:
 
     stream: bool
     include_usage: bool  # streaming: a final usage chunk
+    continuous_usage: bool  # streaming: every choice chunk carries the usage so far (continuous_usage_stats)
     spec_details: bool  # sglext.spec_tokens_details
 
 
@@ -96,6 +97,7 @@ def stream_options(body: dict[str, Any]) -> StreamOptions:
         raise BadRequest(f"stream_options={options!r} must be an object")
     flags = {k: _flag(body, k) for k in FLAG_KEYS}
     return StreamOptions(stream=flags["stream"], include_usage=bool(options.get("include_usage")),
+                         continuous_usage=bool(options.get("continuous_usage_stats")),
                          spec_details=flags["return_spec_tokens_details"])
 
 
@@ -246,9 +248,14 @@ class Chunks:
         """A chunk before any text, or None."""
         return None
 
-    def choice(self, text: str, finish: dict[str, Any] | None = None) -> dict[str, Any]:
+    def choice(self, text: str, finish: dict[str, Any] | None = None,
+               usage_so_far: dict[str, Any] | None = None) -> dict[str, Any]:
+        """A choice chunk; `usage_so_far` (continuous_usage_stats) goes with it as SGLang sends it."""
         fin = finish or {"finish_reason": None, "matched_stop": None}
-        return {**self.base, "choices": [{"index": 0, **self.text_field(text), "logprobs": None, **fin}]}
+        chunk = {**self.base, "choices": [{"index": 0, **self.text_field(text), "logprobs": None, **fin}]}
+        if usage_so_far is not None:
+            chunk["usage"] = usage_so_far
+        return chunk
 
     def text_field(self, text: str) -> dict[str, Any]:
         raise NotImplementedError
@@ -352,7 +359,8 @@ def _completion_response(reqs: list[Request], outs: list[Output], comp: Completi
 
 
 async def stream_openai(http: web.Request, req: Request, options: StreamOptions, chunks: Chunks) -> web.StreamResponse:
-    """Choice chunks with text deltas (never a stop string's prefix), then sglext and usage, then [DONE]."""
+    """Choice chunks with text deltas (never a stop string's prefix; with `continuous_usage_stats` each
+    carries the usage so far, as SGLang's do), then sglext and usage, then [DONE]."""
     service = http.app[SERVICE]
     resp = await open_sse(http)
     holdback = stop_holdback(req)
@@ -366,10 +374,11 @@ async def stream_openai(http: web.Request, req: Request, options: StreamOptions,
             end = safe_length(out.text, out.finished, holdback)
             delta = out.text[sent:end] if end > sent else ""
             sent = max(sent, end)
+            so_far = usage([out.meta_info]) if options.continuous_usage else None
             if out.finished:
-                await send_sse(resp, chunks.choice(delta, finish_fields(out)))
+                await send_sse(resp, chunks.choice(delta, finish_fields(out), so_far))
             elif delta:
-                await send_sse(resp, chunks.choice(delta))
+                await send_sse(resp, chunks.choice(delta, usage_so_far=so_far))
         if last is None or not last.finished:  # the client went away
             return resp
         sglext = _sglext(last, options)

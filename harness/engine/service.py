@@ -139,7 +139,7 @@ class EngineService:
         """A request with its own generator: seeded by `sampling_seed` only in deterministic mode."""
         honour = self.args.enable_deterministic_inference and params.sampling_seed is not None
         seed = params.sampling_seed if honour else self._seeds.getrandbits(63)
-        generator = torch.Generator(device=self.device).manual_seed(seed)
+        generator = torch.Generator(device=self.device).manual_seed(fold_seed(seed))
         spec = SpecCounters(self.args.gamma) if self.args.speculative else None
         return Request(rid=rid or uuid.uuid4().hex, prompt_ids=prompt_ids, params=params, generator=generator,
                        tokenizer=self.tokenizer, spec=spec, stream=stream,
@@ -197,3 +197,14 @@ class EngineService:
         return {"object": "list", "data": [{"id": self.args.model_path, "object": "model", "created": 0,
                                             "owned_by": "sglang", "root": self.args.model_path,
                                             "max_model_len": self.preset.context_length}]}
+
+
+def fold_seed(seed: int) -> int:
+    """A 64-bit request seed folded to 32 bits, both halves mixed in.
+
+    torch's CPU generator (mt19937) keeps only the low 32 bits of a seed, so seeds that differ only
+    above bit 31 (an arm's `seed_stream`, 2**32 apart) would sample the same tokens; SGLang's sampling
+    hash mixes both halves. Seeds in [0, 2**32) are unchanged.
+    """
+    u = seed & (2**64 - 1)
+    return (u & 0xFFFFFFFF) ^ (((u >> 32) * 0x9E3779B1) & 0xFFFFFFFF)
