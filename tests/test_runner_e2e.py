@@ -313,3 +313,28 @@ def test_runner_crash_kills_its_server(tmp_path):
         if runner.poll() is None:
             runner.kill()
     wait_for(lambda: not engine_processes(ports), timeout=30)
+
+
+def test_open_loop_campaign_times_from_the_scheduled_arrival(tmp_path):
+    """client.request_rate: t_scheduled is exactly run start + the seeded Poisson offsets (so the gaps
+    between scheduled arrivals are the offsets' gaps), queueing = t_sent - t_scheduled >= 0 is recorded,
+    and the report says latencies count from the scheduled arrival and shows the queueing time."""
+    from harness.client import poisson_offsets
+
+    rate = 40.0
+    proc = bench(tmp_path, "experiment=embedded_aa", "experiment.base_seeds=[7]", *WITH_REPORT,
+                 f"client.request_rate={rate}", "client.concurrency=2")
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    root = campaign_dir(tmp_path, "embedded_aa")
+    for run_dir in sorted(root.glob("runs/*")):
+        doc, records, _ = check_schema2_run(run_dir)
+        assert doc["client"]["arrival"] == "open"
+        measured = sorted((r for r in records if not r["warmup"]), key=lambda r: r["request_index"])
+        offsets = poisson_offsets(len(measured), rate, 7)
+        start = measured[0]["t_scheduled"]
+        for rec, offset in zip(measured, offsets, strict=True):
+            assert abs(rec["t_scheduled"] - (start + offset)) < 1e-9
+            assert rec["t_sent"] >= rec["t_scheduled"] - 1e-6
+    report = (root / "report.md").read_text()
+    assert "Open loop (requests arrive at a fixed rate)" in report
+    assert "| Client queueing time, mean (ms) |" in report and "| Client queueing time p99 (ms) |" in report
