@@ -58,10 +58,9 @@ def finish_reason(out: Outcome) -> str:
 
 def chunk_us(out: Outcome) -> list[int]:
     """Arrival of each output-carrying chunk, whole microseconds after t_sent (docs/records.md)."""
-    times = getattr(out, "chunk_times", None) or []  # Outcome.chunk_times: monotonic seconds, one per chunk
     if out.t_sent is None:
         return []
-    return [round((t - out.t_sent) * 1e6) for t in times]
+    return [round((t - out.t_sent) * 1e6) for t in out.chunk_times]
 
 
 def make_record(ids: dict[str, Any], request_index: int, spec: RequestSpec, out: Outcome,
@@ -92,7 +91,7 @@ def make_record(ids: dict[str, Any], request_index: int, spec: RequestSpec, out:
         "t_end": out.t_end,
         "n_chunks": out.n_chunks,
         "chunk_us": chunk_us(out),
-        "chunk_tokens": getattr(out, "chunk_tokens", None),
+        "chunk_tokens": out.chunk_tokens,
         "error": out.error,
         "output_text": out.text if store_text else None,
         "reference_answer": spec.item.answer,
