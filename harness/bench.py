@@ -4,7 +4,7 @@ Examples:
   python -m harness.bench                                   # the default experiment, embedded server
   python -m harness.bench experiment=embedded_aa            # the A/A noise floor
   python -m harness.bench experiment=dflash_block_vs_token dry_run=true   # print the exact commands
-  python -m harness.bench campaign=20261129-101500-c8       # resume a campaign
+  python -m harness.bench campaign=20261129-101500-c8-3fa2c1      # resume a campaign
   python -m harness.bench -m experiment=dflash_verify_probs_speedbench client.concurrency=64,128
 """
 

@@ -13,6 +13,7 @@ from pathlib import Path
 from typing import Any
 
 from hydra.core.override_parser.overrides_parser import OverridesParser
+from hydra.core.override_parser.types import ValueType
 from hydra.errors import HydraException
 
 CONFIG_DIR = Path(__file__).resolve().parent.parent / "configs"
@@ -22,8 +23,29 @@ class OverrideError(ValueError):
     pass
 
 
-def group_options(group: str, config_dir: Path = CONFIG_DIR) -> list[str]:
-    return sorted(p.stem for p in (config_dir / group).glob("*.yaml"))
+def group_options(group: str, config_dir: Path = CONFIG_DIR, extra_dirs: tuple[Path, ...] = ()) -> list[str]:
+    """The options of a config group: its YAML files in the shipped configs and in any --config-dir."""
+    return sorted({p.stem for d in (config_dir, *extra_dirs) for p in (d / group).glob("*.yaml")})
+
+
+def extra_config_dirs(argv: list[str]) -> tuple[Path, ...]:
+    """The folders given with Hydra's `--config-dir DIR` / `-cd DIR` (also `--config-dir=DIR`)."""
+    dirs = []
+    for i, arg in enumerate(argv):
+        if arg in ("--config-dir", "-cd") and i + 1 < len(argv):
+            dirs.append(Path(argv[i + 1]))
+        elif arg.startswith(("--config-dir=", "-cd=")):
+            dirs.append(Path(arg.split("=", 1)[1]))
+    return tuple(dirs)
+
+
+def _group_values(override: Any, options: list[str]) -> list[str]:
+    """The option names an override of a config group asks for: one, a list sweep, or a glob's matches."""
+    if override.value_type == ValueType.GLOB_CHOICE_SWEEP:
+        return override.value().filter(options) or [f"glob({','.join(override.value().include)})"]
+    if override.is_sweep_override():
+        return list(override.sweep_string_iterator())
+    return [override.get_value_element_as_str()]
 
 
 def _unwrap(tp: Any) -> Any:
@@ -61,7 +83,9 @@ def check_key(schema: type, dotted: str) -> None:
 
 def check_overrides(argv: list[str], schema: type, groups: tuple[str, ...], config_dir: Path = CONFIG_DIR) -> None:
     """Validate `key=value` overrides (Hydra syntax) against the schema and the config groups."""
-    candidates = [a for a in argv if "=" in a and not a.startswith("-")]
+    extra = extra_config_dirs(argv)
+    candidates = [a for i, a in enumerate(argv)
+                  if "=" in a and not a.startswith("-") and not (i and argv[i - 1] in ("--config-dir", "-cd"))]
     try:
         overrides = OverridesParser.create().parse_overrides(candidates)
     except HydraException as exc:
@@ -71,11 +95,11 @@ def check_overrides(argv: list[str], schema: type, groups: tuple[str, ...], conf
         if key.startswith("hydra") or o.is_add() or o.is_delete() or o.is_force_add():
             continue
         if key in groups:
-            options = group_options(key, config_dir)
-            values = list(o.sweep_string_iterator()) if o.is_sweep_override() else [o.get_value_element_as_str()]
-            for value in values:
+            options = group_options(key, config_dir, extra)
+            for value in _group_values(o, options):
                 if value not in options:
-                    raise OverrideError(f"{key}={value!r} does not exist; valid {key} configs: {', '.join(options)}"
-                                        f" (files in {config_dir / key})")
+                    where = ", ".join(str(d / key) for d in (config_dir, *extra))
+                    raise OverrideError(f"{key}={value!r} does not exist (or matches nothing); valid {key} configs: "
+                                        f"{', '.join(options)} (files in {where})")
             continue
         check_key(schema, key)

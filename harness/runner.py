@@ -14,6 +14,7 @@ import fcntl
 import hashlib
 import json
 import os
+import secrets
 import shutil
 import socket
 import time
@@ -533,7 +534,9 @@ async def run_campaign(c: Campaign) -> dict[str, str]:
 
 
 def new_campaign_id(cfg: BenchConfig) -> str:
-    return datetime.now().strftime("%Y%m%d-%H%M%S") + f"-c{cfg.client.concurrency}"
+    """Time, concurrency and a random suffix: jobs started in the same second (a sweep, a cluster array)
+    never share a campaign folder."""
+    return datetime.now().strftime("%Y%m%d-%H%M%S") + f"-c{cfg.client.concurrency}-{secrets.token_hex(3)}"
 
 
 def campaign_root(cfg: BenchConfig) -> Path:

@@ -167,6 +167,38 @@ def test_cli_dry_run_prints_argv_and_launches_nothing():
     assert "nothing was launched" in proc.stdout
 
 
+def test_override_check_reads_glob_sweeps_and_user_config_dirs(tmp_path):
+    """The pre-check never blocks a Hydra feature: `glob(...)` group sweeps and experiments found only in a
+    --config-dir pass; a glob that matches nothing, or a name in no config folder, is still refused."""
+    check_overrides(["experiment=glob(embedded_*)", "client.concurrency=1,2"], BenchConfig, GROUPS)
+    with pytest.raises(OverrideError, match=r"matches nothing.*embedded_aa"):
+        check_overrides(["experiment=glob(nope*)"], BenchConfig, GROUPS)
+    user = tmp_path / "user"
+    (user / "experiment").mkdir(parents=True)
+    (user / "experiment" / "my_aa.yaml").write_text(
+        (CONFIG_DIR / "experiment" / "embedded_aa.yaml").read_text().replace("name: embedded_aa", "name: my_aa"))
+    with pytest.raises(OverrideError, match="my_aa"):
+        check_overrides(["experiment=my_aa"], BenchConfig, GROUPS)
+    for argv in (["--config-dir", str(user), "experiment=my_aa"], [f"--config-dir={user}", "experiment=my_aa"],
+                 ["-cd", str(user), "experiment=my_aa"]):
+        check_overrides(argv, BenchConfig, GROUPS)
+
+
+def test_cli_runs_a_user_experiment_and_a_glob_sweep(tmp_path):
+    user = tmp_path / "user"
+    (user / "experiment").mkdir(parents=True)
+    (user / "experiment" / "my_aa.yaml").write_text(
+        (CONFIG_DIR / "experiment" / "embedded_aa.yaml").read_text().replace("name: embedded_aa", "name: my_aa"))
+    mine = subprocess.run([sys.executable, "-m", "harness.bench", "--config-dir", str(user), "experiment=my_aa",
+                           "dry_run=true"], capture_output=True, text=True, timeout=120, cwd=tmp_path)
+    assert mine.returncode == 0, mine.stdout + mine.stderr
+    assert "dry run of experiment my_aa" in mine.stdout
+    sweep = subprocess.run([sys.executable, "-m", "harness.bench", "-m", "experiment=glob(embedded_a*)",
+                            "dry_run=true"], capture_output=True, text=True, timeout=120, cwd=tmp_path)
+    assert sweep.returncode == 0, sweep.stdout + sweep.stderr
+    assert "dry run of experiment embedded_aa" in sweep.stdout and "Traceback" not in sweep.stderr
+
+
 def test_plan_alternates_arm_order_by_seed():
     cfg = composed("experiment.repeats=2")
     plan = make_plan(cfg.experiment)
@@ -270,3 +302,12 @@ def test_manifest_client_stream_mode():
     assert stream_mode(ClientConfig(), incremental) == "incremental"
     assert stream_mode(ClientConfig(route="chat"), incremental) == "chat"
     assert stream_mode(ClientConfig(stream=False), incremental) == "none"
+
+
+def test_new_campaign_ids_differ_within_one_second():
+    from harness.runner import new_campaign_id
+
+    cfg = composed()
+    ids = {new_campaign_id(cfg) for _ in range(50)}
+    assert len(ids) == 50
+    assert all(i.split("-")[2] == f"c{cfg.client.concurrency}" for i in ids)
