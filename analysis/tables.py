@@ -1,6 +1,6 @@
 """The report's tables, as numeric DataFrames (for code and tests) and as display strings.
 
-Shapes follow `shared/reference/block-verification-ab.md`: a pooled table (metric | arm ... | change
+Shapes follow the seed experiments' published tables: a pooled table (metric | arm ... | change
 of each arm against the baseline, with its 95% interval), a per-seed table, a per-category table
 where items have categories, and a per-run table with the server's own lifetime figure.
 """

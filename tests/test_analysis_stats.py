@@ -195,3 +195,16 @@ def test_itl_sort_packed_keys_and_float_fallback_give_the_weighted_percentiles()
         assert count == tokens[both].sum()
         assert got == pytest.approx(weighted_percentiles(value[both], tokens[both].astype(float), PERCENTILES),
                                     abs=1e-9)
+
+
+def test_sign_flip_p_value_equals_scipys_exact_permutation_test():
+    """The exact two-sided sign-flip p-value is scipy.stats.permutation_test's (one sample, signs flipped,
+    all 2^n flips enumerated) on paired log ratios of various sizes and signs."""
+    rng = np.random.default_rng(3)
+    for n in (2, 3, 5, 6, 8, 11):
+        for shift in (0.0, 0.02, -0.05):
+            d = rng.normal(shift, 0.03, size=n)
+            ours, exact = sign_flip_pvalue(d, np.random.default_rng(0))
+            ref = sps.permutation_test((d,), np.mean, permutation_type="samples", alternative="two-sided",
+                                   n_resamples=np.inf).pvalue
+            assert exact and ours == pytest.approx(ref, abs=1e-12), (n, shift, ours, ref)

@@ -175,7 +175,7 @@ def test_summarize_median_min_max():
 
 
 def test_bytes_and_bandwidth_match_the_reference_roofline():
-    # shared/reference/verify-probs.md: 4096 rows, vocab 248,320, fp32 in and out ~ 8.1 GB; at ~4.3 TB/s ~ 1.9 ms
+    # the seed's sizes: 4096 rows, vocab 248,320, fp32 in and out ~ 8.1 GB; at ~4.3 TB/s ~ 1.9 ms
     nbytes = measure.bytes_moved(4096, 248320, 4)
     assert nbytes == 4096 * 248320 * 8 and round(nbytes / 1e9, 1) == 8.1
     assert math.isclose(measure.bandwidth_gbs(nbytes, 1.9), 4282.6, rel_tol=1e-4)

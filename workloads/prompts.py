@@ -1,6 +1,6 @@
 """Prompt formats.
 
-The seed experiment's prompt (shared/reference/block-verification-ab.md): the problem, then
+The seed experiment's prompt (the block-verification A/B on AIME 2025): the problem, then
 MathArena's final-answer instruction (its `configs/competitions/aime/aime_2025.yaml` text: box the
 answer; an integer between 0 and 999). MathArena's own runner puts the instruction first; set
 `workload.prompt_template` to reproduce that order instead.
