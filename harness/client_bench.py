@@ -40,6 +40,7 @@ from rich.progress import Progress
 from rich.table import Table
 
 from harness.client import Outcome, Parser, new_session, send_one
+from harness.machine import CpuPin
 
 HOST = "127.0.0.1"
 WORDS = [" the", " token", " value", " é", " \"quoted\"", "\n", " x\\y", " 42", " λ", " end", "\t", " speculative"]
@@ -485,13 +486,13 @@ def main(argv: list[str] | None = None) -> int:
     stub_cpus, client_cpus = placement()
     note += f"; stub on CPUs {sorted(stub_cpus) or 'unpinned'}, clients on CPUs {sorted(client_cpus) or 'unpinned'}"
     proc, url = start_stub(args.step_ms[0] / 1000, stub_cpus)
-    saved = os.sched_getaffinity(0) if client_cpus else set()
-    pin(0, client_cpus)
+    own = CpuPin(sorted(client_cpus))  # this process, for the drive only (main() may run inside a larger program)
+    own.acquire()
     try:
         with Progress(console=console, auto_refresh=False) as progress:
             results = asyncio.run(run_all(url, clients, cases(args), progress))
     finally:
-        pin(0, saved)  # this process's own affinity back (main() may run inside a larger program)
+        own.release()
         proc.terminate()
         proc.wait(timeout=10)
     out_dir = args.out / datetime.now(UTC).strftime("%Y%m%d-%H%M%S")

@@ -3,8 +3,8 @@
 A run is only as clean as the machine it ran on: another process burning CPU, a throttled or busy GPU,
 steal time on a VM all move throughput while the acceptance length stays put. The runner records:
 
-- `before` / `after`: 1 s samples just before the server is launched and just after the last request:
-  the load average, the fraction of all CPUs busy in processes outside the harness (the runner and
+- `before` / `after`: short samples (`load_sample_s`, 1 s by default) just before the server is
+  launched and just after the last request: the load average, the fraction of all CPUs busy in processes outside the harness (the runner and
   every process it started, the server's tree included), steal time, and each GPU's SM clock,
   temperature and utilisation (nvidia-smi; null without it).
 - `during`: CPU-seconds of every process and of ours over the measured window, from counters read at
@@ -26,7 +26,6 @@ import psutil
 
 from harness.envinfo import run_tool
 
-SAMPLE_S = 1.0
 _NVIDIA_SMI_QUERY = "--query-gpu=index,clocks.sm,temperature.gpu,utilization.gpu"
 _IDLE_FIELDS = ("idle", "iowait")
 _GUEST_FIELDS = ("guest", "guest_nice")  # already counted in user / nice on Linux
@@ -154,7 +153,7 @@ def snapshot(c0: Counters, c1: Counters, gpus: list[dict[str, Any]] | None) -> d
             "steal": steal_fraction(c0, c1), "gpus": gpus}
 
 
-async def sample(seconds: float = SAMPLE_S) -> dict[str, Any]:
+async def sample(seconds: float) -> dict[str, Any]:
     """A `seconds` sample of the machine's load, without blocking the event loop."""
     c0 = read_counters()
     await asyncio.sleep(seconds)

@@ -5,6 +5,7 @@ from __future__ import annotations
 import io
 import subprocess
 import sys
+from pathlib import Path
 
 import pytest
 from hydra import compose, initialize_config_dir
@@ -167,16 +168,22 @@ def test_cli_dry_run_prints_argv_and_launches_nothing():
     assert "nothing was launched" in proc.stdout
 
 
+def user_config_dir(tmp_path) -> Path:
+    """A user's --config-dir holding experiment/my_aa.yaml (embedded_aa renamed)."""
+    user = tmp_path / "user"
+    (user / "experiment").mkdir(parents=True)
+    (user / "experiment" / "my_aa.yaml").write_text(
+        (CONFIG_DIR / "experiment" / "embedded_aa.yaml").read_text().replace("name: embedded_aa", "name: my_aa"))
+    return user
+
+
 def test_override_check_reads_glob_sweeps_and_user_config_dirs(tmp_path):
     """The pre-check never blocks a Hydra feature: `glob(...)` group sweeps and experiments found only in a
     --config-dir pass; a glob that matches nothing, or a name in no config folder, is still refused."""
     check_overrides(["experiment=glob(embedded_*)", "client.concurrency=1,2"], BenchConfig, GROUPS)
     with pytest.raises(OverrideError, match=r"matches nothing.*embedded_aa"):
         check_overrides(["experiment=glob(nope*)"], BenchConfig, GROUPS)
-    user = tmp_path / "user"
-    (user / "experiment").mkdir(parents=True)
-    (user / "experiment" / "my_aa.yaml").write_text(
-        (CONFIG_DIR / "experiment" / "embedded_aa.yaml").read_text().replace("name: embedded_aa", "name: my_aa"))
+    user = user_config_dir(tmp_path)
     with pytest.raises(OverrideError, match="my_aa"):
         check_overrides(["experiment=my_aa"], BenchConfig, GROUPS)
     for argv in (["--config-dir", str(user), "experiment=my_aa"], [f"--config-dir={user}", "experiment=my_aa"],
@@ -185,10 +192,7 @@ def test_override_check_reads_glob_sweeps_and_user_config_dirs(tmp_path):
 
 
 def test_cli_runs_a_user_experiment_and_a_glob_sweep(tmp_path):
-    user = tmp_path / "user"
-    (user / "experiment").mkdir(parents=True)
-    (user / "experiment" / "my_aa.yaml").write_text(
-        (CONFIG_DIR / "experiment" / "embedded_aa.yaml").read_text().replace("name: embedded_aa", "name: my_aa"))
+    user = user_config_dir(tmp_path)
     mine = subprocess.run([sys.executable, "-m", "harness.bench", "--config-dir", str(user), "experiment=my_aa",
                            "dry_run=true"], capture_output=True, text=True, timeout=120, cwd=tmp_path)
     assert mine.returncode == 0, mine.stdout + mine.stderr
