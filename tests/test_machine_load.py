@@ -138,7 +138,7 @@ def test_bad_cpus_fail_at_config_time(tmp_path):
 # ---------------------------------------------------------------------------------------------- end to end
 
 # the default 1 s load samples: the burner test reads the `after` sample
-LONGER = [*(o for o in SMALL if not o.startswith("load_sample_s=")), "sampling.max_new_tokens=160",
+LONGER = [*(o for o in SMALL if not o.startswith("load_sample_s=")), "sampling.max_new_tokens=640",
           "sampling.ignore_eos=true"]
 
 
