@@ -20,7 +20,7 @@ $(STAMP): pyproject.toml
 	@echo ">> installing torch 2.13.0 (CPU build from local disk) and the project into $(VENV)"
 	$(VPY) -m pip install -q --upgrade pip
 	$(VPY) -m pip install -q torch==2.13.0
-	$(VPY) -m pip install -q -e '.[dev]'
+	$(VPY) -m pip install -q -e '.[dev,slurm]'
 	@touch $(STAMP)
 
 $(SGSTAMP): pyproject.toml requirements/sglang-cpu.txt requirements/sglang-nodeps.txt
@@ -29,10 +29,10 @@ $(SGSTAMP): pyproject.toml requirements/sglang-cpu.txt requirements/sglang-nodep
 	$(SGPY) -m pip install -q --upgrade pip
 	$(SGPY) -m pip install -q -r requirements/sglang-cpu.txt
 	$(SGPY) -m pip install -q --no-deps --no-warn-conflicts -r requirements/sglang-nodeps.txt
-	$(SGPY) -m pip install -q --no-warn-conflicts -e '.[dev]'
+	$(SGPY) -m pip install -q --no-warn-conflicts -e '.[dev,slurm]'
 	@touch $(SGSTAMP)
 
-.PHONY: help venv sglang test test-fast test-sglang bench report micro micro-h200 perf client-bench lint clean
+.PHONY: help venv sglang test test-fast test-sglang test-slurm bench report micro micro-h200 perf client-bench lint clean
 
 help: ## list the targets
 	@grep -E '^[a-zA-Z0-9_-]+:.*## ' $(MAKEFILE_LIST) | awk -F':.*## ' '{printf "  make %-12s %s\n", $$1, $$2}'
@@ -43,14 +43,18 @@ venv: $(STAMP) ## create .venv and install the project (done by every target on 
 sglang: $(SGSTAMP) ## create .venv-sglang: SGLang 0.5.23 without kernels, for the conformance tests
 
 test: $(STAMP) $(SGSTAMP) ## run the whole test suite, SGLang conformance included (what CI runs)
-	$(VPY) -m pytest -q -m "not sglang" $(ARGS)
+	$(VPY) -m pytest -q -m "not sglang and not slurm" $(ARGS)
 	$(SGENV) $(SGPY) -m pytest -q -m sglang $(ARGS)
 
 test-fast: $(STAMP) ## unit tests only (skip the end-to-end ones that start servers, and SGLang's)
-	$(VPY) -m pytest -q -m "not slow and not sglang" $(ARGS)
+	$(VPY) -m pytest -q -m "not slow and not sglang and not slurm" $(ARGS)
 
 test-sglang: $(SGSTAMP) ## the SGLang conformance tests only (in .venv-sglang)
 	$(SGENV) $(SGPY) -m pytest -q -m sglang $(ARGS)
+
+test-slurm: $(STAMP) ## opt-in: bring up a one-node SLURM here (root; apt) and run a sharded campaign through it
+	bash scripts/slurm_local.sh up
+	$(VPY) -m pytest -q -s -m slurm $(ARGS)
 
 bench: $(STAMP) ## run the default experiment (embedded server) and write its report
 	$(VPY) -m harness.bench $(ARGS)
@@ -68,7 +72,11 @@ micro-h200: $(STAMP) ## the seed-size builder microbenchmark (needs a big GPU)
 perf: $(STAMP) ## embedded server throughput: NONE vs DFLASH token/block at concurrency 1, 8, 32
 	$(VPY) -m harness.engine.perf $(ARGS)
 
-client-bench: $(STAMP) ## client overhead: the project's client vs SGLang's (in .venv-sglang when it exists) on a stub
+client-test-slurm: $(STAMP) ## opt-in: bring up a one-node SLURM here (root; apt) and run a sharded campaign through it
+	bash scripts/slurm_local.sh up
+	$(VPY) -m pytest -q -s -m slurm $(ARGS)
+
+bench: $(STAMP) ## client overhead: the project's client vs SGLang's (in .venv-sglang when it exists) on a stub
 	@if test -x $(SGPY); then $(SGPY) -m harness.client_bench $(ARGS); \
 	else echo ">> $(SGVENV) not found (make sglang builds it): the project's client alone"; \
 	$(VPY) -m harness.client_bench --clients ours $(ARGS); fi

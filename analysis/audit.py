@@ -325,6 +325,8 @@ def run_audit(data: Loaded, arms: list[str], baseline: str, mismatches: list[Mis
         check_hit_cap(data, sel),
         check_metadata(mismatches, allow_mismatch),
         check_quiet_machine(data),
+        check_nodes(data),
+        check_placement(data),
         check_scores(data, sel),
         check_chunks(data, sel),
     ]
@@ -576,6 +578,45 @@ def check_quiet_machine(data: Loaded) -> Check:
     if len(flagged):
         summary += ": their throughput and latency may measure the other work, not the arms"
     return Check(name, WARN if len(flagged) else OK, summary, tuple(details))
+
+
+def check_nodes(data: Loaded) -> Check:
+    """Both runs of a pair (same campaign, seed, repeat) on one node, and one node type (GPU model, count and
+    driver; CPU model) over every run: shards of a campaign may land on different nodes of a cluster, but
+    a pair split across nodes is not paired, and mixed hardware is refused."""
+    name = "Paired runs on one node, one node type"
+    runs = data.runs[data.runs["planned"] & data.runs["found"] & data.runs["hostname"].notna()]
+    if runs.empty:
+        return Check(name, INFO, "no manifest names its host")
+    details = []
+    for (camp, seed, repeat), pair in runs.groupby(["campaign", "base_seed", "repeat"], sort=True):
+        if pair["hostname"].nunique() > 1:
+            where = ", ".join(f"{r.run_id} on {r.hostname}" for r in pair.itertuples())
+            details.append(f"{camp}: the pair (seed {seed}, repeat {repeat}) was split across nodes: {where}")
+    types = runs.groupby("node_type", dropna=False, sort=True)["run_id"].apply(list)
+    if len(types) > 1:
+        details += [f"mixed hardware: {t if isinstance(t, str) else 'unknown'}: {_few(list(ids))}"
+                    for t, ids in types.items()]
+    hosts = sorted(runs["hostname"].unique())
+    summary = (f"{len(runs)} runs on {len(hosts)} node(s) ({_few(hosts)}); "
+               + (f"{len(types)} node types" if len(types) > 1 else f"node type: {types.index[0]}"))
+    return Check(name, FAIL if details else OK, summary, tuple(details))
+
+
+def check_placement(data: Loaded) -> Check:
+    """Each run got the GPU its plan gave it (parallel placement): the manifest's gpu and the
+    CUDA_VISIBLE_DEVICES its server got equal the plan's. The command comparison masks this planned
+    difference (commands.placed_env), so this check is what catches a wrong GPU."""
+    name = "Each run on the GPU the plan gave it"
+    runs = data.runs[data.runs["planned"] & data.runs["found"]]
+    placed = runs[runs["gpu"].notna()]
+    if placed.empty:
+        return Check(name, OK, "no GPU placement planned (sequential runs share the visible GPUs)")
+    details = [f"{r.campaign}/{r.run_id} ({r.arm}): planned GPU {r.gpu}, manifest gpu {r.manifest_gpu}, "
+               f"CUDA_VISIBLE_DEVICES={r.gpu_env}" for r in placed.itertuples()
+               if r.manifest_gpu != r.gpu or r.gpu_env != str(int(r.gpu))]
+    summary = f"{len(placed) - len(details)}/{len(placed)} runs on their planned GPU"
+    return Check(name, FAIL if details else OK, summary, tuple(details))
 
 
 def check_scores(data: Loaded, sel: Selection) -> Check:

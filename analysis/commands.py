@@ -18,7 +18,7 @@ from typing import Any
 import numpy as np
 import pandas as pd
 
-from analysis.load import Campaign, Loaded
+from analysis.load import CampaignDir, Loaded
 
 _PORT_FLAGS = ("--port",)
 
@@ -134,11 +134,25 @@ def env_diffs(base: dict[str, Any], other: dict[str, Any], declared_keys: set[st
     ]
 
 
+PLANNED_GPU = "<planned GPU>"
+
+
+def placed_env(man: dict[str, Any]) -> dict[str, Any]:
+    """A run's env overrides with CUDA_VISIBLE_DEVICES masked where it is the GPU the plan gave the run:
+    with parallel placement the arms swap GPUs by design (audit.check_placement checks the value); any
+    other value is kept, and shows as a difference."""
+    env = dict(man.get("env") or {})
+    gpu = man.get("gpu")
+    if gpu is not None and env.get("CUDA_VISIBLE_DEVICES") == str(gpu):
+        env["CUDA_VISIBLE_DEVICES"] = PLANNED_GPU
+    return env
+
+
 def _str_or_none(value: Any) -> str | None:
     return None if value is None else str(value)
 
 
-def _declarations(campaign: Campaign) -> dict[str, dict[str, Any]]:
+def _declarations(campaign: CampaignDir) -> dict[str, dict[str, Any]]:
     return {str(a.get("name")): a for a in campaign.arms}
 
 
@@ -206,7 +220,7 @@ def _partner(base_runs: pd.DataFrame, run: Any) -> Any:
 
 
 def _compare_pair(
-    camp: Campaign, base_man: dict, base_id: str, arm_man: dict, arm_id: str, arm: str, baseline: str
+    camp: CampaignDir, base_man: dict, base_id: str, arm_man: dict, arm_id: str, arm: str, baseline: str
 ) -> tuple[list[Hunk], list[EnvDiff], Counter, Counter]:
     base_cmd = normalise(base_man.get("command") or [], base_id, base_man.get("base_seed"))
     arm_cmd = normalise(arm_man.get("command") or [], arm_id, arm_man.get("base_seed"))
@@ -218,7 +232,7 @@ def _compare_pair(
         exp_added[arm_cmd[0]] += 1
     removed: Counter = Counter(t for h in hunks for t in h.removed)
     added: Counter = Counter(t for h in hunks for t in h.added)
-    envs = env_diffs(base_man.get("env") or {}, arm_man.get("env") or {}, env_keys)
+    envs = env_diffs(placed_env(base_man), placed_env(arm_man), env_keys)
     return hunks, envs, removed - exp_removed, added - exp_added
 
 
@@ -233,7 +247,7 @@ def run_variants(data: Loaded) -> list[RunVariant]:
         for run in list(group.itertuples())[1:]:
             man = _manifest(data, run)
             hunks = token_hunks(first_cmd, normalise(man.get("command") or [], run.run_id, run.base_seed))
-            envs = env_diffs(first_man.get("env") or {}, man.get("env") or {}, set())
+            envs = env_diffs(placed_env(first_man), placed_env(man), set())
             if hunks or envs:
                 out.append(RunVariant(run.arm, run.run_id, first.run_id, tuple(hunks), tuple(envs)))
     return out

@@ -58,7 +58,7 @@ ChangeKey = tuple[str, object, str, str]  # (partition, group, metric, arm)
 
 
 @dataclass
-class Comparison:
+class ChangeSet:
     changes: dict[ChangeKey, Change]
 
     def get(self, partition: str, group: object, metric: str, arm: str) -> Change | None:
@@ -73,12 +73,12 @@ class Comparison:
         return pd.DataFrame(rows)
 
 
-def compare(m: Metrics, n_boot: int, seed: int) -> Comparison:
+def compare(m: Metrics, n_boot: int, seed: int) -> ChangeSet:
     changes: dict[ChangeKey, Change] = {}
     changes.update(item_changes(m, n_boot, np.random.default_rng([seed, 0])))
     changes.update(category_changes(m, n_boot, seed))
     changes.update(run_changes(m, seed))
-    return Comparison(changes)
+    return ChangeSet(changes)
 
 
 # ---------------------------------------------------------------------------------------------

@@ -72,8 +72,9 @@ class BadLine:
 
 
 @dataclass(frozen=True)
-class Campaign:
-    """One campaign directory: its `campaign.json` and the run directories found under `runs/`."""
+class CampaignDir:
+    """One campaign directory as the analysis reads it: its `campaign.json` and the run directories found
+    under `runs/` (the runner's harness.runner.Campaign is the writing side)."""
 
     path: Path
     meta: dict[str, Any]
@@ -179,7 +180,7 @@ class Loaded:
       (a row of items, -1 when the id is not planned).
     """
 
-    campaigns: list[Campaign]
+    campaigns: list[CampaignDir]
     runs: pd.DataFrame
     items: pd.DataFrame
     records: pd.DataFrame
@@ -300,7 +301,7 @@ def _check_manifest_types(path: Path, man: dict[str, Any]) -> None:
     check_types(path, man.get("client") or {}, {"arrival": (str,), "stream_mode": (str,)}, "client.")
 
 
-def read_campaign(path: Path) -> Campaign:
+def read_campaign(path: Path) -> CampaignDir:
     meta = _read_json(path / "campaign.json")
     if meta.get("schema_version") not in SCHEMA_VERSIONS:
         raise InputError(
@@ -319,7 +320,7 @@ def read_campaign(path: Path) -> Campaign:
     }
     for run_id, man in manifests.items():
         _check_manifest_types(run_dirs[run_id] / "manifest.json", man)
-    return Campaign(path=path, meta=meta, run_dirs=run_dirs, manifests=manifests)
+    return CampaignDir(path=path, meta=meta, run_dirs=run_dirs, manifests=manifests)
 
 
 # ---------------------------------------------------------------------------------------------
@@ -491,7 +492,7 @@ def _tag(table: pa.Table, run: int) -> pa.Table:
     return table.append_column("_line", pa.array(np.arange(n, dtype=np.int64)))
 
 
-def _runs_table(campaigns: list[Campaign]) -> pd.DataFrame:
+def _runs_table(campaigns: list[CampaignDir]) -> pd.DataFrame:
     rows: list[dict[str, Any]] = []
     for camp in campaigns:
         planned = {str(p.get("run_id")): p for p in camp.plan}
@@ -513,10 +514,11 @@ _RUN_COLUMNS = (
     "harness_version", "harness_git_sha", "harness_dirty", "log_checks_passed",
     "schema_version", "seed_stream", "open_loop", "scores_path", "scorer",
     "machine_recorded", "cpu_other_frac", "steal_frac", "cpu_other_before", "cpu_other_after",
+    "hostname", "node_type", "manifest_gpu", "gpu_env",
 )
 
 
-def _run_row(camp: Campaign, run_id: str, plan: dict[str, Any] | None) -> dict[str, Any]:
+def _run_row(camp: CampaignDir, run_id: str, plan: dict[str, Any] | None) -> dict[str, Any]:
     man = camp.manifests.get(run_id) or {}
     source = plan if plan is not None else man
     run_dir = camp.run_dirs.get(run_id)
@@ -558,7 +560,24 @@ def _run_row(camp: Campaign, run_id: str, plan: dict[str, Any] | None) -> dict[s
         "scores_path": str(scores) if scores is not None and scores.is_file() else "",
         "scorer": _scorer(man.get("scorer")),
         **_machine(man.get("machine")),
+        "hostname": (man.get("host") or {}).get("hostname") if man else None,
+        "node_type": node_type(man) if man else None,
+        "manifest_gpu": man.get("gpu"),
+        "gpu_env": (man.get("env") or {}).get("CUDA_VISIBLE_DEVICES"),
     }
+
+
+def node_type(man: dict[str, Any]) -> str | None:
+    """The hardware a run's manifest describes, in words: GPU model x count and driver (nvidia-smi), CPU model.
+    Runs of different node types are not comparable; None when the manifest recorded neither."""
+    host = man.get("host") if isinstance(man.get("host"), dict) else {}
+    gpu = man.get("gpu_info") if isinstance(man.get("gpu_info"), dict) else {}
+    parts = []
+    if gpu.get("name"):
+        parts.append(f"{gpu.get('count') or '?'} x {gpu['name']} (driver {gpu.get('driver_version') or '?'})")
+    if host.get("cpu"):
+        parts.append(f"CPU {host['cpu']}")
+    return "; ".join(parts) or None
 
 
 def _scorer(scorer: Any) -> str | None:
@@ -610,7 +629,7 @@ def _deterministic_flag(server_info: Any) -> bool | None:
     return bool(server_info["enable_deterministic_inference"])
 
 
-def _items_table(campaigns: list[Campaign]) -> pd.DataFrame:
+def _items_table(campaigns: list[CampaignDir]) -> pd.DataFrame:
     """Distinct items over all campaigns (the first campaign's seed_offset and category win)."""
     frames = [pd.DataFrame(c.items, columns=["item_id", "seed_offset", "category"]) for c in campaigns]
     frame = pd.concat(frames, ignore_index=True) if frames else pd.DataFrame(columns=["item_id", "seed_offset", "category"])

@@ -19,7 +19,7 @@ import pandas as pd
 
 from analysis import markdown, plots
 from analysis.audit import Audit, Mismatch, metadata_mismatches, run_audit
-from analysis.compare import POWER_CHANGES, Comparison, compare, power_table
+from analysis.compare import POWER_CHANGES, ChangeSet, compare, power_table
 from analysis.load import InputError, Loaded, load
 from analysis.metrics import Metrics, arm_order, compute
 from analysis.stats import MIN_PAIRS_FOR_SD
@@ -52,7 +52,7 @@ class Report:
     baseline: str
     audit: Audit
     metrics: Metrics
-    comparison: Comparison
+    comparison: ChangeSet
     tables: Tables
     figures: dict[str, str]  # file name under figures/ -> caption
     n_boot: int
@@ -176,12 +176,17 @@ def power_lines(report: Report) -> list[str]:
                        "run-to-run SD")
             continue
         counts = [getattr(r, f"pairs_for_{round(c * 100)}pct") for c in POWER_CHANGES]
-        shown = ", ".join(f"{round(c * 100)}%: {'>100,000' if n is None else n}"
+        shown = ", ".join(f"{round(c * 100)}%: {'>100,000' if n is None or n != n else int(n)}"  # NaN: not found
                           for c, n in zip(POWER_CHANGES, counts, strict=True))
         out.append(f"{head}: SD of log pair ratio {r.sd_log_ratio * 100:.2f}% from {r.pairs} pairs; "
                    f"run pairs for 80% power: {shown}")
     return out
 
 
-if __name__ == "__main__":
+def cli() -> None:
+    """The `specbench-report` command."""
     raise SystemExit(main())
+
+
+if __name__ == "__main__":
+    cli()

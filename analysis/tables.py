@@ -13,7 +13,7 @@ from dataclasses import dataclass
 import numpy as np
 import pandas as pd
 
-from analysis.compare import RATIO_METRICS, RUN_METRICS, Comparison, pooled_run_value
+from analysis.compare import RATIO_METRICS, RUN_METRICS, ChangeSet, pooled_run_value
 from analysis.metrics import LATENCIES, MIN_PERCENTILE_VALUES, PERCENTILES, Metrics
 from analysis.stats import Change
 
@@ -118,7 +118,7 @@ def fmt_count(k: int, n: int, applicable: bool = True) -> str:
 # pooled
 
 
-def build(m: Metrics, comp: Comparison, max_new_tokens: object, multi_campaign: bool) -> Tables:
+def build(m: Metrics, comp: ChangeSet, max_new_tokens: object, multi_campaign: bool) -> Tables:
     names = labels(max_new_tokens)
     pooled = pooled_numeric(m)
     footnotes = _footnotes(m, comp)
@@ -197,7 +197,7 @@ def value_cell(m: Metrics, pooled: pd.DataFrame, metric: str, arm: str) -> str:
     return text
 
 
-def pooled_display(m: Metrics, comp: Comparison, pooled: pd.DataFrame, names: dict[str, str]) -> pd.DataFrame:
+def pooled_display(m: Metrics, comp: ChangeSet, pooled: pd.DataFrame, names: dict[str, str]) -> pd.DataFrame:
     others = [a for a in m.arms if a != m.baseline]
     cols = ["Metric", *[_arm_title(m, a) for a in m.arms], *[f"Change {a} vs {m.baseline} [95% CI]" for a in others]]
     rows = []
@@ -221,7 +221,7 @@ def _arm_title(m: Metrics, arm: str) -> str:
     return f"{arm} (baseline)" if arm == m.baseline else arm
 
 
-def _footnotes(m: Metrics, comp: Comparison) -> list[str]:
+def _footnotes(m: Metrics, comp: ChangeSet) -> list[str]:
     notes = []
     for arm in m.arms:
         c = comp.get("pooled", "all", "throughput", arm)
@@ -264,7 +264,7 @@ def per_seed_numeric(m: Metrics) -> pd.DataFrame:
     return out.merge(sr, on=["base_seed", "arm"], how="left").sort_values(["base_seed", "arm"]).reset_index(drop=True)
 
 
-def per_seed_display(m: Metrics, comp: Comparison, ps: pd.DataFrame) -> pd.DataFrame:
+def per_seed_display(m: Metrics, comp: ChangeSet, ps: pd.DataFrame) -> pd.DataFrame:
     others = [a for a in m.arms if a != m.baseline]
     rows = []
     for seed in m.partitions["seed"].labels:
@@ -294,7 +294,7 @@ def per_category_numeric(m: Metrics) -> pd.DataFrame:
     return r.merge(o, on=["group", "arm"]).rename(columns={"group": "category"}).reset_index(drop=True)
 
 
-def per_category_display(m: Metrics, comp: Comparison, pc: pd.DataFrame) -> pd.DataFrame:
+def per_category_display(m: Metrics, comp: ChangeSet, pc: pd.DataFrame) -> pd.DataFrame:
     others = [a for a in m.arms if a != m.baseline]
     rows = []
     for cat in m.partitions["category"].labels:

@@ -6,28 +6,80 @@ Examples:
   python -m harness.bench experiment=dflash_block_vs_token dry_run=true   # print the exact commands
   python -m harness.bench campaign=20261129-101500-c8-3fa2c1      # resume a campaign
   python -m harness.bench -m experiment=dflash_verify_probs_speedbench client.concurrency=64,128
+  python -m harness.bench -m hydra/launcher=submitit_slurm hydra.launcher.partition=gpu shard='range(0,3)'
 """
 
 from __future__ import annotations
 
 import asyncio
+import hashlib
+import re
+import secrets
 import sys
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
 
 import hydra
+from hydra.core.hydra_config import HydraConfig
+from hydra.experimental.callback import Callback
+from hydra.types import RunMode
 from omegaconf import DictConfig, OmegaConf
 from omegaconf.errors import MissingMandatoryValue, OmegaConfBaseException
 from rich.console import Console
 
-from harness.cli import CONFIG_DIR, OverrideError, check_overrides
-from harness.config import HYDRA_VERSION_BASE, BenchConfig, ConfigError, register_configs
+from harness.cli import OverrideError, check_overrides
+from harness.config import CONFIG_DIR, HYDRA_VERSION_BASE, BenchConfig, ConfigError, register_configs
 from harness.dryrun import print_dry_run
-from harness.runner import build_campaign, run_campaign, summary
+from harness.records import read_json, write_json
+from harness.runner import Campaign, build_campaign, run_campaign, summary
 from harness.sglang_preflight import preflight_before_launch
 from workloads import load_workload
 from workloads.base import WorkloadError
 
 GROUPS = ("experiment", "server", "workload", "client")
 EXIT_INTERRUPTED = 130  # 128 + SIGINT, as shells report it
+JOBS_DIR = "specbench-jobs"  # under a sweep's folder: one outcome file per job, read by SweepSummary
+
+
+def register_resolvers() -> None:
+    """`${specbench_token:}`: a random suffix, drawn once per sweep (cached; Hydra copies the sweep's
+    resolver cache into every job, on a SLURM node too), so that concurrent sweeps get distinct folders
+    and the jobs of one sweep agree on theirs. Registered at import: a submitit job imports this module
+    and resolves hydra.sweep.dir before it calls hydra_main."""
+    OmegaConf.register_new_resolver("specbench_token", lambda: secrets.token_hex(3), use_cache=True, replace=True)
+
+
+register_resolvers()
+
+
+@dataclass(frozen=True)
+class SweepJob:
+    """One job of a Hydra multirun (`-m`): local, submitit_local or submitit_slurm."""
+
+    sweep_dir: Path
+    num: int
+    overrides: tuple[str, ...]
+
+    @classmethod
+    def current(cls) -> SweepJob | None:
+        hc = HydraConfig.get()
+        if hc.mode != RunMode.MULTIRUN:
+            return None
+        return cls(Path(hc.sweep.dir).resolve(), int(hc.job.num), tuple(hc.overrides.task))
+
+    def campaign_id(self, concurrency: int) -> str:
+        """The same id for every shard of one sweep with the same other overrides (a sweep over shards joins
+        one campaign; a sweep over anything else gets one campaign per value)."""
+        kept = sorted(o for o in self.overrides if not o.startswith(("shard=", "campaign=")))
+        digest = hashlib.sha256("\n".join([self.sweep_dir.name, *kept]).encode()).hexdigest()[:6]
+        stamp = self.sweep_dir.name[:15] if re.match(r"\d{8}-\d{6}", self.sweep_dir.name) else "sweep"
+        return f"{stamp}-c{concurrency}-{digest}"
+
+    def record(self, code: int, root: Path | None, shard: Any) -> None:
+        write_json(self.sweep_dir / JOBS_DIR / f"{self.num}.json",
+                   {"num": self.num, "overrides": list(self.overrides), "code": code, "shard": shard,
+                    "campaign": str(root.resolve()) if root is not None else None})
 
 
 def to_typed(cfg: DictConfig) -> BenchConfig:
@@ -51,42 +103,70 @@ def write_report(campaign_dir, console: Console, strict: bool) -> int:
     return code
 
 
-def run(cfg_node: DictConfig, console: Console) -> int:
-    """Compose -> plan -> (dry run | runs -> report). Returns the process exit code."""
+def campaign_complete(campaign: Campaign) -> bool:
+    return all(campaign.run_status(r.run_id) == "finished" for r in campaign.plan)
+
+
+def run(cfg_node: DictConfig, console: Console, sweep: SweepJob | None = None) -> tuple[int, Path | None]:
+    """Compose -> plan -> (dry run | runs -> report). Returns the process exit code and the campaign folder.
+
+    A shard writes the campaign's report only when it completes the campaign outside a sweep (in a sweep,
+    SweepSummary writes it once every job has ended)."""
     cfg = to_typed(cfg_node)
+    if cfg.campaign is None and sweep is not None:
+        cfg.campaign = sweep.campaign_id(cfg.client.concurrency)
     if cfg.dry_run:
-        return print_dry_run(cfg, console)
+        return print_dry_run(cfg, console), None
     code = preflight_before_launch(cfg, console)  # backend sglang: fail before anything is loaded or launched
     if code:
-        return code
+        return code, None
     config_dict = OmegaConf.to_container(cfg_node, resolve=True)
     workload = load_workload(cfg.workload)
     campaign = build_campaign(cfg, config_dict, workload, console)
-    console.print(f"[bold]{cfg.experiment.name}[/]: {len(campaign.plan)} runs x {len(workload.items)} requests "
+    part = f" (shard {cfg.shard}: {len(campaign.todo)} of them)" if cfg.shard is not None else ""
+    console.print(f"[bold]{cfg.experiment.name}[/]: {len(campaign.plan)} runs{part} x {len(workload.items)} requests "
                   f"({workload.name}, sha256 {workload.sha256[:12]}) -> {campaign.root}")
     campaign.open()
+    resume = f"campaign={campaign.root.name}" + (f" shard={cfg.shard}" if cfg.shard is not None else "")
     try:
         statuses = asyncio.run(run_campaign(campaign))
     except KeyboardInterrupt:
         console.print(f"[bold red]interrupted[/] (Ctrl-C): the running run is marked failed, its server stopped; "
-                      f"records so far are kept in {campaign.root}. Resume with campaign={campaign.root.name}")
-        return EXIT_INTERRUPTED
+                      f"records so far are kept in {campaign.root}. Resume with {resume}")
+        return EXIT_INTERRUPTED, campaign.root
     console.print(f"runs: {summary(statuses)}")
-    report_code = write_report(campaign.root, console, cfg.strict_audit) if cfg.report else 0
+    report_now = cfg.report and (cfg.shard is None or (sweep is None and campaign_complete(campaign)))
+    report_code = write_report(campaign.root, console, cfg.strict_audit) if report_now else 0
+    if cfg.shard is not None and not report_now:
+        console.print(f"shard {cfg.shard} done; the campaign's report, once every shard has finished: "
+                      f"specbench-report {campaign.root}" + (" (the sweep writes it at its end)" if sweep else ""))
     console.print(f"[bold green]records:[/] {campaign.root}/runs/*/records.jsonl")
     failed = [r for r, s in statuses.items() if s != "finished"]
     if failed:
-        console.print(f"[bold red]{len(failed)} run(s) failed[/]: {', '.join(failed)}; rerun with "
-                      f"campaign={campaign.root.name} to resume them")
-        return 1
-    return 1 if report_code else 0
+        console.print(f"[bold red]{len(failed)} run(s) failed[/]: {', '.join(failed)}; rerun with {resume} "
+                      "to resume them")
+        return 1, campaign.root
+    return (1 if report_code else 0), campaign.root
 
 
 @hydra.main(version_base=HYDRA_VERSION_BASE, config_path=str(CONFIG_DIR), config_name="bench")
 def hydra_main(cfg: DictConfig) -> None:
+    """One run of the command, or one job of a sweep: a job records its outcome (SweepSummary reads it at
+    the sweep's end) instead of exiting, so one failed job does not stop the others."""
     console = Console()
+    sweep = SweepJob.current()
+    code, root = guarded_run(cfg, console, sweep)
+    if sweep is not None:
+        sweep.record(code, root, cfg.get("shard"))
+    elif code:
+        sys.exit(code)
+
+
+def guarded_run(cfg: DictConfig, console: Console, sweep: SweepJob | None) -> tuple[int, Path | None]:
+    """run(), with the errors a user can fix printed as one line and an exit code."""
+    code, root = 2, None
     try:
-        code = run(cfg, console)
+        code, root = run(cfg, console, sweep)
     except MissingMandatoryValue as exc:
         key = exc.full_key or "a value"
         console.print(f"[bold red]error:[/] {key} is required and has no value: set it on the command line "
@@ -98,8 +178,32 @@ def hydra_main(cfg: DictConfig) -> None:
     except KeyboardInterrupt:
         console.print("[bold red]interrupted[/] (Ctrl-C) before any run started; nothing was launched")
         code = EXIT_INTERRUPTED
-    if code:
-        sys.exit(code)
+    return code, root
+
+
+class SweepSummary(Callback):
+    """At the end of a multirun (hydra.callbacks in bench.yaml): the report of every campaign that shards
+    wrote into (all its shards merged, coverage audited across them), a line per job, and exit 1 when a
+    job or a report failed."""
+
+    def on_multirun_end(self, config: DictConfig, **kwargs: Any) -> None:
+        console = Console()
+        sweep_dir = Path(str(config.hydra.sweep.dir)).resolve()
+        jobs = sorted((read_json(p) for p in (sweep_dir / JOBS_DIR).glob("*.json")), key=lambda j: j["num"])
+        failed = [j for j in jobs if j["code"]]
+        for j in jobs:
+            what = f"shard {j['shard']} of " if j["shard"] is not None else ""
+            outcome = f"exit {j['code']}" if j["code"] else "ok"
+            console.print(f"job {j['num']} ({' '.join(j['overrides']) or 'no overrides'}): {what}"
+                          f"{j['campaign'] or 'no campaign'}: {outcome}", highlight=False, soft_wrap=True)
+        sharded = sorted({j["campaign"] for j in jobs if j["shard"] is not None and j["campaign"]})
+        bad_reports = [root for root in sharded
+                       if config.get("report", True) and write_report(Path(root), console, bool(config.strict_audit))]
+        if failed or bad_reports:
+            console.print(f"[bold red]sweep failed[/]: {len(failed)} of {len(jobs)} job(s) failed"
+                          + (f"; the report of {', '.join(bad_reports)} failed" if bad_reports else "")
+                          + "; rerun a failed shard alone with its campaign= and shard=")
+            sys.exit(1)
 
 
 def main() -> None:

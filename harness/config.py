@@ -1,6 +1,6 @@
 """Typed Hydra schemas of the harness, registered in Hydra's ConfigStore.
 
-YAML files under `configs/` sit on top of these schemas: a key that is not declared here, or a value
+YAML files under `harness/configs/` (shipped as package data) sit on top of these schemas: a key that is not declared here, or a value
 of the wrong type, fails at composition with the key's full name. `__post_init__` checks values that
 types cannot (choices, ranges) with a message that names the bad value and the valid ones.
 Entry points convert the composed DictConfig into these objects once (`OmegaConf.to_object`).
@@ -12,12 +12,15 @@ import math
 import os
 import re
 from dataclasses import dataclass, field
+from pathlib import Path
 from typing import Any
 
 from hydra.core.config_store import ConfigStore
 from omegaconf import MISSING
 
 from workloads.config import WorkloadConfig
+
+CONFIG_DIR = Path(__file__).resolve().parent / "configs"  # the shipped Hydra configs (package data)
 
 HYDRA_VERSION_BASE = "1.3"
 
@@ -223,7 +226,6 @@ class ExperimentConfig:
     order: str = "alternate"  # alternate (seed 1: A,B; seed 2: B,A; ...) | fixed
     placement: str = "sequential"  # sequential | parallel (one GPU per arm)
     gpus: list[int] = field(default_factory=lambda: [0, 1])
-    fresh_server_per_run: bool = True
     # a run with more errored, aborted or timed-out requests (warmup included) than this is failed
     max_failed_requests: int = 0
 
@@ -271,6 +273,9 @@ class BenchConfig:
     client: ClientConfig = field(default_factory=ClientConfig)
     results_dir: str = "results"
     campaign: str | None = None  # None = a new timestamped campaign; an existing id resumes it
+    # run one slot (base seed x repeat: both arms, in their order) of the plan; None = every slot.
+    # Shards of one campaign may run side by side (a Hydra multirun, SLURM jobs) into one folder.
+    shard: int | None = None
     dry_run: bool = False
     report: bool = True  # write the analysis report at the end
     strict_audit: bool = True  # exit 1 when the report's audit fails; false: the report still says so, exit 0
@@ -281,6 +286,8 @@ class BenchConfig:
         check_range("load_sample_s", self.load_sample_s, 0.01, 60)
         if self.campaign is not None:
             check_name("campaign", self.campaign)
+        if self.shard is not None and self.shard < 0:
+            raise ConfigError(f"shard={self.shard} must be >= 0 (a slot of the plan; leave it out to run every slot)")
         shared = sorted(set(self.server.cpus) & set(self.client.cpus))
         if shared:
             raise ConfigError(f"server.cpus={self.server.cpus} and client.cpus={self.client.cpus} share CPU(s) "

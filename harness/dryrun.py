@@ -13,7 +13,8 @@ from rich.table import Table
 
 from harness.config import BenchConfig
 from harness.launcher import LaunchSpec, planned_spec
-from harness.plan import PlannedRun, make_plan
+from harness.plan import PlannedRun, make_plan, slots
+from harness.runner import check_shard
 from harness.sglang_preflight import print_verdict, run_preflight
 
 PORT_PLACEHOLDER = 0  # shown as PORT: the real port is picked when the run starts
@@ -70,7 +71,15 @@ def print_dry_run(cfg: BenchConfig, console: Console) -> int:
                   f"concurrency={cfg.client.concurrency} request_rate={cfg.client.request_rate}")
     console.print(f"pinning: server.cpus={list(cfg.server.cpus) or 'none'} client.cpus={list(cfg.client.cpus) or 'none'}",
                   highlight=False)
+    n_slots = len(slots(plan))
+    check_shard(cfg.shard, plan)
+    console.print(f"shards: {n_slots}, one per (base seed, repeat), each holding both arms in their order"
+                  + (f"; showing shard={cfg.shard}" if cfg.shard is not None else
+                     f"; as cluster jobs: -m hydra/launcher=submitit_slurm shard='range(0,{n_slots})'"),
+                  highlight=False, soft_wrap=True)
     for run in plan:
+        if cfg.shard is not None and run.slot != cfg.shard:
+            continue
         spec = spec_of(cfg, run)
         where = f"CUDA_VISIBLE_DEVICES={run.gpu}" if run.gpu is not None else "sequential"
         console.print(f"\n[bold][{run.index}] {run.run_id}[/]  arm={run.arm} seed={run.base_seed} "

@@ -52,10 +52,12 @@ def dist_version(*names: str) -> str | None:
 def git_info(repo: Path = REPO_ROOT) -> dict:
     """dict(version, git_sha, dirty) of the harness checkout.
 
-    version: the installed specbench distribution's version; git_sha: HEAD; dirty: whether anything is
+    version: the installed specbench distribution's version; git_sha: HEAD of the checkout the code runs
+    from (None for an installed wheel); dirty: whether anything is
     uncommitted (tracked changes or untracked files that git does not ignore). None where unknown.
     """
-    sha = run_tool(["git", "rev-parse", "HEAD"], cwd=repo)
+    # an installed wheel has no checkout: never report the git state of whatever repository holds the venv
+    sha = run_tool(["git", "rev-parse", "HEAD"], cwd=repo) if (repo / ".git").exists() else None
     status = run_tool(["git", "status", "--porcelain"], cwd=repo) if sha else None
     return {
         "version": dist_version(DIST_NAME),

@@ -18,9 +18,10 @@ SCHEMA_VERSION = 2
 
 
 def write_json(path: Path, obj: Any) -> None:
-    """Atomically (re)write a JSON document."""
+    """Atomically (re)write a JSON document (a temporary file per process: shards on a shared file system
+    never write through each other's)."""
     path.parent.mkdir(parents=True, exist_ok=True)
-    tmp = path.with_name(path.name + ".tmp")
+    tmp = path.with_name(f"{path.name}.{os.getpid()}.tmp")
     tmp.write_text(json.dumps(obj, indent=2, sort_keys=False, default=str) + "\n")
     os.replace(tmp, path)
 

@@ -9,6 +9,7 @@ run's server is stopped (scores.jsonl), and the machine's load is sampled before
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import copy
 import fcntl
 import hashlib
@@ -18,6 +19,7 @@ import secrets
 import shutil
 import socket
 import time
+from collections.abc import Iterator
 from dataclasses import dataclass, field
 from datetime import UTC, datetime
 from pathlib import Path
@@ -69,7 +71,8 @@ class Campaign:
     root: Path
     console: Console = field(default_factory=Console)
     pin: CpuPin = field(default_factory=lambda: CpuPin([]))  # the runner's own pinning (client.cpus)
-    _lock: Any = field(default=None, repr=False)
+    shard: int | None = None  # run only this slot of the plan (None: every slot)
+    _locks: list[Any] = field(default_factory=list, repr=False)
 
     @property
     def campaign_id(self) -> str:
@@ -98,26 +101,39 @@ class Campaign:
             "order_run": [],
         }
 
+    @property
+    def todo(self) -> list[PlannedRun]:
+        """The runs this runner does: the whole plan, or the slot of its shard."""
+        return [r for r in self.plan if self.shard is None or r.slot == self.shard]
+
     def open(self) -> None:
-        """Lock the campaign, then create campaign.json or check that an existing campaign was made by
-        the same config. Raises ConfigError when the folder cannot be written or another runner holds it."""
+        """Lock the campaign (the shard's slot, or every slot), then create campaign.json or check that an
+        existing campaign was made by the same config. Raises ConfigError when the folder cannot be written
+        or another runner holds a slot this one needs."""
         try:
             self.root.mkdir(parents=True, exist_ok=True)
-            self._lock = lock_campaign(self.root)
-            path = self.root / "campaign.json"
-            if not path.exists():
-                write_json(path, self.campaign_doc())
-                return
+            self._locks = lock_slots(self.root, sorted({r.slot for r in self.todo}))
+            with campaign_file_lock(self.root):
+                path = self.root / "campaign.json"
+                if not path.exists():
+                    write_json(path, self.campaign_doc())
+                    return
+                old = read_json(path)
         except OSError as exc:
             raise ConfigError(f"cannot write the campaign folder {self.root} ({exc.strerror or exc}); "
                               "choose a writable results_dir=...") from None
-        old = read_json(path)
         diffs = config_differences(with_added_keys(old.get("config", {})), self.config_dict)
         if diffs:
             raise ConfigError(
                 f"campaign {self.root} was created with a different config (differs at: {', '.join(diffs[:10])}); "
                 "resume it with the same overrides, or start a new campaign (leave out `campaign=`)")
-        self.console.print(f"[bold]resuming[/] campaign {self.root}")
+        self.console.print(f"[bold]{'joining' if self.shard is not None else 'resuming'}[/] campaign {self.root}")
+
+    def close(self) -> None:
+        """Release the slot locks (the process's exit does it too)."""
+        for handle in self._locks:
+            handle.close()
+        self._locks = []
 
     def run_status(self, run_id: str) -> str | None:
         path = self.run_dir(run_id) / "manifest.json"
@@ -137,34 +153,54 @@ class Campaign:
 
     def log_order(self, run_id: str, status: str, t_start: float, t_end: float) -> None:
         path = self.root / "campaign.json"
-        doc = read_json(path)
-        doc["order_run"].append({"run_id": run_id, "status": status, "t_start_unix": t_start, "t_end_unix": t_end})
-        write_json(path, doc)
+        with campaign_file_lock(self.root):  # shards append to the same list
+            doc = read_json(path)
+            doc["order_run"].append({"run_id": run_id, "status": status, "t_start_unix": t_start,
+                                     "t_end_unix": t_end, "host": socket.gethostname()})
+            write_json(path, doc)
 
 
-LOCK_NAME = ".lock"
+def slot_lock_name(slot: int) -> str:
+    return f".lock.shard-{slot}"
 
 
-def lock_campaign(root: Path) -> Any:
-    """Hold an exclusive lock on the campaign for as long as the returned file stays open (the process's
-    life: the kernel drops it even on SIGKILL, so a crashed runner never leaves a stale lock).
+def lock_slots(root: Path, slot_ids: list[int]) -> list[Any]:
+    """Hold an exclusive lock on each slot (shard) of the campaign for as long as the returned files stay
+    open (the process's life: the kernel drops them even on SIGKILL, so a crashed runner never leaves a
+    stale lock). Shards of one campaign run side by side; two runners on one slot never do.
 
-    A second runner on the same campaign gets a ConfigError naming the holder.
+    A runner that finds a slot held gets a ConfigError naming the holder (its own locks are released).
     """
-    handle = open(root / LOCK_NAME, "a+")  # noqa: SIM115  (kept open: the lock lives with it)
-    try:
-        fcntl.flock(handle, fcntl.LOCK_EX | fcntl.LOCK_NB)
-    except BlockingIOError:
+    held: list[Any] = []
+    for slot in slot_ids:
+        handle = open(root / slot_lock_name(slot), "a+")  # noqa: SIM115  (kept open: the lock lives with it)
+        try:
+            fcntl.flock(handle, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except BlockingIOError:
+            handle.seek(0)
+            holder = handle.read().strip() or "another process"
+            for h in [handle, *held]:
+                h.close()
+            raise ConfigError(f"campaign {root} (shard {slot}) is being run by {holder}; wait for it to finish, "
+                              "or start a new campaign (leave out campaign=)") from None
         handle.seek(0)
-        holder = handle.read().strip() or "another process"
-        handle.close()
-        raise ConfigError(f"campaign {root} is being run by {holder}; wait for it to finish, or start a new "
-                          "campaign (leave out campaign=)") from None
-    handle.seek(0)
-    handle.truncate()
-    handle.write(f"pid {os.getpid()} on {socket.gethostname()} since {datetime.now(UTC).isoformat(timespec='seconds')}\n")
-    handle.flush()
-    return handle
+        handle.truncate()
+        handle.write(f"pid {os.getpid()} on {socket.gethostname()} since "
+                     f"{datetime.now(UTC).isoformat(timespec='seconds')}\n")
+        handle.flush()
+        held.append(handle)
+    return held
+
+
+@contextlib.contextmanager
+def campaign_file_lock(root: Path) -> Iterator[None]:
+    """A short exclusive lock around reading and rewriting campaign.json (shards share it)."""
+    with open(root / ".lock.campaign-json", "a") as handle:
+        fcntl.flock(handle, fcntl.LOCK_EX)
+        try:
+            yield
+        finally:
+            fcntl.flock(handle, fcntl.LOCK_UN)
 
 
 def redact_config(config: dict[str, Any]) -> dict[str, Any]:
@@ -192,11 +228,18 @@ def workload_doc(workload: Workload) -> dict[str, Any]:
 # keys added to the config after campaigns were made: absent from an older campaign's stored config,
 # they mean what these values mean (so such a campaign still resumes)
 ADDED_KEYS: dict[str, Any] = {"server.cpus": [], "client.cpus": [], "experiment.arms.seed_stream": 0}
+# keys removed since (nothing read them): an older campaign's value is dropped before comparing
+REMOVED_KEYS = ("experiment.fresh_server_per_run",)
 
 
 def with_added_keys(config: dict[str, Any]) -> dict[str, Any]:
-    """An older campaign's stored config with the keys added since filled in with their neutral values."""
+    """An older campaign's stored config with the keys added since filled in with their neutral values,
+    and the keys removed since dropped."""
     out = copy.deepcopy(config)
+    for dotted in REMOVED_KEYS:
+        head, key = dotted.rsplit(".", 1)
+        if isinstance(node := out.get(head), dict):
+            node.pop(key, None)
     for dotted, value in ADDED_KEYS.items():
         head, key = dotted.rsplit(".", 1)
         parts = head.split(".")
@@ -212,7 +255,7 @@ def with_added_keys(config: dict[str, Any]) -> dict[str, Any]:
 
 def config_differences(old: Any, new: Any, prefix: str = "") -> list[str]:
     """Dotted keys whose values differ, ignoring the keys that do not change what is measured."""
-    ignored = {"campaign", "dry_run", "report", "strict_audit", "load_sample_s"}
+    ignored = {"campaign", "shard", "dry_run", "report", "strict_audit", "load_sample_s"}
     if isinstance(old, dict) and isinstance(new, dict):
         out = []
         for key in sorted(set(old) | set(new)):
@@ -520,8 +563,8 @@ async def run_campaign(c: Campaign) -> dict[str, str]:
     statuses: dict[str, str] = {}
     columns = (TextColumn("{task.description}"), BarColumn(), MofNCompleteColumn(), TimeElapsedColumn())
     with Progress(*columns, console=c.console) as progress:
-        overall = progress.add_task("runs", total=len(c.plan))
-        for slot in slots(c.plan):
+        overall = progress.add_task("runs", total=len(c.todo))
+        for slot in slots(c.todo):
             if c.cfg.experiment.placement == "parallel":
                 gate = SlotGate({r.run_id for r in slot})
                 results = await asyncio.gather(*(run_one(c, r, progress, gate) for r in slot))
@@ -543,11 +586,22 @@ def campaign_root(cfg: BenchConfig) -> Path:
     return Path(cfg.results_dir) / cfg.experiment.name / (cfg.campaign or new_campaign_id(cfg))
 
 
+def check_shard(shard: int | None, plan: list[PlannedRun]) -> None:
+    """ConfigError when `shard` names no slot of the plan."""
+    count = len(slots(plan))
+    if shard is not None and not 0 <= shard < count:
+        raise ConfigError(f"shard={shard} does not exist: this campaign has {count} shard(s), shard=0 to "
+                          f"shard={count - 1}, one per (base seed, repeat); e.g. -m shard='range(0,{count})'")
+
+
 def build_campaign(cfg: BenchConfig, config_dict: dict, workload: Workload, console: Console) -> Campaign:
-    """The campaign of a config; ConfigError (nothing launched) when a planned request seed is out of range."""
+    """The campaign of a config; ConfigError (nothing launched) when a planned request seed is out of range
+    or the shard does not exist."""
     check_request_seeds(cfg, workload)
-    return Campaign(cfg=cfg, config_dict=redact_config(config_dict), workload=workload, plan=make_plan(cfg.experiment),
-                    root=campaign_root(cfg), console=console, pin=CpuPin(list(cfg.client.cpus)))
+    plan = make_plan(cfg.experiment)
+    check_shard(cfg.shard, plan)
+    return Campaign(cfg=cfg, config_dict=redact_config(config_dict), workload=workload, plan=plan,
+                    root=campaign_root(cfg), console=console, pin=CpuPin(list(cfg.client.cpus)), shard=cfg.shard)
 
 
 def summary(statuses: dict[str, str]) -> str:

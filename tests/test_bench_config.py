@@ -12,8 +12,8 @@ from hydra import compose, initialize_config_dir
 from rich.console import Console
 
 from harness.bench import GROUPS, to_typed
-from harness.cli import CONFIG_DIR, OverrideError, check_overrides, group_options
-from harness.config import BenchConfig, ConfigError, register_configs
+from harness.cli import OverrideError, check_overrides, group_options
+from harness.config import CONFIG_DIR, BenchConfig, ConfigError, register_configs
 from harness.dryrun import print_dry_run
 from harness.plan import make_plan
 from harness.sglang_preflight import EXIT_CODE, named_flag

@@ -156,7 +156,7 @@ def test_second_runner_on_a_live_campaign_is_refused(tmp_path):
                            "sampling.max_new_tokens=64", "sampling.ignore_eos=true", "report=false",
                            "experiment.base_seeds=[4]")
         assert second.returncode == 2, second.stdout + second.stderr
-        assert f"campaign {root} is being run by pid {first.pid}" in second.stdout.replace("\n", "")
+        assert f"campaign {root} (shard 0) is being run by pid {first.pid}" in second.stdout.replace("\n", "")
         assert not (root / "attempts").exists()  # the live run was not set aside
     finally:
         out = finish(first)

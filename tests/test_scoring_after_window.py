@@ -21,8 +21,7 @@ from rich.console import Console
 from test_runner_e2e import SMALL, check_schema2_run, read_jsonl
 
 from harness.bench import to_typed
-from harness.cli import CONFIG_DIR
-from harness.config import register_configs
+from harness.config import CONFIG_DIR, register_configs
 from harness.runner import build_campaign, run_campaign
 from workloads import load_workload
 from workloads.scoring import Score, Scorer
@@ -65,7 +64,7 @@ def run_in_process(tmp: Path, scorer: Scorer, *overrides: str) -> tuple[Path, di
     try:
         statuses = asyncio.run(run_campaign(campaign))
     finally:
-        campaign._lock.close()
+        campaign.close()
     return campaign.root, statuses
 
 

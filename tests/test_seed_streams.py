@@ -94,7 +94,7 @@ def test_a_campaign_made_before_seed_streams_resumes(tmp_path):
     old_campaign(tmp_path / "c", fresh.config_dict)
     fresh.open()  # missing seed_stream / cpus read as 0 / []: the same config
     assert "resuming" in fresh.console.file.getvalue()
-    fresh._lock.close()
+    fresh.close()
     changed = campaign_at(tmp_path / "c", *base, "experiment.arms.1.seed_stream=1")
     with pytest.raises(ConfigError, match=r"differs at: experiment.arms"):
         changed.open()  # a stream that is not 0 is a different experiment

@@ -24,8 +24,8 @@ from serverutil import start_engine, stop_engine, wait_ready
 from sglang_support import import_sglang
 
 from harness.bench import to_typed
-from harness.cli import CONFIG_DIR, group_options
-from harness.config import BenchConfig, LogChecks, register_configs
+from harness.cli import group_options
+from harness.config import CONFIG_DIR, BenchConfig, LogChecks, register_configs
 from harness.engine import server as engine
 from harness.engine.args import parse_args
 from harness.engine.logs import DATEFMT, FORMAT

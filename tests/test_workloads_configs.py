@@ -1,9 +1,8 @@
-"""configs/workload/*.yaml compose as Hydra group options onto the WorkloadConfig schema."""
+"""harness/configs/workload/*.yaml compose as Hydra group options onto the WorkloadConfig schema."""
 
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from pathlib import Path
 from typing import Any
 
 import pytest
@@ -11,11 +10,12 @@ from hydra import compose, initialize_config_dir
 from hydra.core.config_store import ConfigStore
 from omegaconf import OmegaConf
 
+from harness.config import CONFIG_DIR
 from workloads import load_workload
 from workloads.config import KINDS, WorkloadConfig
 from workloads.prompts import MATHARENA_AIME_TEMPLATE
 
-CONFIGS = Path(__file__).resolve().parents[1] / "configs"
+CONFIGS = CONFIG_DIR
 
 
 @dataclass

@@ -104,5 +104,10 @@ def main(argv: list[str] | None = None) -> int:
     return asyncio.run(serve(args))
 
 
-if __name__ == "__main__":
+def cli() -> None:
+    """The `specbench-server` command (the same as `python -m harness.engine`)."""
     sys.exit(main())
+
+
+if __name__ == "__main__":
+    cli()

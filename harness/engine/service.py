@@ -13,6 +13,7 @@ from typing import Any
 
 import torch
 
+from harness.devices import resolve_device
 from harness.engine.args import ServerArgs
 from harness.engine.hf_tokenizer import publish_tokenizer
 from harness.engine.model import SyntheticLM
@@ -28,13 +29,6 @@ log = logging.getLogger("harness.engine")
 READY_LINE = "The server is fired up and ready to roll!"
 VERSION = "specbench-embedded 0.1.0"
 HEALTH_TIMEOUT_S = 20.0
-
-
-def resolve_device(name: str) -> torch.device:
-    """auto: CUDA when there is a device, else the CPU."""
-    if name == "auto":
-        return torch.device("cuda" if torch.cuda.is_available() else "cpu")
-    return torch.device(name)
 
 
 class EngineService:
@@ -61,7 +55,7 @@ class EngineService:
         """Build the model (in a thread, so /health_generate answers 503 meanwhile), warm up, go ready."""
         if self.args.num_threads:
             torch.set_num_threads(self.args.num_threads)
-        self.device = resolve_device(self.args.device)
+        self.device = resolve_device(self.args.device, "--device")
         self.tokenizer_dir = await asyncio.to_thread(self._publish_tokenizer)
         t0 = time.monotonic()
         model = await asyncio.to_thread(SyntheticLM.build, self.preset, self.args.draft_divergence, self.device)

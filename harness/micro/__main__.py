@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import sys
-from pathlib import Path
 
 import hydra
 from hydra.core.hydra_config import HydraConfig
@@ -11,12 +10,11 @@ from omegaconf import DictConfig, OmegaConf
 from rich.console import Console
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 
-from harness.config import HYDRA_VERSION_BASE, ConfigError, MicroAppConfig, register_configs
+from harness.config import CONFIG_DIR, HYDRA_VERSION_BASE, ConfigError, MicroAppConfig, register_configs
 from harness.micro.app import RunResult, check_config, progress_steps, run
 from harness.micro.impls import ImplError
 from harness.micro.report import console_table, write_report
 
-CONFIG_DIR = str(Path(__file__).resolve().parents[2] / "configs")
 PIPE_WIDTH = 160  # console width when stdout is not a terminal (logs, CI)
 
 
@@ -43,8 +41,8 @@ def _typed_config(cfg: DictConfig) -> MicroAppConfig:
     return app
 
 
-@hydra.main(version_base=HYDRA_VERSION_BASE, config_path=CONFIG_DIR, config_name="microbench")
-def main(cfg: DictConfig) -> None:
+@hydra.main(version_base=HYDRA_VERSION_BASE, config_path=str(CONFIG_DIR), config_name="microbench")
+def hydra_main(cfg: DictConfig) -> None:
     """Check the config, run, write report.md, print the table and where everything went."""
     console = Console(width=None if sys.stdout.isatty() else PIPE_WIDTH)
     try:
@@ -60,6 +58,11 @@ def main(cfg: DictConfig) -> None:
                   soft_wrap=True)
 
 
-if __name__ == "__main__":
+def main() -> None:
+    """`python -m harness.micro` and the `specbench-micro` command."""
     register_configs()
+    hydra_main()
+
+
+if __name__ == "__main__":
     main()

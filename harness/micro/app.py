@@ -19,9 +19,10 @@ import torch
 from torch import Tensor
 
 from harness import envinfo, verify
-from harness.config import ConfigError, MicroConfig
+from harness.config import MicroConfig
+from harness.devices import resolve_device
 from harness.micro import measure
-from harness.micro.compare import Comparison, compare_outputs
+from harness.micro.compare import OutputMatch, compare_outputs
 from harness.micro.impls import REGISTRY, Impl, ImplError, check_names, resolve_impls
 from harness.micro.inputs import (
     RowParams,
@@ -30,6 +31,7 @@ from harness.micro.inputs import (
     padding_row_count,
     rotated_copies,
 )
+from harness.records import write_json
 
 SCHEMA_VERSION = 1
 Step = Callable[[str], None]
@@ -82,20 +84,11 @@ class Batch:
     reference: Tensor  # the baseline's output [rows, vocab] fp32
 
 
-def resolve_device(name: str) -> torch.device:
-    """auto -> cuda when available, else cpu; cuda without a GPU is a ConfigError."""
-    if name == "auto":
-        return torch.device("cuda" if torch.cuda.is_available() else "cpu")
-    if name == "cuda" and not torch.cuda.is_available():
-        raise ConfigError("micro.device=cuda but torch sees no CUDA device; use micro.device=cpu or auto")
-    return torch.device(name)
-
-
 def check_config(cfg: MicroConfig) -> None:
     """Names the config refers to must be registered, the baseline must be the project's code, and
     the device must exist."""
     check_names([*cfg.impls, cfg.baseline, cfg.after])
-    resolve_device(cfg.device)
+    resolve_device(cfg.device, "micro.device")
     if REGISTRY[cfg.baseline]().external:
         raise ImplError(f"micro.baseline={cfg.baseline!r} must be one of the project's builders: "
                         f"{', '.join(verify.BUILDERS)}")
@@ -124,7 +117,7 @@ def _base_row(cfg: MicroConfig, impl: str, rows: int, device: torch.device) -> R
     )
 
 
-def _with_comparison(row: ResultRow, cmp: Comparison) -> None:
+def _with_comparison(row: ResultRow, cmp: OutputMatch) -> None:
     row.bitwise_equal = cmp.bitwise_equal
     row.kept_sets_equal = cmp.kept_sets_equal
     row.values_equal = cmp.values_equal
@@ -270,10 +263,6 @@ def build_manifest(cfg: MicroConfig, resolved: dict, device: torch.device, impls
     }
 
 
-def write_json(path: Path, obj: Any) -> None:
-    path.write_text(json.dumps(obj, indent=2, default=str) + "\n")
-
-
 def _bench_all(cfg: MicroConfig, device: torch.device, impls: list[Impl], baseline: Impl, path: Path,
                step: Step) -> list[ResultRow]:
     """Every batch size in turn; each row is appended to `path` (JSONL) and flushed as it is measured."""
@@ -306,7 +295,7 @@ def run(cfg: MicroConfig, *, results_dir: str, resolved: dict, overrides: list[s
     report.md is written by the caller (`harness.micro.report`) from what this returns.
     """
     check_config(cfg)
-    device = resolve_device(cfg.device)
+    device = resolve_device(cfg.device, "micro.device")
     impls = resolve_impls(cfg.impls)
     for impl in impls:
         if not impl.available:

@@ -9,7 +9,7 @@ from torch import Tensor
 
 
 @dataclass(frozen=True)
-class Comparison:
+class OutputMatch:
     """How an output [rows, vocab] relates to the baseline's.
 
     bitwise_equal: torch.equal. kept_sets_equal: the same tokens have non-zero probability.
@@ -40,18 +40,18 @@ def _sorted_kept(x: Tensor, m: int) -> Tensor:
     return torch.topk(x.float(), m, dim=-1, sorted=True).values
 
 
-def compare_outputs(out: Tensor, ref: Tensor) -> Comparison:
+def compare_outputs(out: Tensor, ref: Tensor) -> OutputMatch:
     """Compare `out` with the baseline `ref` (both [rows, vocab] probabilities)."""
     if out.shape != ref.shape:
-        return Comparison(False, False, False, False, None)
+        return OutputMatch(False, False, False, False, None)
     if torch.equal(out, ref):
-        return Comparison(True, True, True, True, 0.0)
+        return OutputMatch(True, True, True, True, 0.0)
     kept_out, kept_ref = out > 0, ref > 0
     counts_out, counts_ref = kept_out.sum(dim=-1), kept_ref.sum(dim=-1)
     counts_equal = torch.equal(counts_out, counts_ref)
     m = max(1, int(torch.maximum(counts_out, counts_ref).max()))
     top_out, top_ref = _sorted_kept(out, m), _sorted_kept(ref, m)
-    return Comparison(
+    return OutputMatch(
         bitwise_equal=False,
         kept_sets_equal=torch.equal(kept_out, kept_ref),
         kept_counts_equal=counts_equal,
