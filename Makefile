@@ -72,11 +72,7 @@ micro-h200: $(STAMP) ## the seed-size builder microbenchmark (needs a big GPU)
 perf: $(STAMP) ## embedded server throughput: NONE vs DFLASH token/block at concurrency 1, 8, 32
 	$(VPY) -m harness.engine.perf $(ARGS)
 
-client-test-slurm: $(STAMP) ## opt-in: bring up a one-node SLURM here (root; apt) and run a sharded campaign through it
-	bash scripts/slurm_local.sh up
-	$(VPY) -m pytest -q -s -m slurm $(ARGS)
-
-bench: $(STAMP) ## client overhead: the project's client vs SGLang's (in .venv-sglang when it exists) on a stub
+client-bench: $(STAMP) ## client overhead: the project's client vs SGLang's (in .venv-sglang when it exists) on a stub
 	@if test -x $(SGPY); then $(SGPY) -m harness.client_bench $(ARGS); \
 	else echo ">> $(SGVENV) not found (make sglang builds it): the project's client alone"; \
 	$(VPY) -m harness.client_bench --clients ours $(ARGS); fi
