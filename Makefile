@@ -69,8 +69,8 @@ micro: $(STAMP) ## time the verify-probability builders (CPU-sized default confi
 micro-h200: $(STAMP) ## the seed-size builder microbenchmark (needs a big GPU)
 	$(VPY) -m harness.micro micro=seed_h200 $(ARGS)
 
-perf: $(STAMP) ## embedded server throughput: NONE vs DFLASH token/block at concurrency 1, 8, 32
-	$(VPY) -m harness.engine.perf $(ARGS)
+perf: $(STAMP) ## embedded server throughput: NONE vs DFLASH token/block at concurrency 1, 8, 32 (a sweep table)
+	$(VPY) -m harness.bench -m experiment=embedded_perf client.concurrency=1,8,32 $(ARGS)
 
 client-bench: $(STAMP) ## client overhead: the project's client vs SGLang's (in .venv-sglang when it exists) on a stub
 	@if test -x $(SGPY); then $(SGPY) -m harness.client_bench $(ARGS); \

@@ -12,6 +12,7 @@ from collections.abc import Iterable
 from typing import TYPE_CHECKING, Any
 
 import pandas as pd
+from tabulate import tabulate
 
 from analysis.audit import (
     FAIL,
@@ -37,13 +38,11 @@ _BADGE = {FAIL: "**FAIL**", WARN: "warn", OK: "ok", "info": "info"}
 
 
 def table(frame: pd.DataFrame) -> str:
-    """A pipe table; every cell as text, pipes escaped."""
+    """A pipe table (tabulate); every cell as text, as given (no number parsing), pipes escaped."""
     if frame is None or frame.empty:
         return "_(no rows)_\n"
-    head = "| " + " | ".join(_cell(c) for c in frame.columns) + " |"
-    rule = "|" + "|".join("---" for _ in frame.columns) + "|"
-    body = ["| " + " | ".join(_cell(v) for v in row) + " |" for row in frame.itertuples(index=False)]
-    return "\n".join([head, rule, *body]) + "\n"
+    rows = [[_cell(v) for v in row] for row in frame.itertuples(index=False)]
+    return tabulate(rows, headers=[_cell(c) for c in frame.columns], tablefmt="pipe", disable_numparse=True) + "\n"
 
 
 def _cell(value: Any) -> str:

@@ -181,6 +181,25 @@ def guarded_run(cfg: DictConfig, console: Console, sweep: SweepJob | None) -> tu
     return code, root
 
 
+def write_sweep_tables(sweep_dir: Path, roots: list[Path], console: Console) -> None:
+    """Per experiment with two or more finished campaigns in the sweep: sweep-<experiment>.md, one row
+    per campaign (analysis.sweep), printed too."""
+    from analysis.sweep import sweep_markdown  # noqa: PLC0415  (heavy imports)
+
+    by_experiment: dict[str, list[Path]] = {}
+    for root in sorted(set(roots)):
+        if (root / "campaign.json").is_file():
+            by_experiment.setdefault(root.parent.name, []).append(root)
+    for experiment, group in by_experiment.items():
+        if len(group) < 2:
+            continue
+        text = sweep_markdown(group)
+        out = sweep_dir / f"sweep-{experiment}.md"
+        out.write_text(text)
+        console.print(text, highlight=False, markup=False, soft_wrap=True)
+        console.print(f"[bold green]sweep table:[/] {out}")
+
+
 class SweepSummary(Callback):
     """At the end of a multirun (hydra.callbacks in bench.yaml): the report of every campaign that shards
     wrote into (all its shards merged, coverage audited across them), a line per job, and exit 1 when a
@@ -199,6 +218,8 @@ class SweepSummary(Callback):
         sharded = sorted({j["campaign"] for j in jobs if j["shard"] is not None and j["campaign"]})
         bad_reports = [root for root in sharded
                        if config.get("report", True) and write_report(Path(root), console, bool(config.strict_audit))]
+        if config.get("report", True):
+            write_sweep_tables(sweep_dir, [Path(j["campaign"]) for j in jobs if j["campaign"]], console)
         if failed or bad_reports:
             console.print(f"[bold red]sweep failed[/]: {len(failed)} of {len(jobs)} job(s) failed"
                           + (f"; the report of {', '.join(bad_reports)} failed" if bad_reports else "")

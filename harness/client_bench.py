@@ -38,6 +38,7 @@ import orjson
 from rich.console import Console
 from rich.progress import Progress
 from rich.table import Table
+from tabulate import tabulate
 
 from harness.client import Outcome, Parser, new_session, send_one
 from harness.machine import CpuPin
@@ -413,16 +414,16 @@ def cases(args: argparse.Namespace) -> list[Case]:
     return [*short, long] if args.long_tokens else short
 
 
+MD_HEADERS = ("client", "streams", "tokens/response (per chunk)", "stub step ms", "requests", "chunks",
+              "chunks per client CPU-s", "CPU-s", "wall s", "last-chunk error p50 / p99 / max (ms)",
+              "connections opened")
+
+
 def table_md(results: list[Result], note: str) -> str:
-    lines = [note, "", "| client | streams | tokens/response (per chunk) | stub step ms | requests | chunks "
-             "| chunks per client CPU-s | CPU-s | wall s | last-chunk error p50 / p99 / max (ms) | connections opened |",
-             "|---|---|---|---|---|---|---|---|---|---|---|"]
-    for r in results:
-        lines.append(f"| {r.client} | {r.streams} | {r.tokens} ({r.chunk_tokens}) | {r.step_ms:g} | {r.requests} | "
-                     f"{r.chunks} | "
-                     f"{r.chunks_per_cpu_s:,.0f} | {r.cpu_s:.2f} | {r.wall_s:.2f} | {r.err_p50_ms:.2f} / "
-                     f"{r.err_p99_ms:.2f} / {r.err_max_ms:.2f} | {r.connections} |")
-    return "\n".join(lines) + "\n"
+    rows = [[r.client, r.streams, f"{r.tokens} ({r.chunk_tokens})", f"{r.step_ms:g}", r.requests, r.chunks,
+             f"{r.chunks_per_cpu_s:,.0f}", f"{r.cpu_s:.2f}", f"{r.wall_s:.2f}",
+             f"{r.err_p50_ms:.2f} / {r.err_p99_ms:.2f} / {r.err_max_ms:.2f}", r.connections] for r in results]
+    return f"{note}\n\n" + tabulate(rows, headers=MD_HEADERS, tablefmt="pipe", disable_numparse=True) + "\n"
 
 
 def rich_table(results: list[Result]) -> Table:

@@ -3,9 +3,10 @@
     with engine_server(["--model-path", "embedded:mini"]) as server:
         status, body = post_json(server.url + "/generate", {"text": "hi"})
 
-`engine_server` binds a free loopback port, waits until `/health_generate` answers 200, and on exit
-sends SIGTERM (then SIGKILL) and keeps the log for `server.log_text()`. Plain-stdlib HTTP helpers
-(`get`, `post_json`, `post_sse`) and an aiohttp fan-out (`generate_concurrently`) come with it.
+The process is the harness's own launcher (harness.launcher.Server: a free loopback port, its own
+process group, readiness on `/health_generate` with the identity check, SIGTERM then SIGKILL), so the
+tests start servers exactly as the runner does. Plain-stdlib HTTP helpers (`get`, `post_json`,
+`post_sse`) and an aiohttp fan-out (`generate_concurrently`) come with it.
 """
 
 from __future__ import annotations
@@ -14,12 +15,8 @@ import asyncio
 import contextlib
 import http.client
 import json
-import os
-import socket
-import subprocess
 import sys
 import tempfile
-import time
 import urllib.error
 import urllib.parse
 import urllib.request
@@ -30,74 +27,62 @@ from typing import Any
 
 import aiohttp
 
-REPO_ROOT = Path(__file__).resolve().parent.parent
+from harness.config import LogChecks
+from harness.launcher import LaunchSpec, Server, free_port
+
 HOST = "127.0.0.1"
-
-
-def free_port(host: str = HOST) -> int:
-    """A TCP port that was free a moment ago on `host`."""
-    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
-        s.bind((host, 0))
-        return s.getsockname()[1]
 
 
 @dataclass
 class EngineServer:
-    """A running engine subprocess."""
+    """A running engine subprocess, started by the harness's launcher."""
 
-    proc: subprocess.Popen
-    port: int
-    log_path: Path
+    server: Server
+
+    @property
+    def port(self) -> int:
+        return self.server.spec.port
 
     @property
     def url(self) -> str:
-        return f"http://{HOST}:{self.port}"
+        return self.server.spec.base_url
+
+    @property
+    def proc(self):
+        return self.server.proc
+
+    @property
+    def log_path(self) -> Path:
+        return self.server.spec.log_path
 
     def log_text(self) -> str:
         return self.log_path.read_text(errors="replace") if self.log_path.exists() else ""
 
     def alive(self) -> bool:
-        return self.proc.poll() is None
-
-
-class ServerStartError(RuntimeError):
-    pass
+        return self.server.alive()
 
 
 def start_engine(args: list[str], log_path: Path, port: int | None = None,
-                 env: dict[str, str] | None = None) -> EngineServer:
+                 env: dict[str, str] | None = None, timeout_s: float = 120.0) -> EngineServer:
     """Start `python -m harness.engine ARGS --host 127.0.0.1 --port PORT` without waiting; `env` adds to
     (or overrides) the inherited environment."""
-    port = port or free_port()
-    cmd = [sys.executable, "-m", "harness.engine", *args, "--host", HOST, "--port", str(port)]
-    env = {**os.environ, "PYTHONUNBUFFERED": "1", **(env or {})}
-    log = open(log_path, "wb")  # noqa: SIM115  (the child owns it; closed with the process)
-    proc = subprocess.Popen(cmd, cwd=REPO_ROOT, stdout=log, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
-                            env=env)
-    log.close()
-    return EngineServer(proc=proc, port=port, log_path=log_path)
+    port = port or free_port(HOST)
+    spec = LaunchSpec(argv=[sys.executable, "-m", "harness.engine", *args, "--host", HOST, "--port", str(port)],
+                      env_overrides=dict(env or {}), host=HOST, port=port, log_path=log_path,
+                      log_checks=LogChecks(), ready_timeout_s=timeout_s, stop_timeout_s=15.0)
+    server = Server(spec)
+    server.start()
+    return EngineServer(server)
 
 
-def wait_ready(server: EngineServer, timeout_s: float = 120.0) -> None:
-    """Poll /health_generate until 200; ServerStartError with the log if it dies or times out."""
-    deadline = time.monotonic() + timeout_s
-    while time.monotonic() < deadline:
-        if not server.alive():
-            raise ServerStartError(f"engine exited with {server.proc.returncode}:\n{server.log_text()}")
-        if get(server.url + "/health_generate", timeout_s=5)[0] == 200:
-            return
-        time.sleep(0.1)
-    raise ServerStartError(f"engine not ready after {timeout_s}s:\n{server.log_text()}")
+def wait_ready(server: EngineServer) -> None:
+    """Until /health_generate answers 200 from this server (harness.launcher.ServerError with the log's tail
+    when it exits or times out)."""
+    asyncio.run(server.server.wait_ready())
 
 
-def stop_engine(server: EngineServer, timeout_s: float = 15.0) -> int:
-    if server.alive():
-        server.proc.terminate()
-        try:
-            server.proc.wait(timeout=timeout_s)
-        except subprocess.TimeoutExpired:
-            server.proc.kill()
-            server.proc.wait(timeout=10)
+def stop_engine(server: EngineServer) -> int | None:
+    server.server.stop()
     return server.proc.returncode
 
 
@@ -107,9 +92,9 @@ def engine_server(args: list[str], timeout_s: float = 120.0,
     """Start the engine with `args` (and extra `env`) on a free loopback port, wait until ready, stop it
     afterwards."""
     with tempfile.TemporaryDirectory(prefix="engine-") as tmp:
-        server = start_engine(args, Path(tmp) / "server.log", env=env)
+        server = start_engine(args, Path(tmp) / "server.log", env=env, timeout_s=timeout_s)
         try:
-            wait_ready(server, timeout_s)
+            wait_ready(server)
             yield server
         finally:
             stop_engine(server)

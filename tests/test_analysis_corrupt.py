@@ -7,7 +7,8 @@ import json
 from pathlib import Path
 
 import pytest
-from test_analysis_report import CLEAN, copy_campaign, edit_json
+from conftest import CLEAN
+from test_analysis_report import edit_json
 
 from analysis.report import build_report, main
 
@@ -42,8 +43,8 @@ CLEAN_BLOCK_AL = 142 / 42  # the block arm's pooled acceptance length in the cle
     (lambda r: r.update(t_end=r["t_sent"] - 1), "t_end is before t_sent"),
     (lambda r: r.update(t_first_token=r["t_end"] + 1), "t_first_token is outside"),
 ])
-def test_impossible_values_fail_the_audit_and_stay_out_of_the_figures(tmp_path, change, reason):
-    camp = copy_campaign(CLEAN, tmp_path / "golden" / "c1")
+def test_impossible_values_fail_the_audit_and_stay_out_of_the_figures(tmp_path, change, reason, clean_campaign):
+    camp = clean_campaign
     edit_measured_record(camp, "q1", change)
     report = build_report([camp])
     values = check(report, VALUES_CHECK)
@@ -54,8 +55,8 @@ def test_impossible_values_fail_the_audit_and_stay_out_of_the_figures(tmp_path, 
     assert main([str(camp), "--strict", "--out", str(tmp_path / "out")]) == 1
 
 
-def test_a_plain_first_token_without_a_verify_step_is_valid(tmp_path):
-    camp = copy_campaign(CLEAN, tmp_path / "golden" / "c1")
+def test_a_plain_first_token_without_a_verify_step_is_valid(tmp_path, clean_campaign):
+    camp = clean_campaign
     edit_measured_record(camp, "q1", lambda r: r.update(completion_tokens=1, spec_verify_ct=0,
                                                         spec_num_correct_drafts=0, meta_info=None))
     assert check(build_report([camp]), VALUES_CHECK).status == "ok"
@@ -67,8 +68,8 @@ def test_a_plain_first_token_without_a_verify_step_is_valid(tmp_path):
     (10**400, "completion_tokens=inf is not finite, or too large for a float"),
     ("40", "completion_tokens='40' is not a number"),
 ])
-def test_non_finite_huge_and_mistyped_numbers_are_bad_lines(tmp_path, capsys, value, reason):
-    camp = copy_campaign(CLEAN, tmp_path / "golden" / "c1")
+def test_non_finite_huge_and_mistyped_numbers_are_bad_lines(tmp_path, capsys, value, reason, clean_campaign):
+    camp = clean_campaign
     edit_measured_record(camp, "q1", lambda r: r.update(completion_tokens=value))
     report = build_report([camp])
     readable = check(report, "Records readable")
@@ -78,8 +79,8 @@ def test_non_finite_huge_and_mistyped_numbers_are_bad_lines(tmp_path, capsys, va
     assert "Traceback" not in capsys.readouterr().err
 
 
-def test_out_of_range_request_seed_is_a_bad_line(tmp_path):
-    camp = copy_campaign(CLEAN, tmp_path / "golden" / "c1")
+def test_out_of_range_request_seed_is_a_bad_line(tmp_path, clean_campaign):
+    camp = clean_campaign
     edit_measured_record(camp, "q1", lambda r: r.update(request_seed=2**70))
     readable = check(build_report([camp]), "Records readable")
     assert readable.status == "fail"
@@ -94,8 +95,8 @@ def test_out_of_range_request_seed_is_a_bad_line(tmp_path):
     ("status", 3, "status=3 is of type int; expected str"),
     ("log_checks", {"passed": "yes"}, "log_checks.passed='yes' is of type str; expected bool"),
 ])
-def test_mistyped_manifest_is_refused_naming_file_and_key(tmp_path, capsys, key, value, message):
-    camp = copy_campaign(CLEAN, tmp_path / "golden" / "c1")
+def test_mistyped_manifest_is_refused_naming_file_and_key(tmp_path, capsys, key, value, message, clean_campaign):
+    camp = clean_campaign
     manifest = camp / "runs" / "r1-block-100" / "manifest.json"
     edit_json(manifest, lambda m: m.update({key: value}))
     assert main([str(camp)]) == 2
@@ -103,16 +104,16 @@ def test_mistyped_manifest_is_refused_naming_file_and_key(tmp_path, capsys, key,
     assert str(manifest) in err and message in err and "Traceback" not in err
 
 
-def test_mistyped_campaign_plan_is_refused_naming_file_and_key(tmp_path, capsys):
-    camp = copy_campaign(CLEAN, tmp_path / "golden" / "c1")
+def test_mistyped_campaign_plan_is_refused_naming_file_and_key(tmp_path, capsys, clean_campaign):
+    camp = clean_campaign
     edit_json(camp / "campaign.json", lambda c: c["plan"][1].update(base_seed=[1]))
     assert main([str(camp)]) == 2
     err = capsys.readouterr().err
     assert "campaign.json: plan[1].base_seed=[1] is of type list; expected int" in err
 
 
-def test_missing_manifest_is_named_not_reported_as_a_metadata_mismatch(tmp_path):
-    camp = copy_campaign(CLEAN, tmp_path / "golden" / "c1")
+def test_missing_manifest_is_named_not_reported_as_a_metadata_mismatch(tmp_path, clean_campaign):
+    camp = clean_campaign
     (camp / "runs" / "r1-block-100" / "manifest.json").unlink()
     report = build_report([camp])  # no MismatchError
     runs = check(report, "Runs finished, log checks passed")
@@ -121,8 +122,8 @@ def test_missing_manifest_is_named_not_reported_as_a_metadata_mismatch(tmp_path)
 
 
 @pytest.mark.parametrize("value", [float("nan"), float("inf"), 10**400, "40", [1]])
-def test_the_line_by_line_reader_flags_the_same_values(tmp_path, value):
-    camp = copy_campaign(CLEAN, tmp_path / "golden" / "c1")
+def test_the_line_by_line_reader_flags_the_same_values(tmp_path, value, clean_campaign):
+    camp = clean_campaign
     edit_measured_record(camp, "q1", lambda r: r.update(completion_tokens=value, spec_verify_ct=value))
     report = build_report([camp], force_slow_reader=True)
     readable = check(report, "Records readable")

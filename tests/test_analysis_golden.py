@@ -13,6 +13,7 @@ from pathlib import Path
 
 import numpy as np
 import pytest
+from mdtable import squash
 
 from analysis.compare import item_matrix
 from analysis.report import build_report
@@ -116,7 +117,7 @@ def test_decode_throughput_is_measured_and_latency_percentiles_are_pooled(clean)
     assert pooled.at["decode_tps", "block"] == pytest.approx(138 / 6.6)
     # per-request rate, mean over the arm's requests: token 39/4, 9/1, 29/3, 19/2
     assert pooled.at["decode_rate_mean", "token"] == pytest.approx(np.mean([39 / 4, 9, 29 / 3, 19 / 2]))
-    assert "decode_tps" in pooled.index and "Decode tok/s (mean request rate x concurrency)" not in clean.markdown
+    assert "decode_tps" in pooled.index and "Decode tok/s (mean request rate x concurrency)" not in squash(clean.markdown)
     # TTFT pooled over the arm's four requests: 0.5, 0.2, 0.5, 0.2 s -> p50 0.35 s
     assert pooled.at["ttft_p50", "token"] == pytest.approx(350.0)
     # e2e token: 4.5, 1.2, 3.5, 2.2 -> p50 (2.2 + 3.5) / 2, p90 at 2.7 of 3: 3.5 + 0.7 x 1.0
@@ -127,8 +128,8 @@ def test_decode_throughput_is_measured_and_latency_percentiles_are_pooled(clean)
     # TPOT = (t_end - t_first_token) / (completion_tokens - 1): token 4/39, 1/9, 3/29, 2/19 -> p50 (3/29 + 2/19) / 2
     assert pooled.at["tpot_p50", "token"] == pytest.approx((3 / 29 + 2 / 19) / 2 * 1000)
     # every percentile here comes from 4 values: flagged; ITL needs chunk arrays (schema 2)
-    assert "| TTFT p99 (ms) | 500.0 (n=4) | 500.0 (n=4) |" in clean.markdown
-    assert "ITL p50" not in clean.markdown
+    assert "| TTFT p99 (ms) | 500.0 (n=4) | 500.0 (n=4) |" in squash(clean.markdown)
+    assert "ITL p50" not in squash(clean.markdown)
     assert clean.metrics.pooled_counts.loc["itl"].sum() == 0
 
 
@@ -177,7 +178,7 @@ def test_clean_audit_passes_with_only_the_declared_difference(clean):
 
 
 def test_markdown_tables_match_the_shape_of_the_published_ab(clean):
-    md = clean.markdown
+    md = squash(clean.markdown)
     assert "## Audit: PASSED" in md
     assert "| Metric | token (baseline) | block | Change block vs token [95% CI] |" in md
     assert "| Acceptance length (includes bonus) | 2.3810 | 3.3810 | +42.00% (no interval: 2 items, fewer than 10) |" in md
@@ -224,7 +225,7 @@ def test_metrics_use_the_first_copy_of_a_duplicate_and_skip_errors(holes):
 
 
 def test_markdown_is_loud_about_a_failed_audit(holes):
-    md = holes.markdown
+    md = squash(holes.markdown)
     assert md.startswith("# A/B report: golden")
     assert "## Audit: FAILED (1 of 17 checks)" in md
     assert "> **AUDIT FAILED.**" in md
@@ -253,7 +254,7 @@ def test_undeclared_command_and_env_differences_fail_the_audit(mismatched):
 
 
 def test_markdown_shows_the_undeclared_differences(mismatched):
-    md = mismatched.markdown
+    md = squash(mismatched.markdown)
     assert "`block` vs `token` (**UNDECLARED differences**; 2 run(s) compared):" in md
     assert "- after `--max-running-requests`: `8` -> `16`" in md
     assert "- env `SGLANG_RAGGED_VERIFY_MODE`: (unset) -> `dynamic` (UNDECLARED)" in md

@@ -7,12 +7,12 @@ import shutil
 from pathlib import Path
 
 import pytest
+from conftest import CLEAN, FIXTURES
+from mdtable import squash
 
 from analysis.load import load
 from analysis.report import MismatchError, build_report, main
 
-FIXTURES = Path(__file__).parent / "fixtures" / "analysis"
-CLEAN = FIXTURES / "ratio_vs_mean" / "golden" / "golden-c1"
 HOLES = FIXTURES / "missing_duplicate" / "golden" / "golden-c1"
 
 
@@ -65,7 +65,7 @@ def test_bootstrap_seed_and_count_change_only_the_intervals(tmp_path):
     a = build_report([CLEAN], n_boot=50, seed=1)
     b = build_report([CLEAN], n_boot=50, seed=2)
     assert a.tables.pooled.equals(b.tables.pooled)
-    assert "50 resamples, seed 1" in a.markdown and "seed 2" in b.markdown
+    assert "50 resamples, seed 1" in squash(a.markdown) and "seed 2" in squash(b.markdown)
 
 
 def test_campaigns_of_one_experiment_merge(tmp_path):
@@ -78,8 +78,8 @@ def test_campaigns_of_one_experiment_merge(tmp_path):
     assert report.tables.pooled.at["acceptance_length", "block"] == pytest.approx(142 / 42)
     c = report.comparison.get("pooled", "all", "throughput", "block")
     assert c.n == 4 and c.p_value == pytest.approx(2 / 16)  # four run pairs, all faster: exact p = 2/2^4
-    assert "`golden/cA` (4 planned runs), `golden/cB` (4 planned runs)" in report.markdown
-    assert "| Campaign | Run |" in report.markdown  # the per-run table names the campaign
+    assert "`golden/cA` (4 planned runs), `golden/cB` (4 planned runs)" in squash(report.markdown)
+    assert "| Campaign | Run |" in squash(report.markdown)  # the per-run table names the campaign
 
 
 def test_checked_metadata_mismatch_is_refused_unless_allowed(tmp_path, capsys):
@@ -105,13 +105,13 @@ def test_a_a_campaign_reports_its_noise_floor(tmp_path):
     report = build_report([camp])
     (diff,) = report.audit.arm_diffs
     assert diff.identical and report.audit.passed
-    assert "## Noise floor (A/A)" in report.markdown
-    assert "| Acceptance length | +42.00% (no interval: 2 items, fewer than 10) | n/a |" in report.markdown
+    assert "## Noise floor (A/A)" in squash(report.markdown)
+    assert "| Acceptance length | +42.00% (no interval: 2 items, fewer than 10) | n/a |" in squash(report.markdown)
     # two run pairs: no interval; the floor shown is the largest pair ratio's distance from 1
     assert "| Output throughput | +61.00% (range of pair ratios [+40.00%, +85.14%], 2 pairs, no interval) | " \
-           "\u00b185.14% (largest pair ratio, 2 pairs) |" in report.markdown
-    assert "Both arms send the same request seeds" in report.markdown
-    assert "this A/A campaign's pairs: the run-to-run noise" in report.markdown
+           "\u00b185.14% (largest pair ratio, 2 pairs) |" in squash(report.markdown)
+    assert "Both arms send the same request seeds" in squash(report.markdown)
+    assert "this A/A campaign's pairs: the run-to-run noise" in squash(report.markdown)
 
 
 def test_truncated_last_line_is_read_line_by_line_and_flagged(tmp_path):
@@ -129,7 +129,7 @@ def test_fast_and_line_by_line_readers_agree():
     fast = build_report([HOLES])
     slow = build_report([HOLES], force_slow_reader=True)
     assert slow.data.slow_files and not fast.data.slow_files
-    assert fast.markdown == slow.markdown.replace("; 4 file(s) read by the line-by-line reader", "")
+    assert squash(fast.markdown) == squash(slow.markdown.replace("; 4 file(s) read by the line-by-line reader", ""))
     f, s = load([HOLES]).records, load([HOLES], force_slow=True).records
     assert f.astype(str).equals(s.astype(str))
 
@@ -176,7 +176,7 @@ def test_plain_decoding_baseline_has_no_acceptance_length(tmp_path):
     report = build_report([camp])
     assert report.audit.passed, report.audit.failed
     assert report.tables.pooled.at["throughput", "token"] == pytest.approx(12.5)  # still measured
-    assert "| Acceptance length (includes bonus) | n/a | 3.3810 | n/a |" in report.markdown
+    assert "| Acceptance length (includes bonus) | n/a | 3.3810 | n/a |" in squash(report.markdown)
     assert report.metrics.histogram.columns.tolist() == ["token", "block"]
     assert report.metrics.histogram["token"].sum() == 0
 
@@ -200,7 +200,7 @@ def test_three_arms_are_each_compared_with_the_baseline(tmp_path):
     report = build_report([camp])
     assert report.arms == ["token", "block", "block2"] and report.audit.passed, report.audit.failed
     assert "| Metric | token (baseline) | block | block2 | Change block vs token [95% CI] | " \
-           "Change block2 vs token [95% CI] |" in report.markdown
+           "Change block2 vs token [95% CI] |" in squash(report.markdown)
     assert report.comparison.get("pooled", "all", "acceptance_length", "block2").estimate == pytest.approx(0.42)
 
 

@@ -18,6 +18,7 @@ from pathlib import Path
 import numpy as np
 import pandas as pd
 import pytest
+from mdtable import squash
 from test_analysis_report import copy_campaign, edit_json
 
 from analysis.report import build_report, power_lines
@@ -56,7 +57,7 @@ def test_itl_is_token_weighted_pooled_over_the_arm_and_skips_empty_chunks(v2):
     assert lat.at["itl_p50", "block"] == pytest.approx(0.0625)
     assert lat.at["itl_p90", "block"] == pytest.approx(2 / 24)
     assert lat.at["itl_p99", "block"] == pytest.approx(1 / 11)
-    md = v2.markdown
+    md = squash(v2.markdown)
     assert "| ITL p50 (ms) | 107.14 (n=95) | 62.50 |" in md  # 95 tokens < 100: flagged; 138: not
 
 
@@ -85,8 +86,8 @@ def test_decode_throughput_uses_first_chunk_tokens_and_the_union_of_intervals(v2
 def test_scores_come_from_scores_jsonl_and_the_scorer_is_named(v2):
     assert v2.tables.pooled.loc[["correct", "scored"], "token"].tolist() == [3, 4]
     assert check(v2, "Answers scored (scores.jsonl)").status == "ok"
-    assert "scored after the measured window" in v2.markdown
-    assert "scorer `boxed+math-verify 0.8.0`" in v2.markdown
+    assert "scored after the measured window" in squash(v2.markdown)
+    assert "scorer `boxed+math-verify 0.8.0`" in squash(v2.markdown)
 
 
 def test_a_run_without_scores_has_no_score_and_warns(tmp_path):
@@ -98,7 +99,7 @@ def test_a_run_without_scores_has_no_score_and_warns(tmp_path):
     assert "r0-token-100 (token): records but no scores.jsonl" in c.details[0]
     # seed 200 only (q1 and q2 both correct there); seed 100's two requests count as unscored
     assert report.tables.pooled.loc[["correct", "scored"], "token"].tolist() == [2, 2]
-    assert "| Boxed score over entire response | 2/4 | 3/4 |  |" in report.markdown
+    assert "| Boxed score over entire response | 2/4 | 3/4 |  |" in squash(report.markdown)
 
 
 def test_foreign_load_is_flagged_in_the_audit_the_runs_and_the_changes(v2):
@@ -106,7 +107,7 @@ def test_foreign_load_is_flagged_in_the_audit_the_runs_and_the_changes(v2):
     assert c.status == "warn" and c.summary.startswith("1 of 4 runs taken under foreign load")
     assert c.details == ("golden/golden-c1/r3-token-200 (token): other processes used 30% of all CPUs during "
                          "the run (> 10%)",)
-    md = v2.markdown
+    md = squash(v2.markdown)
     assert "| r3-token-200 | token | 200 | 0 | 2 | 2.5000 | n/a |" in md
     assert "| 30.0% FLAGGED |" in md and "| 2.0% |" in md
     assert "1 of 2 pairs under foreign load" in md
@@ -117,7 +118,7 @@ def test_foreign_load_is_flagged_in_the_audit_the_runs_and_the_changes(v2):
 def test_server_lifetime_al_of_zero_is_not_published(v2):
     runs = v2.tables.per_run.set_index("run_id")
     assert pd.isna(runs.at["r0-token-100", "server_accept_length"])
-    assert "| r1-block-100 | block | 100 | 0 | 2 | 3.2727 | 3.4000 |" in v2.markdown
+    assert "| r1-block-100 | block | 100 | 0 | 2 | 3.2727 | 3.4000 |" in squash(v2.markdown)
 
 
 def test_open_loop_latency_counts_from_the_scheduled_arrival(tmp_path):
@@ -136,7 +137,7 @@ def test_open_loop_latency_counts_from_the_scheduled_arrival(tmp_path):
     lat = report.metrics.pooled_latency
     # token queueing: 0.1, 0.3, 0, 0 -> mean 0.1 s
     assert lat.at["queue_mean", "token"] == pytest.approx(0.1)
-    md = report.markdown
+    md = squash(report.markdown)
     assert "| Client queueing time, mean (ms) | 100.0 | 0.0 | - |" in md
     assert "Open loop" in md and "scheduled arrival" in md
 
@@ -165,7 +166,7 @@ def test_a_a_with_distinct_seed_streams_shows_the_al_noise_floor(tmp_path):
     assert diff.identical
     seeds = check(report, "Request seeds equal the plan")
     assert seeds.status == "ok" and "seed_stream x 2^32" in seeds.summary
-    md = report.markdown
+    md = squash(report.markdown)
     assert "## Noise floor (A/A)" in md
     assert "The arms draw different seed streams (0 and 1" in md
     assert "| Acceptance length | +42.00% (no interval: 2 items, fewer than 10) |" in md
@@ -193,7 +194,7 @@ def test_six_pairs_give_intervals_and_the_power_table(tmp_path):
     sd = np.std(np.log([r100, r200] * 3), ddof=1)
     assert power.at[("block", "throughput"), "pairs"] == 6
     assert power.at[("block", "throughput"), "sd_log_ratio"] == pytest.approx(sd)
-    assert "## Power" in report.markdown
+    assert "## Power" in squash(report.markdown)
     lines = power_lines(report)
     assert lines[0].startswith(f"power, throughput (block vs token): SD of log pair ratio {sd * 100:.2f}% from 6 pairs")
 
@@ -214,7 +215,7 @@ def test_fast_and_line_by_line_readers_agree_on_chunk_arrays():
     assert slow.data.slow_files and not fast.data.slow_files
     np.testing.assert_array_equal(fast.data.chunks.us, slow.data.chunks.us)
     np.testing.assert_array_equal(fast.data.chunks.tok_offsets, slow.data.chunks.tok_offsets)
-    assert fast.markdown == slow.markdown.replace("; 4 file(s) read by the line-by-line reader", "")
+    assert squash(fast.markdown) == squash(slow.markdown.replace("; 4 file(s) read by the line-by-line reader", ""))
 
 
 def test_a_mistyped_chunk_list_is_a_bad_line(tmp_path):

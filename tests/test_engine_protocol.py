@@ -11,7 +11,6 @@ from pathlib import Path
 
 import pytest
 from serverutil import (
-    REPO_ROOT,
     Stream,
     engine_server,
     get,
@@ -369,7 +368,7 @@ def test_digit_vocabulary_publishes_no_tokenizer_folder(tmp_path: Path) -> None:
     (["--model-path", "gpt2"], "embedded:small"),
 ])
 def test_bad_flags_exit_at_start_with_a_message(argv: list[str], message: str) -> None:
-    proc = subprocess.run([sys.executable, "-m", "harness.engine", *argv], cwd=REPO_ROOT, capture_output=True,
+    proc = subprocess.run([sys.executable, "-m", "harness.engine", *argv], capture_output=True,
                           text=True, timeout=60)
     assert proc.returncode == 2 and message in proc.stderr
 

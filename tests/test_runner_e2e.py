@@ -18,6 +18,7 @@ from pathlib import Path
 
 import psutil
 import pytest
+from mdtable import squash
 
 from workloads.scoring import Scorer
 
@@ -171,7 +172,7 @@ def check_report_against_records(root: Path) -> None:
     """The report's figures, recomputed here from the raw records alone."""
     from analysis.report import build_report  # noqa: PLC0415
 
-    report_md = (root / "report.md").read_text()
+    report_md = squash((root / "report.md").read_text())
     assert "Audit: PASSED" in report_md and (root / "figures").is_dir()
     pooled = build_report([root]).tables.pooled
     records = [r for f in root.glob("runs/*/records.jsonl") for r in read_jsonl(f) if not r["warmup"]]
@@ -335,6 +336,6 @@ def test_open_loop_campaign_times_from_the_scheduled_arrival(tmp_path):
         for rec, offset in zip(measured, offsets, strict=True):
             assert abs(rec["t_scheduled"] - (start + offset)) < 1e-9
             assert rec["t_sent"] >= rec["t_scheduled"] - 1e-6
-    report = (root / "report.md").read_text()
+    report = squash((root / "report.md").read_text())
     assert "Open loop (requests arrive at a fixed rate)" in report
     assert "| Client queueing time, mean (ms) |" in report and "| Client queueing time p99 (ms) |" in report

@@ -10,6 +10,7 @@ import json
 from pathlib import Path
 
 import pytest
+from mdtable import squash
 from rich.console import Console
 from test_bench_config import composed, dry_run_text
 from test_runner_e2e import WITH_REPORT, bench, campaign_dir, read_jsonl
@@ -139,7 +140,7 @@ def test_embedded_aa_report_shows_a_measured_al_noise_floor(aa_campaign):
     """The report that `make bench experiment=embedded_aa` writes: the arms draw different seed streams, so the
     acceptance-length line of the noise-floor table is a measured (non-zero) change, said to be sampling noise."""
     campaign, _ = aa_campaign
-    report = (Path(campaign["_root"]) / "report.md").read_text()
+    report = squash((Path(campaign["_root"]) / "report.md").read_text())
     section = report.split("## Noise floor (A/A)", 1)[1].split("\n## ", 1)[0]
     assert "The arms draw different seed streams (0 and 1" in section
     al_row = next(line for line in section.splitlines() if line.startswith("| Acceptance length |"))

@@ -8,24 +8,17 @@ from __future__ import annotations
 import fcntl
 import json
 import shutil
-import subprocess
-import sys
 from pathlib import Path
 
 import pytest
-from test_runner_e2e import SMALL, bench
+from conftest import bench_process
+from test_runner_e2e import SMALL
 
 from analysis.report import MismatchError, build_report
 from harness.config import ConfigError
 from harness.runner import lock_slots, slot_lock_name
 
 SHARDED = [*SMALL[:-1], "experiment.base_seeds=[1,2]"]  # 2 slots = 2 shards of 2 runs each; report on
-
-
-def sweep(tmp: Path, *overrides: str, timeout: float = 400) -> subprocess.CompletedProcess:
-    """A Hydra multirun (`-m` goes before the overrides)."""
-    return subprocess.run([sys.executable, "-m", "harness.bench", "-m", f"results_dir={tmp}", *overrides],
-                          capture_output=True, text=True, timeout=timeout)
 
 
 def check(report, name: str):
@@ -37,8 +30,8 @@ def jobs_of(results: Path) -> list[dict]:
 
 
 @pytest.mark.slow
-def test_submitit_local_sweep_runs_shards_into_one_campaign_with_one_merged_report(tmp_path):
-    proc = sweep(tmp_path, "hydra/launcher=submitit_local", "shard=range(0,2)", *SHARDED)
+def test_submitit_local_sweep_runs_shards_into_one_campaign_with_one_merged_report(tmp_path, run_bench):
+    proc = run_bench("hydra/launcher=submitit_local", "shard=range(0,2)", *SHARDED, multirun=True)
     assert proc.returncode == 0, proc.stdout + proc.stderr
     roots = list((tmp_path / "embedded_block_vs_token").iterdir())
     assert len(roots) == 1, roots  # both jobs joined one campaign
@@ -57,12 +50,12 @@ def test_submitit_local_sweep_runs_shards_into_one_campaign_with_one_merged_repo
 
 
 @pytest.mark.slow
-def test_a_failed_shard_fails_the_sweep_and_is_resubmitted_alone(tmp_path):
+def test_a_failed_shard_fails_the_sweep_and_is_resubmitted_alone(tmp_path, run_bench):
     root = tmp_path / "embedded_block_vs_token" / "sharded"
     root.mkdir(parents=True)
     held = lock_slots(root, [1])  # another runner holds shard 1: its job fails, shard 0 goes on
     try:
-        both = sweep(tmp_path, "campaign=sharded", "shard=0,1", *SHARDED)
+        both = run_bench("campaign=sharded", "shard=0,1", *SHARDED, multirun=True)
     finally:
         for handle in held:
             handle.close()
@@ -73,7 +66,7 @@ def test_a_failed_shard_fails_the_sweep_and_is_resubmitted_alone(tmp_path):
     missing = check(build_report([root]), "Runs finished, log checks passed")
     assert missing.status == "fail" and "2/4 planned runs finished" in missing.summary
 
-    again = bench(tmp_path, "campaign=sharded", "shard=1", *SHARDED)  # shard 1 alone completes the campaign
+    again = run_bench("campaign=sharded", "shard=1", *SHARDED)  # shard 1 alone completes the campaign
     assert again.returncode == 0, again.stdout + again.stderr
     assert "finished earlier" not in again.stdout  # shard 0's runs are not this runner's
     assert "audit: passed" in again.stdout  # the last shard writes the campaign's report
@@ -91,8 +84,8 @@ def test_shards_lock_their_own_slots(tmp_path):
         fcntl.flock(probe, fcntl.LOCK_EX | fcntl.LOCK_NB)
 
 
-def test_a_shard_that_does_not_exist_is_refused_before_anything_runs(tmp_path):
-    proc = bench(tmp_path, "shard=2", *SHARDED)
+def test_a_shard_that_does_not_exist_is_refused_before_anything_runs(tmp_path, run_bench):
+    proc = run_bench("shard=2", *SHARDED)
     assert proc.returncode == 2
     assert "shard=2 does not exist: this campaign has 2 shard(s), shard=0 to shard=1" in proc.stdout.replace("\n", "")
     assert not (tmp_path / "embedded_block_vs_token").exists()
@@ -103,7 +96,7 @@ def parallel_campaign(tmp_path_factory) -> Path:
     """Parallel placement (one 'GPU' per arm; the embedded server on CPU ignores CUDA_VISIBLE_DEVICES):
     the arms swap GPUs slot by slot, as planned."""
     tmp = tmp_path_factory.mktemp("parallel")
-    proc = bench(tmp, "campaign=par", "experiment.placement=parallel", "experiment.gpus=[0,1]", *SHARDED)
+    proc = bench_process(tmp, "campaign=par", "experiment.placement=parallel", "experiment.gpus=[0,1]", *SHARDED)
     assert proc.returncode == 0, proc.stdout + proc.stderr
     return tmp / "embedded_block_vs_token" / "par"
 

@@ -8,5 +8,5 @@ Modules: `args` (flags), `presets` (model names), `model` and `exact` (the synth
 `tokenizer`, `hf_tokenizer` (the same tokenizer as a Hugging Face folder, for SGLang's bench client),
 `params` (request validation), `request` (per-request state), `worker` (one step),
 `scheduler` (continuous batching), `service` (what the routes call), `http_api` and `openai_api`
-(routes), `logs`, `server` (start-up), `perf` (the throughput benchmark, `make perf`).
+(routes), `logs`, `server` (start-up). Its throughput benchmark is the experiment `embedded_perf` (`make perf`).
 """

@@ -1,0 +1,42 @@
+"""Fixtures shared by the test modules.
+
+- `clean_campaign`: a private copy of the clean golden campaign (tests/fixtures/analysis), to corrupt or edit.
+- `run_bench`: runs `python -m harness.bench` (or a Hydra multirun of it) as a real subprocess, with its
+  results under this test's own tmp_path.
+"""
+
+from __future__ import annotations
+
+import shutil
+import subprocess
+import sys
+from collections.abc import Callable
+from pathlib import Path
+
+import pytest
+
+FIXTURES = Path(__file__).parent / "fixtures" / "analysis"
+CLEAN = FIXTURES / "ratio_vs_mean" / "golden" / "golden-c1"
+
+BenchRunner = Callable[..., subprocess.CompletedProcess]
+
+
+def bench_process(results: Path, *overrides: str, multirun: bool = False,
+                  timeout: float = 400) -> subprocess.CompletedProcess:
+    """`python -m harness.bench [-m] results_dir=RESULTS OVERRIDES...`, captured (`-m` goes first)."""
+    cmd = [sys.executable, "-m", "harness.bench", *(["-m"] if multirun else []), f"results_dir={results}", *overrides]
+    return subprocess.run(cmd, capture_output=True, text=True, timeout=timeout)
+
+
+@pytest.fixture
+def clean_campaign(tmp_path: Path) -> Path:
+    """A copy of the clean golden campaign at tmp_path/golden/c1."""
+    return Path(shutil.copytree(CLEAN, tmp_path / "golden" / "c1"))
+
+
+@pytest.fixture
+def run_bench(tmp_path: Path) -> BenchRunner:
+    """run_bench(*overrides, multirun=False, timeout=400): the runner on results_dir=tmp_path."""
+    def run(*overrides: str, multirun: bool = False, timeout: float = 400) -> subprocess.CompletedProcess:
+        return bench_process(tmp_path, *overrides, multirun=multirun, timeout=timeout)
+    return run
