@@ -12,6 +12,7 @@ import json
 import math
 import os
 import sys
+import typing
 from collections.abc import Iterator
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
@@ -24,23 +25,37 @@ import pyarrow as pa
 import pyarrow.compute as pc
 import pyarrow.json as pj
 
-SCHEMA_VERSION = 2  # the version this analysis writes about; it reads every version in SCHEMA_VERSIONS
-SCHEMA_VERSIONS = (1, 2)
+from harness.plan import PlannedRun
+from harness.schema import SCHEMA_VERSIONS, CampaignDoc, Manifest, Record, ScoreLine, base_type, json_types
+
 _BLOCK_BYTES = 16 << 20  # pyarrow parses one block per thread; a record must fit in one block
 _INT64_MIN, _INT64_MAX = -(2**63), 2**63 - 1
 _FLOAT_MAX = sys.float_info.max
 
-STR_FIELDS = ("campaign_id", "run_id", "arm", "item_id", "finish_reason", "error")
-INT_FIELDS = ("schema_version", "base_seed", "repeat", "seed_offset", "request_seed", "request_index")
-FLOAT_FIELDS = (
-    "completion_tokens", "spec_verify_ct", "spec_num_correct_drafts", "max_new_tokens",
-    "t_scheduled", "t_sent", "t_first_token", "t_end",
+# The fields of harness.schema.Record the analysis parses, typed as the Record declares them. Fields that no
+# figure or check uses are not parsed (each parsed key costs reading time): prompt_tokens, n_chunks,
+# output_text, reference_answer, category (the campaign's item list is the source of categories), and
+# meta_info but for the keys below.
+PARSED = (
+    "schema_version", "campaign_id", "run_id", "arm", "base_seed", "repeat", "request_index", "item_id",
+    "seed_offset", "request_seed", "warmup", "completion_tokens", "spec_verify_ct", "spec_num_correct_drafts",
+    "max_new_tokens", "finish_reason", "hit_cap", "t_scheduled", "t_sent", "t_first_token", "t_end",
+    "chunk_us", "chunk_tokens", "error",
 )
-BOOL_FIELDS = ("warmup", "hit_cap", "correct")  # `correct`: schema 1 only (schema 2 scores in scores.jsonl)
-LIST_FIELDS = ("chunk_us", "chunk_tokens")  # schema 2: per-chunk arrival offsets (us) and output tokens
-# Keys of records.md that no figure or check uses are not parsed (each parsed key costs reading time):
-# prompt_tokens, n_chunks, output_text, answer, reference_answer, score_fallback, category
-# (the campaign's item list is the source of categories), and meta_info but for the keys above.
+# counts read as float64, so that a missing one is NaN in the arrays the metrics compute on
+AS_FLOAT = ("completion_tokens", "spec_verify_ct", "spec_num_correct_drafts", "max_new_tokens")
+_RECORD_TYPES = {name: base_type(tp) for name, tp in typing.get_type_hints(Record).items()}
+
+
+def _parsed_of(kind: type) -> tuple[str, ...]:
+    return tuple(n for n in PARSED if _RECORD_TYPES[n] is kind and n not in AS_FLOAT)
+
+
+STR_FIELDS = _parsed_of(str)
+INT_FIELDS = _parsed_of(int)
+FLOAT_FIELDS = (*AS_FLOAT, *_parsed_of(float))
+BOOL_FIELDS = (*_parsed_of(bool), "correct")  # `correct`: schema 1 records only (schema 2: scores.jsonl)
+LIST_FIELDS = _parsed_of(list)  # schema 2: per-chunk arrival offsets (us) and output tokens
 META_FLOAT_FIELDS = ("spec_accept_length",)
 META_HIST_FIELDS = ("spec_correct_drafts_histogram", "spec_accept_histogram")  # new name, old alias
 
@@ -55,7 +70,8 @@ RECORD_SCHEMA = pa.schema(
     + [(f, pa.list_(pa.int64())) for f in LIST_FIELDS]
     + [("meta_info", META_TYPE)]
 )
-SCORE_SCHEMA = pa.schema([("request_index", pa.int64()), ("correct", pa.bool_())])
+SCORE_SCHEMA = pa.schema([(name, {int: pa.int64(), bool: pa.bool_()}[base_type(typing.get_type_hints(ScoreLine)[name])])
+                          for name in ("request_index", "correct")])
 
 
 class InputError(Exception):
@@ -233,17 +249,12 @@ def _read_json(path: Path) -> dict[str, Any]:
 
 # The keys of campaign.json and manifest.json that the analysis reads, and the JSON types they may
 # have (None is always allowed). A value of another type stops the analysis with the file and key named.
+# (declared in harness.schema and harness.plan; the nested objects' keys the analysis reads are listed here)
 _NUM = (int, float)
-CAMPAIGN_TYPES = {"campaign_id": (str,), "experiment": (str,), "baseline": (str,), "plan": (list,), "arms": (list,),
-                  "config": (dict,), "workload": (dict,), "concurrency": (int,), "request_rate": _NUM,
-                  "max_new_tokens": (int,)}
-PLAN_TYPES = {"run_id": (str,), "arm": (str,), "base_seed": (int,), "repeat": (int,), "index": (int,), "gpu": (int,)}
+CAMPAIGN_TYPES = json_types(CampaignDoc)
+PLAN_TYPES = json_types(PlannedRun)
 ITEM_TYPES = {"item_id": (str, int), "seed_offset": (int,), "category": (str,)}
-MANIFEST_TYPES = {**PLAN_TYPES, "status": (str,), "concurrency": (int,), "request_rate": _NUM,
-                  "max_new_tokens": (int,), "seeds_honoured": (bool,), "model_path": (str,), "command": (list,),
-                  "env": (dict,), "server_info": (dict,), "server_info_end": (dict,), "gpu_info": (dict,),
-                  "dataset": (dict,), "versions": (dict,), "log_checks": (dict,), "machine": (dict,),
-                  "scorer": (dict,), "client": (dict,)}
+MANIFEST_TYPES = json_types(Manifest)
 ARM_TYPES = {"name": (str,), "seed_stream": (int,)}
 
 

@@ -11,10 +11,9 @@ import os
 from pathlib import Path
 from typing import Any
 
-from harness.client import SPEC_FIELDS, Outcome, RequestSpec
+from harness.client import Outcome, RequestSpec
+from harness.schema import SCHEMA_VERSION, Record, ScoreLine, to_json
 from workloads.scoring import Score, Scorer
-
-SCHEMA_VERSION = 2
 
 
 def write_json(path: Path, obj: Any) -> None:
@@ -39,8 +38,8 @@ class RecordWriter:
         self._file = open(path, "a", encoding="utf-8")  # noqa: SIM115  (closed in close())
         self.count = 0
 
-    def append(self, record: dict[str, Any]) -> None:
-        self._file.write(json.dumps(record, ensure_ascii=False, default=str) + "\n")
+    def append(self, line: Record | ScoreLine) -> None:
+        self._file.write(json.dumps(to_json(line), ensure_ascii=False, default=str) + "\n")
         self._file.flush()
         self.count += 1
 
@@ -65,51 +64,52 @@ def chunk_us(out: Outcome) -> list[int]:
 
 
 def make_record(ids: dict[str, Any], request_index: int, spec: RequestSpec, out: Outcome,
-                store_text: bool) -> dict[str, Any]:
+                store_text: bool) -> Record:
     """One raw record (docs/records.md), unscored. `ids` holds campaign_id, run_id, arm, base_seed, repeat;
     `request_index` is the request's position in the run (warmup first, from 0)."""
     meta = out.meta_info or {}
     reason = finish_reason(out)
     completion = meta.get("completion_tokens")
-    return {
-        "schema_version": SCHEMA_VERSION,
+    return Record(
+        schema_version=SCHEMA_VERSION,
         **ids,
-        "request_index": request_index,
-        "item_id": spec.item.item_id,
-        "seed_offset": spec.item.seed_offset,
-        "request_seed": spec.request_seed,
-        "category": spec.item.category,
-        "warmup": spec.warmup,
-        "prompt_tokens": meta.get("prompt_tokens"),
-        "completion_tokens": completion,
-        **{k: meta.get(k) for k in SPEC_FIELDS},
-        "max_new_tokens": spec.max_new_tokens,
-        "finish_reason": reason,
-        "hit_cap": reason == "length" and completion is not None and completion >= spec.max_new_tokens,
-        "t_scheduled": out.t_scheduled,
-        "t_sent": out.t_sent,
-        "t_first_token": out.t_first_token,
-        "t_end": out.t_end,
-        "n_chunks": out.n_chunks,
-        "chunk_us": chunk_us(out),
-        "chunk_tokens": out.chunk_tokens,
-        "error": out.error,
-        "output_text": out.text if store_text else None,
-        "reference_answer": spec.item.answer,
-        "meta_info": out.meta_info,
-    }
+        request_index=request_index,
+        item_id=spec.item.item_id,
+        seed_offset=spec.item.seed_offset,
+        request_seed=spec.request_seed,
+        category=spec.item.category,
+        warmup=spec.warmup,
+        prompt_tokens=meta.get("prompt_tokens"),
+        completion_tokens=completion,
+        spec_verify_ct=meta.get("spec_verify_ct"),
+        spec_num_correct_drafts=meta.get("spec_num_correct_drafts"),
+        max_new_tokens=spec.max_new_tokens,
+        finish_reason=reason,
+        hit_cap=reason == "length" and completion is not None and completion >= spec.max_new_tokens,
+        t_scheduled=out.t_scheduled,
+        t_sent=out.t_sent,
+        t_first_token=out.t_first_token,
+        t_end=out.t_end,
+        n_chunks=out.n_chunks,
+        chunk_us=chunk_us(out),
+        chunk_tokens=out.chunk_tokens,
+        error=out.error,
+        output_text=out.text if store_text else None,
+        reference_answer=spec.item.answer,
+        meta_info=out.meta_info,
+    )
 
 
-def make_score(request_index: int, spec: RequestSpec, text: str, errored: bool, scorer: Scorer) -> dict[str, Any]:
+def make_score(request_index: int, spec: RequestSpec, text: str, errored: bool, scorer: Scorer) -> ScoreLine:
     """One line of scores.jsonl (docs/records.md): the response scored after the run's measured window.
     An errored request gets no verdict (answer and correct null)."""
     score = Score(answer=None, correct=None, fallback=False) if errored else scorer.score(text, spec.item.answer)
-    return {
-        "request_index": request_index,
-        "item_id": spec.item.item_id,
-        "warmup": spec.warmup,
-        "answer": score.answer,
-        "correct": score.correct,
-        "score_fallback": bool(score.fallback),
-        "scorer": scorer.label,
-    }
+    return ScoreLine(
+        request_index=request_index,
+        item_id=spec.item.item_id,
+        warmup=spec.warmup,
+        answer=score.answer,
+        correct=score.correct,
+        score_fallback=bool(score.fallback),
+        scorer=scorer.label,
+    )

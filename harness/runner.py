@@ -49,7 +49,6 @@ from harness.launcher import (
 from harness.machine import CpuPin
 from harness.plan import PlannedRun, make_plan, slots
 from harness.records import (
-    SCHEMA_VERSION,
     RecordWriter,
     finish_reason,
     make_record,
@@ -57,6 +56,7 @@ from harness.records import (
     read_json,
     write_json,
 )
+from harness.schema import SCHEMA_VERSION, CampaignDoc, Manifest, to_json
 from workloads.base import Workload
 
 
@@ -81,25 +81,24 @@ class Campaign:
     def run_dir(self, run_id: str) -> Path:
         return self.root / "runs" / run_id
 
-    def campaign_doc(self) -> dict[str, Any]:
+    def campaign_doc(self) -> CampaignDoc:
         exp, cfg = self.cfg.experiment, self.cfg
-        return {
-            "schema_version": SCHEMA_VERSION,
-            "campaign_id": self.campaign_id,
-            "experiment": exp.name,
-            "created": datetime.now(UTC).isoformat(timespec="seconds"),
-            "config": self.config_dict,
-            "arms": [{"name": a.name, "args": redact_argv([str(t) for t in a.args]), "env": redact(dict(a.env)),
-                      "python": a.python, "seed_stream": a.seed_stream} for a in exp.arms],
-            "baseline": exp.baseline,
-            "declared_difference": exp.declared_difference,
-            "concurrency": cfg.client.concurrency,
-            "request_rate": cfg.client.request_rate,
-            "max_new_tokens": cfg.sampling.max_new_tokens,
-            "workload": workload_doc(self.workload),
-            "plan": [r.to_dict() for r in self.plan],
-            "order_run": [],
-        }
+        return CampaignDoc(
+            schema_version=SCHEMA_VERSION,
+            campaign_id=self.campaign_id,
+            experiment=exp.name,
+            created=datetime.now(UTC).isoformat(timespec="seconds"),
+            config=self.config_dict,
+            arms=[{"name": a.name, "args": redact_argv([str(t) for t in a.args]), "env": redact(dict(a.env)),
+                   "python": a.python, "seed_stream": a.seed_stream} for a in exp.arms],
+            baseline=exp.baseline,
+            declared_difference=exp.declared_difference,
+            concurrency=cfg.client.concurrency,
+            request_rate=cfg.client.request_rate,
+            max_new_tokens=cfg.sampling.max_new_tokens,
+            workload=workload_doc(self.workload),
+            plan=[r.to_dict() for r in self.plan],
+        )
 
     @property
     def todo(self) -> list[PlannedRun]:
@@ -116,7 +115,7 @@ class Campaign:
             with campaign_file_lock(self.root):
                 path = self.root / "campaign.json"
                 if not path.exists():
-                    write_json(path, self.campaign_doc())
+                    write_json(path, to_json(self.campaign_doc()))
                     return
                 old = read_json(path)
         except OSError as exc:
@@ -320,38 +319,35 @@ class RunContext:
     campaign: Campaign
     planned: PlannedRun
     spec: LaunchSpec
-    manifest: dict[str, Any]
+    manifest: Manifest
     progress: Progress
     failures: list[str] = field(default_factory=list)  # "item: error" of each errored/aborted/timed-out request
     responses: list[Response] = field(default_factory=list)
 
     def save(self) -> None:
-        write_json(self.campaign.run_dir(self.planned.run_id) / "manifest.json", self.manifest)
+        write_json(self.campaign.run_dir(self.planned.run_id) / "manifest.json", to_json(self.manifest))
 
 
-def start_manifest(c: Campaign, run: PlannedRun, spec: LaunchSpec) -> dict[str, Any]:
+def start_manifest(c: Campaign, run: PlannedRun, spec: LaunchSpec) -> Manifest:
     cfg = c.cfg
     mono, unix = time.monotonic(), time.time()
-    return {
-        "schema_version": SCHEMA_VERSION, "campaign_id": c.campaign_id, "run_id": run.run_id, "arm": run.arm,
-        "base_seed": run.base_seed, "repeat": run.repeat, "gpu": run.gpu, "status": "running", "error": None,
-        "command": redact_argv(spec.argv), "env": redact(spec.env_overrides), "env_full": server_env(spec.env_overrides),
-        "env_full_sha256": env_sha256(spec.env_overrides),
-        "server_info": None, "server_info_end": None, "model_info": None, "seeds_honoured": None,
-        "versions": {"harness": envinfo.git_info(), **envinfo.versions()},
-        "gpu_info": envinfo.gpu_info(), "host": envinfo.host_info(),
-        "dataset": {"id": c.workload.dataset_id, "revision": c.workload.revision, "sha256": c.workload.sha256},
-        "model_path": cfg.server.model_path, "log_checks": None,
-        "wall_anchor": {"monotonic": mono, "unix": unix}, "t_start_unix": unix, "t_end_unix": None,
-        "concurrency": cfg.client.concurrency, "request_rate": cfg.client.request_rate,
-        "max_new_tokens": cfg.sampling.max_new_tokens,
-        "client": {"stream_mode": None, "arrival": "open" if cfg.client.request_rate else "closed",
-                   "cpus": list(cfg.client.cpus) or None},
-        "server_cpus": list(spec.cpus) or None,
-        "machine": {"before": None, "after": None, "during": None},
-        "scorer": {"name": c.workload.scorer.name, "version": c.workload.scorer.version},
-        "scoring": None,
-    }
+    return Manifest(
+        schema_version=SCHEMA_VERSION, campaign_id=c.campaign_id, run_id=run.run_id, arm=run.arm,
+        base_seed=run.base_seed, repeat=run.repeat, gpu=run.gpu,
+        command=redact_argv(spec.argv), env=redact(spec.env_overrides), env_full=server_env(spec.env_overrides),
+        env_full_sha256=env_sha256(spec.env_overrides),
+        versions={"harness": envinfo.git_info(), **envinfo.versions()},
+        gpu_info=envinfo.gpu_info(), host=envinfo.host_info(),
+        dataset={"id": c.workload.dataset_id, "revision": c.workload.revision, "sha256": c.workload.sha256},
+        model_path=cfg.server.model_path,
+        wall_anchor={"monotonic": mono, "unix": unix}, t_start_unix=unix,
+        concurrency=cfg.client.concurrency, request_rate=cfg.client.request_rate,
+        max_new_tokens=cfg.sampling.max_new_tokens,
+        client={"stream_mode": None, "arrival": "open" if cfg.client.request_rate else "closed",
+                "cpus": list(cfg.client.cpus) or None},
+        server_cpus=list(spec.cpus) or None,
+        scorer={"name": c.workload.scorer.name, "version": c.workload.scorer.version},
+    )
 
 
 def incremental_stream(server_info: dict | None) -> bool:
@@ -377,11 +373,12 @@ def seeds_honoured(cfg: BenchConfig, server_info: dict | None) -> bool:
 async def read_server_facts(ctx: RunContext) -> None:
     """/server_info and /model_info after readiness, and what follows from them (seeds, stream mode)."""
     c, run, cfg, base = ctx.campaign, ctx.planned, ctx.campaign.cfg, ctx.spec.base_url
-    ctx.manifest["server_info"] = await get_json(base, "/server_info") or await get_json(base, "/get_server_info")
-    ctx.manifest["model_info"] = await get_json(base, "/model_info") or await get_json(base, "/get_model_info")
-    ctx.manifest["seeds_honoured"] = seeds_honoured(cfg, ctx.manifest["server_info"])
-    ctx.manifest["client"]["stream_mode"] = stream_mode(cfg.client, ctx.manifest["server_info"])
-    if not ctx.manifest["seeds_honoured"]:
+    man = ctx.manifest
+    man.server_info = await get_json(base, "/server_info") or await get_json(base, "/get_server_info")
+    man.model_info = await get_json(base, "/model_info") or await get_json(base, "/get_model_info")
+    man.seeds_honoured = seeds_honoured(cfg, man.server_info)
+    man.client["stream_mode"] = stream_mode(cfg.client, man.server_info)
+    if not man.seeds_honoured:
         c.console.print(Panel(
             f"run {run.run_id}: per-request seeds are sent but the server does not run with "
             "--enable-deterministic-inference, so it ignores them; results are NOT reproducible "
@@ -395,14 +392,14 @@ async def drive_run(ctx: RunContext) -> None:
     c, run, cfg = ctx.campaign, ctx.planned, ctx.campaign.cfg
     base = ctx.spec.base_url
     await read_server_facts(ctx)
-    incremental = incremental_stream(ctx.manifest["server_info"])
+    incremental = incremental_stream(ctx.manifest.server_info)
     ids = {"campaign_id": c.campaign_id, "run_id": run.run_id, "arm": run.arm, "base_seed": run.base_seed,
            "repeat": run.repeat}
     warm, measured = request_specs(cfg, c.workload, run.base_seed, cfg.experiment.arm(run.arm).seed_stream)
     index_of = {id(spec): i for i, spec in enumerate([*warm, *measured])}
     writer = RecordWriter(c.run_dir(run.run_id) / "records.jsonl")
     task = ctx.progress.add_task(f"{run.run_id}", total=None)
-    model = (ctx.manifest["model_info"] or {}).get("model_path") or cfg.server.model_path
+    model = (ctx.manifest.model_info or {}).get("model_path") or cfg.server.model_path
 
     def on_done(spec: RequestSpec, out: Outcome) -> None:
         index = index_of[id(spec)]
@@ -426,7 +423,7 @@ async def drive_run(ctx: RunContext) -> None:
         await drive(base, measured, sampling=cfg.sampling, client=cfg.client, model=model,
                     concurrency=cfg.client.concurrency, arrival_seed=run.base_seed, on_done=on_done,
                     incremental=incremental)
-        ctx.manifest["machine"]["during"] = machine.during(start, machine.read_counters())
+        ctx.manifest.machine["during"] = machine.during(start, machine.read_counters())
     finally:
         c.pin.release()
         writer.close()
@@ -449,7 +446,7 @@ def score_run(ctx: RunContext) -> None:
             writer.append(line)
     finally:
         writer.close()
-        ctx.manifest["scoring"] = {"scored": writer.count, "seconds": round(time.monotonic() - start, 3)}
+        ctx.manifest.scoring = {"scored": writer.count, "seconds": round(time.monotonic() - start, 3)}
 
 
 @dataclass
@@ -477,7 +474,7 @@ def check_failed_requests(ctx: RunContext) -> None:
     """The run's failure policy, part 1: RunFailed when more requests errored, timed out or were aborted
     than experiment.max_failed_requests allows (default 0)."""
     allowed = ctx.campaign.cfg.experiment.max_failed_requests
-    ctx.manifest["failed_requests"] = len(ctx.failures)
+    ctx.manifest.failed_requests = len(ctx.failures)
     if len(ctx.failures) > allowed:
         raise RunFailed(f"{len(ctx.failures)} request(s) errored, timed out or were aborted (allowed: "
                         f"experiment.max_failed_requests={allowed}); first: {ctx.failures[0]}")
@@ -525,16 +522,16 @@ async def measure_and_score(c: Campaign, run: PlannedRun, progress: Progress, ga
     ctx.save()
     checks: dict[str, Any] = {}
     try:
-        ctx.manifest["machine"]["before"] = await machine.sample(c.cfg.load_sample_s)
+        ctx.manifest.machine["before"] = await machine.sample(c.cfg.load_sample_s)
         async with Server(spec) as server:
             await server.wait_ready()
             checks["after_ready"] = check_log(spec.log_path, spec.log_checks)
             if not checks["after_ready"]["passed"]:
                 raise RunFailed(f"log check after readiness failed: {describe_failed_checks(checks['after_ready'])}")
             await drive_run(ctx)
-            ctx.manifest["machine"]["after"] = await machine.sample(c.cfg.load_sample_s)
+            ctx.manifest.machine["after"] = await machine.sample(c.cfg.load_sample_s)
             check_failed_requests(ctx)
-            ctx.manifest["server_info_end"] = await get_json(spec.base_url, "/server_info", END_HEALTH_TIMEOUT_S)
+            ctx.manifest.server_info_end = await get_json(spec.base_url, "/server_info", END_HEALTH_TIMEOUT_S)
             checks["at_end"] = check_log(spec.log_path, spec.log_checks)
             await check_server_health(ctx, server)
             if not checks["at_end"]["passed"]:
@@ -542,20 +539,20 @@ async def measure_and_score(c: Campaign, run: PlannedRun, progress: Progress, ga
         gate.arrive(run.run_id)
         await gate.wait()
         score_run(ctx)
-        ctx.manifest["status"] = "finished"
+        ctx.manifest.status = "finished"
     except (ServerError, RunFailed, OSError, aiohttp.ClientError) as exc:  # the run fails, the campaign goes on
-        ctx.manifest.update(status="failed", error=str(exc))
+        ctx.manifest.status, ctx.manifest.error = "failed", str(exc)
         c.console.print(f"[bold red]{run.run_id} failed:[/] {exc}")
     except BaseException as exc:  # Ctrl-C, cancellation, a crash: record it, the server is already stopped
-        ctx.manifest.update(status="failed", error=f"interrupted: {type(exc).__name__}: {exc}")
+        ctx.manifest.status, ctx.manifest.error = "failed", f"interrupted: {type(exc).__name__}: {exc}"
         raise
     finally:
         checks["passed"] = all(v["passed"] for v in checks.values() if isinstance(v, dict)) if checks else False
-        ctx.manifest["log_checks"] = checks
-        ctx.manifest["t_end_unix"] = time.time()
+        ctx.manifest.log_checks = checks
+        ctx.manifest.t_end_unix = time.time()
         ctx.save()
-        c.log_order(run.run_id, ctx.manifest["status"], ctx.manifest["t_start_unix"], ctx.manifest["t_end_unix"])
-    return ctx.manifest["status"]
+        c.log_order(run.run_id, ctx.manifest.status, ctx.manifest.t_start_unix, ctx.manifest.t_end_unix)
+    return ctx.manifest.status
 
 
 async def run_campaign(c: Campaign) -> dict[str, str]:

@@ -33,7 +33,7 @@ from harness.micro.inputs import (
 )
 from harness.records import write_json
 
-SCHEMA_VERSION = 1
+MICRO_SCHEMA_VERSION = 1  # of the microbenchmark's own files (manifest.json, results.jsonl under results/micro)
 Step = Callable[[str], None]
 
 
@@ -245,7 +245,7 @@ def build_manifest(cfg: MicroConfig, resolved: dict, device: torch.device, impls
                    overrides: list[str]) -> dict[str, Any]:
     """manifest.json: config, command, versions, device, GPU (nvidia-smi), git, host, implementations."""
     return {
-        "schema_version": SCHEMA_VERSION,
+        "schema_version": MICRO_SCHEMA_VERSION,
         "kind": "micro",
         "status": "running",
         "started_at": datetime.now().astimezone().isoformat(timespec="seconds"),

@@ -1,0 +1,65 @@
+"""One schema for the writer and the reader: harness/schema.py declares the files; the runner builds those
+objects, the analysis derives its parsing from them, and docs/records.md names every field."""
+
+from __future__ import annotations
+
+import dataclasses
+import re
+from pathlib import Path
+
+import pyarrow as pa
+from test_runner_e2e import MANIFEST_KEYS, RECORD_KEYS, SCORE_KEYS
+
+from analysis import load
+from harness.plan import PlannedRun
+from harness.schema import CampaignDoc, Manifest, Record, ScoreLine, json_types
+
+DOCS = (Path(__file__).resolve().parents[1] / "docs" / "records.md").read_text()
+
+
+def names(cls: type) -> set[str]:
+    return {f.name for f in dataclasses.fields(cls)}
+
+
+def section(title: str) -> str:
+    return DOCS.split(f"## {title}", 1)[1].split("\n## ", 1)[0]
+
+
+def test_docs_name_every_declared_field():
+    for cls, title in ((Record, "runs/<run_id>/records.jsonl"), (ScoreLine, "runs/<run_id>/scores.jsonl"),
+                       (Manifest, "runs/<run_id>/manifest.json"), (CampaignDoc, "campaign.json")):
+        text = section(title)
+        missing = sorted(n for n in names(cls) if f"`{n}`" not in text)
+        assert not missing, f"docs/records.md, {title}: {missing}"
+    plan_row = next(line for line in section("campaign.json").splitlines() if line.startswith("| `plan`"))
+    assert not sorted(n for n in names(PlannedRun) if f'"{n}"' not in plan_row)
+
+
+def test_the_end_to_end_contract_is_the_declared_schema():
+    assert names(Record) == RECORD_KEYS
+    assert names(ScoreLine) == SCORE_KEYS
+    assert MANIFEST_KEYS <= names(Manifest)
+
+
+def test_the_reader_parses_declared_fields_with_their_declared_types():
+    assert set(load.PARSED) <= names(Record)
+    kinds = {pa.string(): str, pa.int64(): int, pa.bool_(): bool}
+    for name in load.PARSED:
+        arrow = load.RECORD_SCHEMA.field(name).type
+        declared = json_types(Record)[name]
+        if name in load.AS_FLOAT:  # counts read as float64 (missing = NaN)
+            assert arrow == pa.float64() and declared == (int,)
+        elif arrow == pa.float64():
+            assert declared == (int, float)
+        elif pa.types.is_list(arrow):
+            assert declared == (list,)
+        else:
+            assert declared == (kinds[arrow],), name
+    assert load.MANIFEST_TYPES == json_types(Manifest) and load.PLAN_TYPES == json_types(PlannedRun)
+
+
+def test_schema_version_is_declared_once():
+    root = Path(__file__).resolve().parents[1]
+    sources = [p for package in ("harness", "analysis", "workloads") for p in (root / package).rglob("*.py")]
+    defining = [str(p) for p in sources if re.search(r"^SCHEMA_VERSION\s*=", p.read_text(), re.M)]
+    assert [Path(p).name for p in defining] == ["schema.py"], defining
