@@ -77,8 +77,9 @@ client-bench: $(STAMP) ## client overhead: the project's client vs SGLang's (in 
 	else echo ">> $(SGVENV) not found (make sglang builds it): the project's client alone"; \
 	$(VPY) -m harness.client_bench --clients ours $(ARGS); fi
 
-lint: $(STAMP) ## ruff
+lint: $(STAMP) ## ruff on everything, mypy on harness and analysis (pyproject.toml [tool.mypy])
 	$(VPY) -m ruff check harness workloads analysis tests
+	$(VPY) -m mypy
 
 clean: ## remove the virtual environment and caches (keeps results/)
 	rm -rf $(VENV) $(SGVENV) .pytest_cache .ruff_cache *.egg-info

@@ -7,6 +7,7 @@ status: `fail` (the tables should not be trusted), `warn`, `ok` or `info`. `--st
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
@@ -268,7 +269,7 @@ def coverage(data: Loaded, plan: PlanKeys, sel: Selection, key: np.ndarray) -> d
     table["unplanned_records"] = np.bincount(arm_codes[rec_run[unplanned]], minlength=len(arm_names))
     table = table[(table["planned"] > 0) | (table["unplanned_records"] > 0)]
     err = np.flatnonzero(sel.errored)
-    invalid = invalid_values(rec).any(axis=0)[err]
+    invalid = invalid_values(rec)[:, err].any(axis=0)
     errors = rec["error"].to_numpy()[err].astype(object)
     errored = _key_frame(data, rec_run[err], rec["_item"].to_numpy()[err]).assign(
         finish_reason=rec["finish_reason"].to_numpy()[err].astype(object),
@@ -410,7 +411,8 @@ def check_seeds(data: Loaded, sel: Selection, plan: PlanKeys) -> Check:
     rec, runs, items = data.records, data.runs, data.items
     run, item = rec["_run"].to_numpy(), np.maximum(rec["_item"].to_numpy(), 0)
     seeded = np.array([_seeded(data, c) for c in runs["campaign"]], dtype=bool)[run]
-    offset = items["seed_offset"].to_numpy(dtype="float64", na_value=np.nan)[item] if len(items) else np.nan
+    offset = (items["seed_offset"].to_numpy(dtype="float64", na_value=np.nan)[item] if len(items)
+              else np.full(len(item), np.nan))
     base = runs["base_seed"].to_numpy(dtype="float64", na_value=np.nan)[run]
     stream = runs["seed_stream"].to_numpy(dtype="float64")[run] * SEED_STREAM_STRIDE  # exact below 2**53
     planned = np.where(seeded, base + offset + stream, np.nan)
@@ -505,7 +507,7 @@ def check_server_fields(data: Loaded, sel: Selection) -> Check:
                  tuple(details))
 
 
-def _rows(data: Loaded, mask: np.ndarray, say: Any, limit: int = 200) -> list[str]:
+def _rows(data: Loaded, mask: np.ndarray, say: Callable[[int], str], limit: int = 200) -> list[str]:
     """One line per flagged record (the first `limit`), naming its run, line and item."""
     runs, rec = data.runs, data.records
     idx = np.flatnonzero(mask)

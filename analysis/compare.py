@@ -162,12 +162,13 @@ def category_changes(m: Metrics, n_boot: int, seed: int) -> dict[ChangeKey, Chan
         return {}
     matrix, layouts, _ = item_matrix(m)
     part, lay = m.partitions["category"], layouts["category"]
+    assert part.item_code is not None  # the category partition groups items
     base = m.arms.index(m.baseline)
     out: dict[ChangeKey, Change] = {}
     for g, label in enumerate(part.labels):
         cols = [lay.col(g, a, q) for a in range(len(m.arms)) for q in lay.quantities]
         rows = np.flatnonzero(part.item_code[: len(matrix)] == g)
-        sub = matrix[np.ix_(rows, cols)]
+        sub = matrix[np.ix_(rows, np.asarray(cols, dtype=np.intp))]
         local = _Layout(0, lay.quantities, lay.n_arms)  # the columns of `sub`: arm-major, then quantity
         n_items = _items_in_group(sub, local, 0, "verify_steps")
         point = sub.sum(axis=0)

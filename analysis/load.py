@@ -253,9 +253,9 @@ def _read_json(path: Path) -> dict[str, Any]:
 _NUM = (int, float)
 CAMPAIGN_TYPES = json_types(CampaignDoc)
 PLAN_TYPES = json_types(PlannedRun)
-ITEM_TYPES = {"item_id": (str, int), "seed_offset": (int,), "category": (str,)}
+ITEM_TYPES: dict[str, tuple[type, ...]] = {"item_id": (str, int), "seed_offset": (int,), "category": (str,)}
 MANIFEST_TYPES = json_types(Manifest)
-ARM_TYPES = {"name": (str,), "seed_stream": (int,)}
+ARM_TYPES: dict[str, tuple[type, ...]] = {"name": (str,), "seed_stream": (int,)}
 
 
 def _type_problem(value: Any, kinds: tuple[type, ...]) -> str | None:
@@ -581,14 +581,17 @@ def _run_row(camp: CampaignDir, run_id: str, plan: dict[str, Any] | None) -> dic
 def node_type(man: dict[str, Any]) -> str | None:
     """The hardware a run's manifest describes, in words: GPU model x count and driver (nvidia-smi), CPU model.
     Runs of different node types are not comparable; None when the manifest recorded neither."""
-    host = man.get("host") if isinstance(man.get("host"), dict) else {}
-    gpu = man.get("gpu_info") if isinstance(man.get("gpu_info"), dict) else {}
+    host, gpu = _dict(man.get("host")), _dict(man.get("gpu_info"))
     parts = []
     if gpu.get("name"):
         parts.append(f"{gpu.get('count') or '?'} x {gpu['name']} (driver {gpu.get('driver_version') or '?'})")
     if host.get("cpu"):
         parts.append(f"CPU {host['cpu']}")
     return "; ".join(parts) or None
+
+
+def _dict(value: Any) -> dict[str, Any]:
+    return value if isinstance(value, dict) else {}
 
 
 def _scorer(scorer: Any) -> str | None:
@@ -603,10 +606,8 @@ def _num(value: Any) -> float:
 
 def _machine(machine: Any) -> dict[str, Any]:
     """The manifest's `machine` load figures (NaN where not recorded)."""
-    m = machine if isinstance(machine, dict) else {}
-    during = m.get("during") if isinstance(m.get("during"), dict) else {}
-    before = m.get("before") if isinstance(m.get("before"), dict) else {}
-    after = m.get("after") if isinstance(m.get("after"), dict) else {}
+    m = _dict(machine)
+    during, before, after = _dict(m.get("during")), _dict(m.get("before")), _dict(m.get("after"))
     return {
         "machine_recorded": bool(during or before or after),
         "cpu_other_frac": _num(during.get("cpu_other_frac")),

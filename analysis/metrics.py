@@ -51,7 +51,10 @@ class Partition:
     item_code: np.ndarray | None
 
     def code(self, run: np.ndarray, item: np.ndarray) -> np.ndarray:
-        return self.run_code[run] if self.run_code is not None else self.item_code[item]
+        if self.run_code is not None:
+            return self.run_code[run]
+        assert self.item_code is not None  # every partition has one of the two
+        return self.item_code[item]
 
     @property
     def size(self) -> int:
@@ -296,10 +299,16 @@ class SortedItl:
     def _slice(self, r: int) -> slice:
         return slice(int(self.bounds[r]), int(self.bounds[r + 1]))
 
+    def _floats(self) -> tuple[np.ndarray, np.ndarray]:
+        """`values` and `weights`, which the float fallback (keys None) sets."""
+        assert self.values is not None and self.weights is not None
+        return self.values, self.weights
+
     def run_percentiles(self, r: int, qs: tuple[float, ...]) -> list[float]:
         if self.keys is not None:
             return key_percentiles(self.keys[self._slice(r)], qs)
-        return weighted_percentiles(self.values[self._slice(r)], self.weights[self._slice(r)], qs, presorted=True)
+        values, weights = self._floats()
+        return weighted_percentiles(values[self._slice(r)], weights[self._slice(r)], qs, presorted=True)
 
     def pooled(self, runs: list[int], qs: tuple[float, ...]) -> tuple[list[float], int]:
         """Percentiles over the tokens of `runs` together, and how many tokens (a stable sort merges the
@@ -308,8 +317,9 @@ class SortedItl:
             keys = np.sort(np.concatenate([self.keys[self._slice(r)] for r in runs] or [np.zeros(0, np.int64)]),
                            kind="stable")
             return key_percentiles(keys, qs), int((keys & _W_MASK).sum())
-        values = np.concatenate([self.values[self._slice(r)] for r in runs] or [np.zeros(0)])
-        weights = np.concatenate([self.weights[self._slice(r)] for r in runs] or [np.zeros(0)])
+        all_values, all_weights = self._floats()
+        values = np.concatenate([all_values[self._slice(r)] for r in runs] or [np.zeros(0)])
+        weights = np.concatenate([all_weights[self._slice(r)] for r in runs] or [np.zeros(0)])
         order = np.argsort(values, kind="stable")
         return weighted_percentiles(values[order], weights[order], qs, presorted=True), int(weights.sum())
 

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass
+from typing import Any
 
 import numpy as np
 import pandas as pd
@@ -309,8 +310,9 @@ def per_category_display(m: Metrics, comp: ChangeSet, pc: pd.DataFrame) -> pd.Da
     return pd.DataFrame(rows)
 
 
-def foreign_cell(r: object) -> str:
-    """The share of all CPUs other processes used during the run, flagged when it counts as foreign load."""
+def foreign_cell(r: Any) -> str:
+    """The share of all CPUs other processes used during the run, flagged when it counts as foreign load.
+    `r`: a row of the runs table, from DataFrame.itertuples()."""
     if not r.machine_recorded:
         return "not recorded"
     frac = r.cpu_other_frac

@@ -18,7 +18,7 @@ import secrets
 import sys
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import Any, cast
 
 import hydra
 from hydra.core.hydra_config import HydraConfig
@@ -84,7 +84,7 @@ class SweepJob:
 
 def to_typed(cfg: DictConfig) -> BenchConfig:
     """The composed config as typed objects; schema checks in __post_init__ run here."""
-    return OmegaConf.to_object(cfg).validate()
+    return cast(BenchConfig, OmegaConf.to_object(cfg)).validate()  # cfg's schema is BenchConfig
 
 
 def write_report(campaign_dir, console: Console, strict: bool) -> int:
@@ -120,7 +120,7 @@ def run(cfg_node: DictConfig, console: Console, sweep: SweepJob | None = None) -
     code = preflight_before_launch(cfg, console)  # backend sglang: fail before anything is loaded or launched
     if code:
         return code, None
-    config_dict = OmegaConf.to_container(cfg_node, resolve=True)
+    config_dict = cast(dict[str, Any], OmegaConf.to_container(cfg_node, resolve=True))  # of a DictConfig
     workload = load_workload(cfg.workload)
     campaign = build_campaign(cfg, config_dict, workload, console)
     part = f" (shard {cfg.shard}: {len(campaign.todo)} of them)" if cfg.shard is not None else ""

@@ -322,7 +322,7 @@ class CumulativeGenerate:
             return False
         prefix = text_prefix(data, len(old))
         meta = trailing_meta(data) if prefix is not None else None
-        if meta is None:
+        if prefix is None or meta is None:
             return False
         grown = len(prefix) > (len(old) if old else len(opener(data)))
         self.chunks.add(t, grown, completion_count(meta))
@@ -342,6 +342,7 @@ class CumulativeGenerate:
 
     def _previous_text(self) -> str:
         if self.text is None:
+            assert self.last is not None  # text is None only after a cheap event, which feed stored as last
             self.text = parse_object(self.last).get("text", "")
         return self.text
 
@@ -636,9 +637,9 @@ async def drive(base_url: str, specs: list[RequestSpec], *, sampling: SamplingCo
     `t_scheduled`: open loop, exactly the scheduled arrival (start + offset); closed loop, the start of the
     drive (when the request was queued). `incremental`: the server's /generate stream is incremental."""
     semaphore = asyncio.Semaphore(concurrency)
-    open_loop = bool(client.request_rate)
-    offsets = (poisson_offsets(len(specs), client.request_rate, arrival_seed) if open_loop
-               else [0.0] * len(specs))
+    rate = client.request_rate
+    open_loop = bool(rate)
+    offsets = poisson_offsets(len(specs), rate, arrival_seed) if rate else [0.0] * len(specs)
     parser = Parser()
     parsing = asyncio.get_running_loop().create_task(parser.run())
     async with new_session() as session:

@@ -130,7 +130,9 @@ class Stream:
         if final:
             events = -(-self.response.tokens // self.chunk_tokens)
             if self.transport.get_write_buffer_size():
-                self.transport.get_protocol().pending = (self.prompt, events)
+                protocol = self.transport.get_protocol()
+                assert isinstance(protocol, StubProtocol)  # the stub server's transports serve StubProtocol
+                protocol.pending = (self.prompt, events)
             else:
                 stub.last_write[self.prompt] = (time.monotonic(), events)
         return final and not self.done_apart

@@ -157,6 +157,7 @@ def _memory_gib() -> float | None:
 
 def host_info() -> dict:
     """dict(hostname, platform, cpu, cores, memory_gib): cores = logical CPUs this process may use."""
+    cores: int | None
     try:
         cores = len(os.sched_getaffinity(0))
     except AttributeError:

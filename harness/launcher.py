@@ -21,6 +21,7 @@ import sys
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import IO
 
 import aiohttp
 import psutil
@@ -202,7 +203,7 @@ class Server:
 
     spec: LaunchSpec
     proc: subprocess.Popen | None = None
-    _log: object | None = field(default=None, repr=False)
+    _log: IO[bytes] | None = field(default=None, repr=False)
 
     def start(self) -> None:
         ensure_port_free(self.spec.host, self.spec.port)
@@ -214,14 +215,20 @@ class Server:
             start_new_session=True, preexec_fn=functools.partial(_prepare_child, list(self.spec.cpus)),
         )
 
+    def started(self) -> subprocess.Popen:
+        """The server's process (set by start(), or given)."""
+        assert self.proc is not None, "Server.start() first"
+        return self.proc
+
     async def wait_ready(self) -> None:
         """Poll /health_generate until 200; fail with the log's tail on timeout or exit."""
+        proc = self.started()
         deadline = time.monotonic() + self.spec.ready_timeout_s
         url = self.spec.base_url + "/health_generate"
         async with aiohttp.ClientSession(timeout=aiohttp.ClientTimeout(total=10)) as session:
             while time.monotonic() < deadline:
-                if self.proc.poll() is not None:
-                    raise ServerError(f"server exited with code {self.proc.returncode} before it was ready; "
+                if proc.poll() is not None:
+                    raise ServerError(f"server exited with code {proc.returncode} before it was ready; "
                                       f"log {self.spec.log_path}:\n{log_tail(self.spec.log_path)}")
                 try:
                     async with session.get(url) as resp:
@@ -240,7 +247,7 @@ class Server:
     def owns_port(self) -> bool:
         """Whether the process this Server started, or one of its descendants, listens on its port."""
         try:
-            root = psutil.Process(self.proc.pid)
+            root = psutil.Process(self.started().pid)
             tree = [root, *root.children(recursive=True)]
         except psutil.NoSuchProcess:
             return False
@@ -255,10 +262,11 @@ class Server:
 
     def check_identity(self) -> None:
         """ServerError unless the server answering on the port is the one this run started."""
+        pid = self.started().pid
         if not self.owns_port():
-            others = [p for p in listeners(self.spec.port) if p.pid != self.proc.pid]
+            others = [p for p in listeners(self.spec.port) if p.pid != pid]
             raise ServerError(f"port {self.spec.port} answers, but not from the server this run started "
-                              f"(pid {self.proc.pid}); it is held by {describe_processes(others)}. "
+                              f"(pid {pid}); it is held by {describe_processes(others)}. "
                               f"Log of ours: {self.spec.log_path}")
 
     def stop(self) -> None:

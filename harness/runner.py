@@ -237,8 +237,8 @@ def with_added_keys(config: dict[str, Any]) -> dict[str, Any]:
     out = copy.deepcopy(config)
     for dotted in REMOVED_KEYS:
         head, key = dotted.rsplit(".", 1)
-        if isinstance(node := out.get(head), dict):
-            node.pop(key, None)
+        if isinstance(section := out.get(head), dict):
+            section.pop(key, None)
     for dotted, value in ADDED_KEYS.items():
         head, key = dotted.rsplit(".", 1)
         parts = head.split(".")
@@ -484,7 +484,8 @@ async def check_server_health(ctx: RunContext, server: Server) -> None:
     """The run's failure policy, part 2: RunFailed unless the server is alive and answers /health at the
     end (a dead or hung server, SIGSTOP or deadlock, fails the run even when every request came back)."""
     if not server.alive():
-        raise RunFailed(f"the server exited (code {server.proc.returncode}) during the run; see {ctx.spec.log_path}")
+        raise RunFailed(f"the server exited (code {server.started().returncode}) during the run; "
+                        f"see {ctx.spec.log_path}")
     if not await responds(ctx.spec.base_url, "/health", END_HEALTH_TIMEOUT_S):
         raise RunFailed(f"the server did not answer /health within {END_HEALTH_TIMEOUT_S:.0f} s at the end of the "
                         f"run (hung or dying); see {ctx.spec.log_path}")

@@ -143,8 +143,8 @@ class PreflightReport:
         """Each distinct problem once, with the runs it concerns."""
         runs: dict[str, list[str]] = {}
         for o in self.outcomes:
-            if not o.ok:
-                runs.setdefault(o.problem(), []).append(o.planned.label)
+            if (problem := o.problem()) is not None:  # exactly the outcomes that are not ok
+                runs.setdefault(problem, []).append(o.planned.label)
         return [f"{problem} [runs: {', '.join(labels)}]" for problem, labels in runs.items()]
 
     def distinct_argvs(self) -> int:

@@ -64,6 +64,7 @@ def radix_topk(x: Tensor, k: int) -> tuple[Tensor, Tensor]:
     if radix_topk_backend(x.device) == "torch":
         return torch_topk(x, k)
     fi_top_k = _flashinfer_top_k()
+    assert fi_top_k is not None  # the backend is flashinfer: it imported (resolved once)
     values, indices = fi_top_k(x.contiguous(), k, sorted=True, deterministic=True)
     return values, indices.long()
 
@@ -236,6 +237,7 @@ def _uniforms(uniforms: Tensor | None, generators: list[torch.Generator] | None,
     if (uniforms is None) == (generators is None):
         raise ValueError("give exactly one of `uniforms` or `generators`")
     if uniforms is None:
+        assert generators is not None  # exactly one of the two (checked above)
         if len(generators) != shape[0]:
             raise ValueError(f"{len(generators)} generators for {shape[0]} rows")
         return draw_uniforms(generators, shape[1], device)

@@ -131,6 +131,7 @@ def _candidate(row: dict[str, Any], seed_offset: int) -> Candidate:
     messages = row.get("messages")
     prompt = row.get("prompt")
     if prompt is None:
+        assert messages is not None  # validate_row: prompt or messages (or both)
         prompt = "\n\n".join(m["content"] for m in messages)
     if messages is None:
         messages = [{"role": "user", "content": prompt}]

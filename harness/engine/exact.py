@@ -67,7 +67,7 @@ class IntLinear:
 
     def __call__(self, x: Tensor) -> Tensor:
         """x: [M, K] int8 (uint8 if not signed) -> [M, N] float32 holding exact integers."""
-        if self.packed is None:
+        if self.weight_f32 is not None:  # not packed (other devices than the CPU)
             return x.float() @ self.weight_f32
         zero = self.max_input if self.signed else 0
         u8 = (x.to(torch.int16) + zero).to(torch.uint8) if self.signed else x.contiguous()  # [M, K]

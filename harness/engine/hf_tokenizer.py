@@ -35,6 +35,7 @@ import shutil
 import tempfile
 from collections.abc import Mapping
 from pathlib import Path
+from typing import Any
 
 from harness.engine.tokenizer import FIRST_WORD_ID, PIECE_PATTERN, Tokenizer
 
@@ -81,9 +82,10 @@ def tokenizer_json(tokenizer: Tokenizer) -> dict:
     split = {"type": "Split", "pattern": {"Regex": PIECE_PATTERN}, "behavior": "Isolated", "invert": False}
     eos = {"id": tokenizer.eos_id, "content": EOS_TOKEN, "single_word": False, "lstrip": False, "rstrip": False,
            "normalized": False, "special": True}
-    model = {"type": "BPE", "dropout": None, "unk_token": None, "continuing_subword_prefix": None,
-             "end_of_word_suffix": None, "fuse_unk": False, "byte_fallback": False, "ignore_merges": True,
-             "vocab": vocabulary(tokenizer), "merges": []}
+    model: dict[str, Any] = {
+        "type": "BPE", "dropout": None, "unk_token": None, "continuing_subword_prefix": None,
+        "end_of_word_suffix": None, "fuse_unk": False, "byte_fallback": False, "ignore_merges": True,
+        "vocab": vocabulary(tokenizer), "merges": []}
     return {"version": "1.0", "truncation": None, "padding": None, "added_tokens": [eos], "normalizer": None,
             "pre_tokenizer": {"type": "Sequence", "pretokenizers": [split, byte_level]},
             "post_processor": None, "decoder": byte_level, "model": model}

@@ -61,7 +61,7 @@ async def outputs(http: web.Request, service: EngineService, req: Request) -> As
                 return
     finally:
         if not req.finished:
-            service.scheduler.abort(req, "client disconnected")
+            service.running.abort(req, "client disconnected")
 
 
 async def open_sse(http: web.Request) -> web.StreamResponse:
@@ -106,13 +106,14 @@ async def generate(http: web.Request) -> web.StreamResponse:
     except BadRequest as e:
         return error_response(400, str(e))
     for r in requests:
-        service.scheduler.submit(r)
+        service.running.submit(r)
     if parsed.stream:
         return await _stream_generate(http, service, requests[0])
     finals = await asyncio.gather(*(final_output(http, service, r) for r in requests))
-    if any(f is None for f in finals):
+    outs = [f for f in finals if f is not None]
+    if len(outs) < len(finals):
         return web.Response(status=499)  # the client is gone; nobody reads this
-    payloads = [generate_payload(f) for f in finals]
+    payloads = [generate_payload(f) for f in outs]
     return web.json_response(payloads if parsed.batched else payloads[0])
 
 
@@ -140,7 +141,7 @@ async def _stream_generate(http: web.Request, service: EngineService, req: Reque
         if last is not None and last.finished:  # not when the client went away
             await send_sse(resp, "[DONE]")
     except ConnectionError:
-        service.scheduler.abort(req, "client disconnected")
+        service.running.abort(req, "client disconnected")
     return resp
 
 

@@ -137,7 +137,7 @@ class SyntheticLM:
         hd = self.preset.draft_hidden
         h = self._draft_hidden(self.features(contexts))  # [N, H_d (+ R)] uint8
         logits = self._draft_out(h[:, :hd].contiguous()) * self.preset.logit_scale + self._prior  # [N, V]
-        if self._with_noise:
+        if self._noise_out is not None:  # with noise (divergence > 0)
             logits = logits + self._noise_out(h[:, hd:].contiguous()) * self._noise_scale
         return logits
 

@@ -303,7 +303,7 @@ async def chat_completions(http: web.Request) -> web.StreamResponse:
         req = service.new_request(ids, params, stream=chat.options.stream, rid=chat.rid)
     except BadRequest as e:
         return error_response(400, str(e))
-    service.scheduler.submit(req)
+    service.running.submit(req)
     if chat.options.stream:
         return await stream_openai(http, req, chat.options, ChatChunks(req.rid, service.args.model_path))
     last = await final_output(http, service, req)
@@ -336,14 +336,15 @@ async def completions(http: web.Request) -> web.StreamResponse:
     except BadRequest as e:
         return error_response(400, str(e))
     for r in reqs:
-        service.scheduler.submit(r)
+        service.running.submit(r)
     model = service.args.model_path
     if comp.options.stream:
         return await stream_openai(http, reqs[0], comp.options, CompletionChunks(reqs[0].rid, model))
     finals = await asyncio.gather(*(final_output(http, service, r) for r in reqs))
-    if any(f is None for f in finals):
+    outs = [f for f in finals if f is not None]
+    if len(outs) < len(finals):
         return web.Response(status=499)
-    return web.json_response(_completion_response(reqs, finals, comp, model))
+    return web.json_response(_completion_response(reqs, outs, comp, model))
 
 
 def _completion_response(reqs: list[Request], outs: list[Output], comp: CompletionRequest,
@@ -388,7 +389,7 @@ async def stream_openai(http: web.Request, req: Request, options: StreamOptions,
             await send_sse(resp, chunks.extra(usage=usage([last.meta_info])))
         await send_sse(resp, "[DONE]")
     except ConnectionError:
-        service.scheduler.abort(req, "client disconnected")
+        service.running.abort(req, "client disconnected")
     return resp
 
 

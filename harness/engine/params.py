@@ -15,7 +15,7 @@ from __future__ import annotations
 import json
 import math
 from dataclasses import dataclass, fields
-from typing import Any
+from typing import Any, TypeGuard
 
 DEFAULT_MAX_NEW_TOKENS = 128  # SGLang's default
 INT32_MAX = 2**31 - 1  # top_k and max_new_tokens live in 32-bit tensors (top_k above the vocabulary = all of it)
@@ -26,7 +26,7 @@ class BadRequest(ValueError):
     """The request is malformed; the message says what to fix (HTTP 400)."""
 
 
-def _is_int(v: Any) -> bool:
+def _is_int(v: Any) -> TypeGuard[int]:
     return isinstance(v, int) and not isinstance(v, bool)
 
 

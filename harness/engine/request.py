@@ -76,7 +76,7 @@ class Request:
     t_scheduled: float | None = None
     t_finished: float | None = None
     events: asyncio.Queue[Output] = field(default_factory=asyncio.Queue)
-    _decoder: StreamDecoder | None = None
+    _decoder: StreamDecoder = field(init=False)  # set in __post_init__
     _final_text: str | None = None  # set when a stop string trims the text
 
     def __post_init__(self) -> None:
@@ -148,6 +148,7 @@ class Request:
         }
         if not self.finished:
             return info
+        assert self.t_finished is not None  # finish_now sets it with finish_reason
         info["e2e_latency"] = self.t_finished - self.t_received
         if self.spec is not None:
             info.update(self.spec.fields(len(self.output_ids)))

@@ -49,6 +49,12 @@ class EngineService:
     def ready(self) -> bool:
         return self.status == "ready"
 
+    @property
+    def running(self) -> Scheduler:
+        """The scheduler: set in `start` before the warm-up, so whenever the service is ready."""
+        assert self.scheduler is not None, "EngineService.start() first"
+        return self.scheduler
+
     # ------------------------------------------------------------------ start-up
 
     async def start(self) -> None:
@@ -97,7 +103,7 @@ class EngineService:
     async def _warmup(self) -> None:
         params = SamplingParams(max_new_tokens=4, temperature=1.0, ignore_eos=True)
         req = self.new_request(self.tokenizer.encode("warm up"), params, stream=False, rid="warmup")
-        self.scheduler.submit(req)
+        self.running.submit(req)
         while not (await req.events.get()).finished:
             pass
 
@@ -118,6 +124,7 @@ class EngineService:
                 raise BadRequest(str(e)) from None
             ids = list(prompt.input_ids)
         else:
+            assert prompt.text is not None  # PromptSpec: text or ids, exactly one
             try:
                 ids = self.tokenizer.encode(prompt.text)
             except UnicodeEncodeError as e:
@@ -131,8 +138,9 @@ class EngineService:
     def new_request(self, prompt_ids: list[int], params: SamplingParams, *, stream: bool, rid: str | None,
                     health_check: bool = False) -> Request:
         """A request with its own generator: seeded by `sampling_seed` only in deterministic mode."""
-        honour = self.args.enable_deterministic_inference and params.sampling_seed is not None
-        seed = params.sampling_seed if honour else self._seeds.getrandbits(63)
+        seed = params.sampling_seed if self.args.enable_deterministic_inference else None
+        if seed is None:
+            seed = self._seeds.getrandbits(63)
         generator = torch.Generator(device=self.device).manual_seed(fold_seed(seed))
         spec = SpecCounters(self.args.gamma) if self.args.speculative else None
         return Request(rid=rid or uuid.uuid4().hex, prompt_ids=prompt_ids, params=params, generator=generator,
@@ -149,14 +157,15 @@ class EngineService:
         params = SamplingParams(max_new_tokens=1, temperature=0.0)
         req = self.new_request([self.tokenizer.eos_id], params, stream=False, rid=f"HEALTH_CHECK_{uuid.uuid4().hex}",
                                health_check=True)
-        self.scheduler.submit(req)
+        scheduler = self.running
+        scheduler.submit(req)
         while time.monotonic() - start < HEALTH_TIMEOUT_S:
-            if req.finished or self.scheduler.last_progress > start:
+            if req.finished or scheduler.last_progress > start:
                 if not req.finished:
-                    self.scheduler.abort(req, "health check answered by other progress")
+                    scheduler.abort(req, "health check answered by other progress")
                 return True
             await asyncio.sleep(0.01)
-        self.scheduler.abort(req, "health check timed out")
+        scheduler.abort(req, "health check timed out")
         return False
 
     def server_info(self) -> dict[str, Any]:

@@ -139,7 +139,7 @@ class Worker:
         probs = []
         for i in range(gamma):
             logits = self.model.draft_logits(ext[:, i:i + c])  # [B, V]
-            if not sampled:
+            if u is None:  # not sampled
                 ext[:, c + i] = logits.argmax(dim=-1)  # a point mass: the verifier gets q = None
                 continue
             q = self._rows(lambda lg, k: self._builder(lg, k.temperature, k.top_k, k.top_p), logits, knobs)

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import sys
+from typing import Any, cast
 
 import hydra
 from hydra.core.hydra_config import HydraConfig
@@ -36,7 +37,7 @@ def _run_with_progress(app: MicroAppConfig, resolved: dict, overrides: list[str]
 
 def _typed_config(cfg: DictConfig) -> MicroAppConfig:
     """The typed config, checked (values and implementation names); ConfigError / ImplError if wrong."""
-    app: MicroAppConfig = OmegaConf.to_object(cfg)
+    app = cast(MicroAppConfig, OmegaConf.to_object(cfg))  # cfg's schema is MicroAppConfig
     check_config(app.micro)
     return app
 
@@ -48,7 +49,8 @@ def hydra_main(cfg: DictConfig) -> None:
     try:
         app = _typed_config(cfg)
         overrides = list(HydraConfig.get().overrides.task)
-        result = _run_with_progress(app, OmegaConf.to_container(cfg, resolve=True), overrides, console)
+        resolved = cast(dict[str, Any], OmegaConf.to_container(cfg, resolve=True))  # of a DictConfig
+        result = _run_with_progress(app, resolved, overrides, console)
     except (ConfigError, ImplError) as exc:
         print(f"error: {exc}", file=sys.stderr)
         raise SystemExit(2) from None

@@ -148,7 +148,7 @@ def prepare_impl(impl: Impl, batch: Batch, cfg: MicroConfig, row: ResultRow) -> 
     Returns the call to time, or None when the implementation is skipped or (external only) failed;
     `row.status` / `row.note` say which.
     """
-    if not impl.available:
+    if impl.prepare is None:  # not available
         row.status, row.note = "skipped", impl.note
         return None
     call = impl.prepare(batch.params)
@@ -170,6 +170,7 @@ def make_batch(cfg: MicroConfig, rows: int, device: torch.device, baseline: Impl
                          padding_fraction=cfg.padding_fraction)
     params = make_params(rows, temperature=cfg.temperature, top_k=cfg.top_k, top_p=cfg.top_p, device=device)
     copies = rotated_copies(logits, cfg.min_rotate_bytes)
+    assert baseline.prepare is not None  # check_config: the baseline is a project builder, always available
     return Batch(copies=copies, params=params, reference=baseline.prepare(params)(logits))
 
 

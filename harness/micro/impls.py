@@ -9,6 +9,7 @@ timed region) into a call `logits [rows, vocab] -> probs [rows, vocab] fp32`:
 
 from __future__ import annotations
 
+import functools
 import importlib
 import importlib.metadata
 import inspect
@@ -210,7 +211,7 @@ def _sglang_impl() -> Impl:
 
 
 REGISTRY: dict[str, Callable[[], Impl]] = {
-    **{name: (lambda n=name: _project_impl(n)) for name in verify.BUILDERS},
+    **{name: functools.partial(_project_impl, name) for name in verify.BUILDERS},
     "sglang": _sglang_impl,
 }
 

@@ -82,12 +82,12 @@ FULL_HEADERS = ["rows", "impl", "median ms", "min ms", "max ms", "speedup", "GB/
                 "copy GB/s", "fraction of floor", "peak temp", "equal to baseline"]
 
 
-def full_table_rows(rows: Sequence[ResultRow]) -> list[list[str]]:
-    """The per-implementation table's cells (strings), one list per result row."""
-    out = []
+def full_table_rows(rows: Sequence[ResultRow]) -> list[list[str | int]]:
+    """The per-implementation table's cells (strings, the row count an int), one list per result row."""
+    out: list[list[str | int]] = []
     for r in rows:
         if r.status != "ok":
-            out.append([r.rows, r.impl, r.status] + ["-"] * (len(FULL_HEADERS) - 3))
+            out.append([r.rows, r.impl, r.status, *["-"] * (len(FULL_HEADERS) - 3)])
             continue
         out.append([
             r.rows, r.impl, fmt_ms(r.median_ms), fmt_ms(r.min_ms), fmt_ms(r.max_ms),
