@@ -43,11 +43,11 @@ venv: $(STAMP) ## create .venv and install the project (done by every target on 
 sglang: $(SGSTAMP) ## create .venv-sglang: SGLang 0.5.23 without kernels, for the conformance tests
 
 test: $(STAMP) $(SGSTAMP) ## run the whole test suite, SGLang conformance included (what CI runs)
-	$(VPY) -m pytest -q -m "not sglang and not slurm" $(ARGS)
-	$(SGENV) $(SGPY) -m pytest -q -m sglang $(ARGS)
+	$(VPY) -m pytest -q -m "not sglang and not slurm and not interpreter" $(ARGS)
+	$(SGENV) $(SGPY) -m pytest -q -m "sglang or interpreter" $(ARGS)
 
 test-fast: $(STAMP) ## unit tests only (skip the end-to-end ones that start servers, and SGLang's)
-	$(VPY) -m pytest -q -m "not slow and not sglang and not slurm" $(ARGS)
+	$(VPY) -m pytest -q -m "not slow and not sglang and not slurm and not interpreter" $(ARGS)
 
 test-sglang: $(SGSTAMP) ## the SGLang conformance tests only (in .venv-sglang)
 	$(SGENV) $(SGPY) -m pytest -q -m sglang $(ARGS)

@@ -188,10 +188,46 @@ def topk_first_torch_probs(logits: Tensor, temperature: Tensor, top_k: Tensor, t
     return _build(logits, temperature, top_k, top_p, torch_topk, scale_first=False)
 
 
+def topk_fused_probs(logits: Tensor, temperature: Tensor, top_k: Tensor, top_p: Tensor) -> Tensor:
+    """One read of the logits, one write of the output: the Triton kernel of harness.topk_fused on CUDA for
+    the rows it takes (top_k up to its FAST_K, greedy rows), the top-k-first path (torch.topk) for the
+    others; off CUDA or without Triton, topk_first for every row. -> [rows, V] fp32.
+
+    The kept tokens are those of full_vocab, except where logits tie at a row's k-th value: the kernel
+    keeps the lowest indices (torch.topk and FlashInfer may keep others of equal value). The probabilities
+    agree with full_vocab's to float32 rounding (another order of the softmax sums), not bitwise."""
+    from harness import topk_fused  # noqa: PLC0415  (imports Triton)
+
+    if logits.device.type != "cuda" or not topk_fused.available():
+        return topk_first_probs(logits, temperature, top_k, top_p)
+    return fused_build(logits, temperature, top_k, top_p)
+
+
+def fused_build(logits: Tensor, temperature: Tensor, top_k: Tensor, top_p: Tensor) -> Tensor:
+    """topk_fused on any device Triton runs on (CUDA; a CPU under TRITON_INTERPRET=1, for tests)."""
+    from harness import topk_fused  # noqa: PLC0415  (imports Triton)
+
+    n, vocab = logits.shape
+    temperature = temperature.to(device=logits.device, dtype=torch.float32).reshape(n)
+    top_k = top_k.to(device=logits.device, dtype=torch.int64).reshape(n)
+    top_p = top_p.to(device=logits.device, dtype=torch.float32).reshape(n)
+    greedy = _greedy_rows(temperature, top_k)
+    k_row = torch.where(greedy, torch.ones_like(top_k), _effective_top_k(top_k, vocab))
+    fast = (k_row <= topk_fused.FAST_K) & (k_row < vocab)
+    out, flagged = topk_fused.run(logits, torch.where(fast, k_row, torch.zeros_like(k_row)),
+                                  torch.where(greedy, torch.ones_like(temperature), temperature), top_p)
+    redo = ~fast | flagged
+    if bool(redo.any()):  # few rows (about 1 in 500 flagged at the seed's sizes): torch.topk's fixed cost
+        rows = redo.nonzero().squeeze(-1)  # is below FlashInfer's there
+        out[rows] = topk_first_torch_probs(logits[rows], temperature[rows], top_k[rows], top_p[rows])
+    return out
+
+
 BUILDERS: dict[str, BuilderFn] = {
     "full_vocab": full_vocab_probs,
     "topk_first": topk_first_probs,
     "topk_first_torch": topk_first_torch_probs,
+    "topk_fused": topk_fused_probs,
 }
 
 

@@ -65,7 +65,7 @@ def e2e(tmp_path_factory):
 
 def test_e2e_writes_three_files_with_required_keys(e2e):
     assert {p.name for p in e2e.out.iterdir()} == {"manifest.json", "results.jsonl", "report.md"}
-    assert len(e2e.rows) == len(ROWS) * 4  # full_vocab, topk_first, topk_first_torch, sglang
+    assert len(e2e.rows) == len(ROWS) * 5  # full_vocab, topk_first, topk_first_torch, topk_fused, sglang
     for row in e2e.rows:
         assert REQUIRED_KEYS <= row.keys(), REQUIRED_KEYS - row.keys()
         assert row["vocab"] == VOCAB and row["padding_fraction"] == 0.25

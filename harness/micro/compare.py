@@ -30,6 +30,8 @@ class OutputMatch:
             return "bitwise"
         if self.values_equal:
             return "values (kept set differs)" if not self.kept_sets_equal else "values"
+        if self.kept_sets_equal:
+            return f"same kept set (max diff {self.max_abs_diff:.2e})"
         if self.kept_counts_equal:
             return f"counts only (max diff {self.max_abs_diff:.2e})"
         return "differs"

@@ -53,6 +53,8 @@ def fmt_equal(row: ResultRow) -> str:
         return "bitwise"
     if row.values_equal:
         return "values, not bitwise" + ("" if row.kept_sets_equal else " (tied tokens differ)")
+    if row.kept_sets_equal and row.max_abs_diff is not None:
+        return f"same kept set, values within {row.max_abs_diff:.1e}"
     return f"NO (max diff {row.max_abs_diff:.1e})" if row.max_abs_diff is not None else "NO (shape)"
 
 

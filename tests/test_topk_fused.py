@@ -1,0 +1,166 @@
+"""The `topk_fused` builder: one read of the logits, one write of the output (harness/topk_fused.py).
+
+- Everywhere: the name works on a CPU (the topk_first path, bitwise); the threshold ranks keep both ways
+  of missing rare.
+- Marker `interpreter` (run by `make test` in .venv-sglang, which has Triton): the kernel itself under
+  TRITON_INTERPRET=1 on CPU tensors, on a small vocabulary.
+- Marker `gpu` (skipped without CUDA): the seed's sizes and the edge cases against full_vocab on CUDA.
+
+What "equal" means here: the same kept tokens as full_vocab, except rows whose logits tie at the k-th
+value (then the same probability values: the kernel keeps the lowest indices); probabilities within
+TOLERANCE of full_vocab's (the softmax sums run in another order: not bitwise).
+"""
+
+from __future__ import annotations
+
+import importlib.util
+import os
+
+import pytest
+import torch
+
+from harness import topk_fused, verify
+
+TOLERANCE = 1e-6  # absolute, on probabilities (measured: at most 4.5e-8 on the seed's sizes)
+
+
+def cases(n: int, vocab: int, device: str, dtype: torch.dtype = torch.float32) -> tuple:
+    """A mixed batch: plain rows, greedy (temperature 0 and top_k 1), temperature 0.7, top_p off, top_k 64
+    (the fast path's largest), 65 and 4096 (past it), the whole vocabulary, half the row masked, all-equal."""
+    g = torch.Generator().manual_seed(0)
+    logits = torch.randn(n, vocab, generator=g).to(dtype)
+    temperature = torch.ones(n)
+    top_k = torch.full((n,), 20, dtype=torch.int64)
+    top_p = torch.full((n,), 0.95)
+    top_k[0] = 1
+    temperature[1] = 0.0
+    temperature[2] = 0.7
+    top_p[3] = 1.0
+    top_k[4], top_k[5], top_k[6], top_k[7] = 64, 65, min(4096, vocab - 1), -1
+    logits[8, : vocab // 2] = float("-inf")
+    logits[9] = 0.5  # all-equal: ties at every rank
+    move = {"device": device}
+    return logits.to(**move), temperature.to(**move), top_k.to(**move), top_p.to(**move)
+
+
+TIED_ROWS = (9,)
+
+
+def check_against_full_vocab(got: torch.Tensor, logits, temperature, top_k, top_p) -> None:
+    """fp32 logits: the same kept tokens but in TIED_ROWS; bf16 logits (8 bits of mantissa: ties at the k-th
+    value are common in a 248,320-token row): the same values in every row."""
+    ref = verify.full_vocab_probs(logits, temperature, top_k, top_p)
+    tied = range(logits.shape[0]) if logits.dtype == torch.bfloat16 else TIED_ROWS
+    for row in range(logits.shape[0]):
+        if row in tied:  # the same values; which tied tokens hold them may differ
+            assert torch.equal((got[row] > 0).sum(), (ref[row] > 0).sum()), row
+            assert torch.allclose(got[row].sort().values, ref[row].sort().values, atol=TOLERANCE), row
+            continue
+        assert torch.equal(got[row] > 0, ref[row] > 0), row
+        assert float((got[row] - ref[row]).abs().max()) <= TOLERANCE, row
+    assert torch.allclose(got.sum(dim=-1), torch.ones(got.shape[0], device=got.device), atol=1e-5)
+
+
+def test_on_a_cpu_the_name_takes_the_topk_first_path():
+    logits, temperature, top_k, top_p = cases(12, 2048, "cpu")
+    got = verify.get_builder("topk_fused")(logits, temperature, top_k, top_p)
+    assert torch.equal(got, verify.topk_first_probs(logits, temperature, top_k, top_p))
+
+
+def test_threshold_ranks_keep_failures_and_overflows_rare_at_the_seed_sizes():
+    vocab, samples = 248_320, topk_fused.samples_for(248_320)
+    assert samples == topk_fused.SAMPLES
+    for k in range(1, topk_fused.FAST_K + 1):
+        r = topk_fused.best_rank(k, vocab, samples)
+        fail = 1 - topk_fused._poisson_cdf(r - 1, (k - 1) * samples / vocab)
+        overflow = topk_fused._poisson_cdf(r - 1, topk_fused.CANDIDATES * samples / vocab)
+        assert fail < 0.005 and overflow < 0.005, (k, r, fail, overflow)
+    assert topk_fused.samples_for(8192) * 4 <= 8192  # a small vocabulary samples a quarter at most
+
+
+def interpreter_ready() -> bool:
+    return importlib.util.find_spec("triton") is not None and os.environ.get("TRITON_INTERPRET") == "1"
+
+
+@pytest.mark.interpreter
+def test_the_kernel_under_the_triton_interpreter():
+    interpreter_or_skip()
+    logits, temperature, top_k, top_p = cases(10, 8192, "cpu")
+    k_row = torch.where(verify._greedy_rows(temperature, top_k), 1, verify._effective_top_k(top_k, 8192))
+    fast = (k_row <= topk_fused.FAST_K) & (k_row < 8192)
+    out, flagged = topk_fused.run(logits, torch.where(fast, k_row, 0), torch.where(temperature < 1e-6, 1.0,
+                                  temperature), top_p)
+    assert not bool(flagged.any())  # the kernel took every fast row (the rest is the caller's)
+    assert fast.tolist() == [True, True, True, True, True, False, False, False, True, True]
+    got = verify.fused_build(logits, temperature, top_k, top_p)
+    assert torch.equal(got[fast], out[fast])
+    check_against_full_vocab(got, logits, temperature, top_k, top_p)
+    assert torch.equal(got, verify.fused_build(logits, temperature, top_k, top_p))  # the same every call
+
+
+needs_cuda = pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device")
+
+
+@pytest.mark.gpu
+@needs_cuda
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16], ids=["fp32", "bf16"])
+@pytest.mark.parametrize("vocab", [32_000, 248_320])
+def test_against_full_vocab_on_cuda(vocab, dtype):
+    logits, temperature, top_k, top_p = cases(64, vocab, "cuda", dtype)
+    got = verify.topk_fused_probs(logits, temperature, top_k, top_p)
+    check_against_full_vocab(got, logits, temperature, top_k, top_p)
+    assert torch.equal(got, verify.topk_fused_probs(logits, temperature, top_k, top_p))
+
+
+@pytest.mark.gpu
+@needs_cuda
+def test_strided_rows_and_many_rows_on_cuda():
+    base = torch.randn(4096, 248_320 + 64, device="cuda")
+    logits = base[:, :248_320]  # rows 248,384 apart
+    n = logits.shape[0]
+    temperature, top_k, top_p = (torch.ones(n, device="cuda"), torch.full((n,), 20, device="cuda"),
+                                 torch.full((n,), 0.95, device="cuda"))
+    got = verify.topk_fused_probs(logits, temperature, top_k, top_p)
+    ref = verify.full_vocab_probs(logits, temperature, top_k, top_p)
+    assert torch.equal(got > 0, ref > 0) and float((got - ref).abs().max()) <= TOLERANCE
+
+
+@pytest.mark.gpu
+@needs_cuda
+def test_half_the_rows_all_equal_on_cuda():
+    logits = torch.randn(512, 248_320, device="cuda")
+    logits[:256] = 0.0
+    n = logits.shape[0]
+    temperature, top_k, top_p = (torch.ones(n, device="cuda"), torch.full((n,), 20, device="cuda"),
+                                 torch.full((n,), 0.95, device="cuda"))
+    got = verify.topk_fused_probs(logits, temperature, top_k, top_p)
+    ref = verify.full_vocab_probs(logits, temperature, top_k, top_p)
+    assert torch.equal(got[256:] > 0, ref[256:] > 0)
+    assert torch.equal((got[:256] > 0).sum(-1), (ref[:256] > 0).sum(-1))
+    assert torch.equal(torch.nonzero(got[:256])[:, 1].reshape(256, -1)[0], torch.arange(20, device="cuda"))
+
+
+def interpreter_or_skip() -> None:
+    if not interpreter_ready():
+        message = "needs Triton and TRITON_INTERPRET=1 (make test runs this in .venv-sglang)"
+        if os.environ.get("SPECBENCH_REQUIRE_SGLANG") == "1":
+            pytest.fail(message)
+        pytest.skip(message)
+
+
+@pytest.mark.interpreter
+@pytest.mark.parametrize(("first_rank", "candidates"), [(2, topk_fused.CANDIDATES), (16, 64)],
+                         ids=["too-few-above-t", "too-many-above-t"])
+def test_a_missed_threshold_is_retried_in_the_kernel(monkeypatch, first_rank, candidates):
+    """A first threshold that lets too few logits through (rank 2: about 8 of 8,192 for a top-20), or too many
+    for the scratch (rank 16 with room for 64), is replaced in the kernel; the row is not left to the caller."""
+    interpreter_or_skip()
+    monkeypatch.setattr(topk_fused, "rank_table",
+                        lambda *_: torch.full((topk_fused.FAST_K + 1,), first_rank, dtype=torch.int32))
+    monkeypatch.setattr(topk_fused, "CANDIDATES", candidates)
+    logits, temperature, top_k, top_p = (t[:4] for t in cases(10, 8192, "cpu"))
+    top_k[:] = 20
+    temperature[:] = 1.0
+    out, flagged = topk_fused.run(logits, top_k, temperature, top_p)
+    assert not bool(flagged.any())
+    check_against_full_vocab(out, logits, temperature, top_k, top_p)
