@@ -7,23 +7,18 @@ Examples:
   python -m harness.bench campaign=20261129-101500-c8-3fa2c1      # resume a campaign
   python -m harness.bench -m experiment=dflash_verify_probs_speedbench client.concurrency=64,128
   python -m harness.bench -m hydra/launcher=submitit_slurm hydra.launcher.partition=gpu shard='range(0,3)'
+
+A multirun's jobs and its end are harness.sweep's.
 """
 
 from __future__ import annotations
 
 import asyncio
-import hashlib
-import re
-import secrets
 import sys
-from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, cast
 
 import hydra
-from hydra.core.hydra_config import HydraConfig
-from hydra.experimental.callback import Callback
-from hydra.types import RunMode
 from omegaconf import DictConfig, OmegaConf
 from omegaconf.errors import MissingMandatoryValue, OmegaConfBaseException
 from rich.console import Console
@@ -31,55 +26,14 @@ from rich.console import Console
 from harness.cli import OverrideError, check_overrides
 from harness.config import CONFIG_DIR, HYDRA_VERSION_BASE, BenchConfig, ConfigError, register_configs
 from harness.dryrun import print_dry_run
-from harness.records import read_json, write_json
 from harness.runner import Campaign, build_campaign, run_campaign, summary
 from harness.sglang_preflight import preflight_before_launch
+from harness.sweep import SweepJob
 from workloads import load_workload
 from workloads.base import WorkloadError
 
 GROUPS = ("experiment", "server", "workload", "client")
 EXIT_INTERRUPTED = 130  # 128 + SIGINT, as shells report it
-JOBS_DIR = "specbench-jobs"  # under a sweep's folder: one outcome file per job, read by SweepSummary
-
-
-def register_resolvers() -> None:
-    """`${specbench_token:}`: a random suffix, drawn once per sweep (cached; Hydra copies the sweep's
-    resolver cache into every job, on a SLURM node too), so that concurrent sweeps get distinct folders
-    and the jobs of one sweep agree on theirs. Registered at import: a submitit job imports this module
-    and resolves hydra.sweep.dir before it calls hydra_main."""
-    OmegaConf.register_new_resolver("specbench_token", lambda: secrets.token_hex(3), use_cache=True, replace=True)
-
-
-register_resolvers()
-
-
-@dataclass(frozen=True)
-class SweepJob:
-    """One job of a Hydra multirun (`-m`): local, submitit_local or submitit_slurm."""
-
-    sweep_dir: Path
-    num: int
-    overrides: tuple[str, ...]
-
-    @classmethod
-    def current(cls) -> SweepJob | None:
-        hc = HydraConfig.get()
-        if hc.mode != RunMode.MULTIRUN:
-            return None
-        return cls(Path(hc.sweep.dir).resolve(), int(hc.job.num), tuple(hc.overrides.task))
-
-    def campaign_id(self, concurrency: int) -> str:
-        """The same id for every shard of one sweep with the same other overrides (a sweep over shards joins
-        one campaign; a sweep over anything else gets one campaign per value)."""
-        kept = sorted(o for o in self.overrides if not o.startswith(("shard=", "campaign=")))
-        digest = hashlib.sha256("\n".join([self.sweep_dir.name, *kept]).encode()).hexdigest()[:6]
-        stamp = self.sweep_dir.name[:15] if re.match(r"\d{8}-\d{6}", self.sweep_dir.name) else "sweep"
-        return f"{stamp}-c{concurrency}-{digest}"
-
-    def record(self, code: int, root: Path | None, shard: Any) -> None:
-        write_json(self.sweep_dir / JOBS_DIR / f"{self.num}.json",
-                   {"num": self.num, "overrides": list(self.overrides), "code": code, "shard": shard,
-                    "campaign": str(root.resolve()) if root is not None else None})
 
 
 def to_typed(cfg: DictConfig) -> BenchConfig:
@@ -179,52 +133,6 @@ def guarded_run(cfg: DictConfig, console: Console, sweep: SweepJob | None) -> tu
         console.print("[bold red]interrupted[/] (Ctrl-C) before any run started; nothing was launched")
         code = EXIT_INTERRUPTED
     return code, root
-
-
-def write_sweep_tables(sweep_dir: Path, roots: list[Path], console: Console) -> None:
-    """Per experiment with two or more finished campaigns in the sweep: sweep-<experiment>.md, one row
-    per campaign (analysis.sweep), printed too."""
-    from analysis.sweep import sweep_markdown  # noqa: PLC0415  (heavy imports)
-
-    by_experiment: dict[str, list[Path]] = {}
-    for root in sorted(set(roots)):
-        if (root / "campaign.json").is_file():
-            by_experiment.setdefault(root.parent.name, []).append(root)
-    for experiment, group in by_experiment.items():
-        if len(group) < 2:
-            continue
-        text = sweep_markdown(group)
-        out = sweep_dir / f"sweep-{experiment}.md"
-        out.write_text(text)
-        console.print(text, highlight=False, markup=False, soft_wrap=True)
-        console.print(f"[bold green]sweep table:[/] {out}")
-
-
-class SweepSummary(Callback):
-    """At the end of a multirun (hydra.callbacks in bench.yaml): the report of every campaign that shards
-    wrote into (all its shards merged, coverage audited across them), a line per job, and exit 1 when a
-    job or a report failed."""
-
-    def on_multirun_end(self, config: DictConfig, **kwargs: Any) -> None:
-        console = Console()
-        sweep_dir = Path(str(config.hydra.sweep.dir)).resolve()
-        jobs = sorted((read_json(p) for p in (sweep_dir / JOBS_DIR).glob("*.json")), key=lambda j: j["num"])
-        failed = [j for j in jobs if j["code"]]
-        for j in jobs:
-            what = f"shard {j['shard']} of " if j["shard"] is not None else ""
-            outcome = f"exit {j['code']}" if j["code"] else "ok"
-            console.print(f"job {j['num']} ({' '.join(j['overrides']) or 'no overrides'}): {what}"
-                          f"{j['campaign'] or 'no campaign'}: {outcome}", highlight=False, soft_wrap=True)
-        sharded = sorted({j["campaign"] for j in jobs if j["shard"] is not None and j["campaign"]})
-        bad_reports = [root for root in sharded
-                       if config.get("report", True) and write_report(Path(root), console, bool(config.strict_audit))]
-        if config.get("report", True):
-            write_sweep_tables(sweep_dir, [Path(j["campaign"]) for j in jobs if j["campaign"]], console)
-        if failed or bad_reports:
-            console.print(f"[bold red]sweep failed[/]: {len(failed)} of {len(jobs)} job(s) failed"
-                          + (f"; the report of {', '.join(bad_reports)} failed" if bad_reports else "")
-                          + "; rerun a failed shard alone with its campaign= and shard=")
-            sys.exit(1)
 
 
 def main() -> None:
