@@ -12,8 +12,10 @@ Per row, one program of a persistent grid (as many programs as fit on the GPU at
    >= t, the row's k largest logits are among the candidates. They are ranked (value descending, then
    index ascending) by repeated maximum, divided by the temperature, softmaxed, top-p renormalised with
    the threshold rule of harness.verify.top_p_renorm_sorted, and written over the zeros.
-Otherwise (too many candidates, too few, k above FAST_K or covering the vocabulary) the row is flagged
-and the caller rebuilds it with the topk_first path; only those rows.
+5. A missed threshold (too many logits above t for the scratch, or fewer than k at or above it) is
+   replaced in the kernel (rank halved or doubled) and the pass redone, up to MAX_ATTEMPTS times.
+Rows still missed are flagged; they, and rows with k above FAST_K or covering the vocabulary, are built
+by the caller (harness.verify.fused_build, the top-k-first path); only those rows.
 
 Scratch: per program, CANDIDATES + TIES int32 indices and as many int64 keys (12 KiB).
 """
