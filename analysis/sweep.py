@@ -18,10 +18,12 @@ import pandas as pd
 
 from analysis.load import InputError
 from analysis.report import MismatchError, Report, build_report
+from analysis.tables import fmt_num
+from harness.config import UNMEASURED_KEYS
 from harness.records import read_json
 
-# settings that never change what is measured
-IGNORED = ("campaign", "shard", "results_dir", "dry_run", "report", "strict_audit", "load_sample_s")
+# settings that never change what is measured, and where the campaigns were written
+IGNORED = (*UNMEASURED_KEYS, "results_dir")
 
 
 def flatten(config: Any, prefix: str = "") -> dict[str, Any]:
@@ -44,10 +46,6 @@ def swept_keys(configs: list[dict[str, Any]]) -> list[str]:
     return scalar or differ
 
 
-def _num(x: float, decimals: int) -> str:
-    return "n/a" if x is None or not math.isfinite(x) else f"{x:,.{decimals}f}"
-
-
 def sweep_row(report: Report, keys: list[str], config: dict[str, Any]) -> dict[str, str]:
     """One campaign: its swept settings, per arm tok/s (AL), and throughput over the baseline's."""
     flat = flatten(config)
@@ -56,7 +54,7 @@ def sweep_row(report: Report, keys: list[str], config: dict[str, Any]) -> dict[s
     base = float(pooled.at["throughput", report.baseline])
     for arm in report.arms:
         tps, al = float(pooled.at["throughput", arm]), float(pooled.at["acceptance_length", arm])
-        row[f"{arm} tok/s (AL)"] = f"{_num(tps, 1)}" + (f" ({_num(al, 2)})" if math.isfinite(al) else "")
+        row[f"{arm} tok/s (AL)"] = fmt_num(tps, 1) + (f" ({fmt_num(al, 2)})" if math.isfinite(al) else "")
         if arm != report.baseline:
             row[f"{arm} / {report.baseline}"] = f"{tps / base:.2f}x" if base > 0 and math.isfinite(tps) else "n/a"
     row["audit"] = "passed" if report.audit.passed else "FAILED"

@@ -262,6 +262,10 @@ class ExperimentConfig:
             )
 
 
+# top-level keys of BenchConfig that do not change what is measured (a campaign resumes across them)
+UNMEASURED_KEYS = ("campaign", "shard", "dry_run", "report", "strict_audit", "load_sample_s")
+
+
 @dataclass
 class BenchConfig:
     """Top level of `python -m harness.bench`."""

@@ -32,7 +32,7 @@ from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, T
 
 from harness import envinfo, machine
 from harness.client import Outcome, RequestSpec, drive
-from harness.config import BenchConfig, ClientConfig, ConfigError, request_seed
+from harness.config import UNMEASURED_KEYS, BenchConfig, ClientConfig, ConfigError, request_seed
 from harness.launcher import (
     LaunchSpec,
     Server,
@@ -254,11 +254,10 @@ def with_added_keys(config: dict[str, Any]) -> dict[str, Any]:
 
 def config_differences(old: Any, new: Any, prefix: str = "") -> list[str]:
     """Dotted keys whose values differ, ignoring the keys that do not change what is measured."""
-    ignored = {"campaign", "shard", "dry_run", "report", "strict_audit", "load_sample_s"}
     if isinstance(old, dict) and isinstance(new, dict):
         out = []
         for key in sorted(set(old) | set(new)):
-            if not prefix and key in ignored:
+            if not prefix and key in UNMEASURED_KEYS:
                 continue
             out += config_differences(old.get(key), new.get(key), f"{prefix}{key}.")
         return out

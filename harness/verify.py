@@ -136,6 +136,15 @@ def _subset(x: Tensor, rows: Tensor, n_total: int) -> Tensor:
     return x if rows.numel() == n_total else x[rows]
 
 
+def _row_params(logits: Tensor, temperature: Tensor, top_k: Tensor, top_p: Tensor) -> tuple[Tensor, Tensor, Tensor]:
+    """The per-row parameters as the builders use them: [rows] each, on the logits' device; temperature and
+    top_p fp32, top_k int64."""
+    n, device = logits.shape[0], logits.device
+    return (temperature.to(device=device, dtype=torch.float32).reshape(n),
+            top_k.to(device=device, dtype=torch.int64).reshape(n),
+            top_p.to(device=device, dtype=torch.float32).reshape(n))
+
+
 def _build(logits: Tensor, temperature: Tensor, top_k: Tensor, top_p: Tensor,
            topk_fn: TopkFn, scale_first: bool) -> Tensor:
     """Shared skeleton of the builders; only where the temperature is applied differs.
@@ -143,9 +152,7 @@ def _build(logits: Tensor, temperature: Tensor, top_k: Tensor, top_p: Tensor,
     logits: [rows, V]; temperature, top_k, top_p: [rows]. -> [rows, V] fp32.
     """
     n, vocab = logits.shape
-    temperature = temperature.to(device=logits.device, dtype=torch.float32).reshape(n)
-    top_k = top_k.to(device=logits.device, dtype=torch.int64).reshape(n)
-    top_p = top_p.to(device=logits.device, dtype=torch.float32).reshape(n)
+    temperature, top_k, top_p = _row_params(logits, temperature, top_k, top_p)
     out = torch.zeros(n, vocab, dtype=torch.float32, device=logits.device)
 
     greedy = _greedy_rows(temperature, top_k)
@@ -208,9 +215,7 @@ def fused_build(logits: Tensor, temperature: Tensor, top_k: Tensor, top_p: Tenso
     from harness import topk_fused  # noqa: PLC0415  (imports Triton)
 
     n, vocab = logits.shape
-    temperature = temperature.to(device=logits.device, dtype=torch.float32).reshape(n)
-    top_k = top_k.to(device=logits.device, dtype=torch.int64).reshape(n)
-    top_p = top_p.to(device=logits.device, dtype=torch.float32).reshape(n)
+    temperature, top_k, top_p = _row_params(logits, temperature, top_k, top_p)
     greedy = _greedy_rows(temperature, top_k)
     k_row = torch.where(greedy, torch.ones_like(top_k), _effective_top_k(top_k, vocab))
     fast = (k_row <= topk_fused.FAST_K) & (k_row < vocab)
