@@ -1,23 +1,29 @@
-"""`topk_fused`, the kernel: a verify-probability builder that reads each row of logits once and writes the
+"""`topk_fused`, the kernels: a verify-probability builder that reads each row of logits once and writes the
 dense output once (Triton, on CUDA). harness.verify.topk_fused_probs is the builder around it.
 
-Per row, one program of a persistent grid (as many programs as fit on the GPU at once):
-1. Threshold t: the r-th largest of SAMPLES logits of the row (CHUNK contiguous ones at evenly spaced
-   places), r chosen per top_k so that both ways of missing are rare (best_rank).
-2. One pass over the row in blocks: each block of the output row is written with zeros, and the index
-   of each logit above t is appended to the program's scratch (an atomic slot each: they are few).
-3. When fewer than k logits are above t, the first ties with t by index (a second pass that stops as
-   soon as it has enough: an all-equal row reads one block of it).
-4. Exact top-k of the candidates: when the scratch holds every logit above t and at least k logits are
-   >= t, the row's k largest logits are among the candidates. They are ranked (value descending, then
-   index ascending) by repeated maximum, divided by the temperature, softmaxed, top-p renormalised with
-   the threshold rule of harness.verify.top_p_renorm_sorted, and written over the zeros.
-5. A missed threshold (too many logits above t for the scratch, or fewer than k at or above it) is
-   replaced in the kernel (rank halved or doubled) and the pass redone, up to MAX_ATTEMPTS times.
-Rows still missed are flagged; they, and rows with k above FAST_K or covering the vocabulary, are built
-by the caller (harness.verify.fused_build, the top-k-first path); only those rows.
+Three kernels, each spread over the whole GPU (no program ever owns a whole row's pass: a row is 1 MB at the
+seed's sizes, and one program streams it at a few GB/s):
+1. start, a program per row: the row's parameters as the kernels use them (greedy rows: k 1), and its
+   threshold t, the r-th largest distinct value of SAMPLES logits of the row (CHUNK contiguous ones at evenly
+   spaced places), r chosen per top_k so that both ways of missing are rare (best_rank).
+2. pass, a program per BLOCK of a row (the copy-like part, near the bandwidth limit): the block of the output
+   is written with zeros and the index of each logit above t appended to the row's candidate list (an
+   atomic slot each: they are few, about r x vocab / SAMPLES per row).
+3. finish, a program per row: when the list holds every logit above t (at most CANDIDATES) and at least k
+   logits are >= t, the row's k largest logits are among the candidates, plus, when fewer than k are above
+   t, the first ties with t by index (looked for in the row's first TIE_SPAN logits: an all-equal row finds
+   them in its first block). The candidates are ranked (value descending, then index ascending) by
+   repeated maximum, divided by the temperature, softmaxed, top-p renormalised with the threshold rule of
+   harness.verify.top_p_renorm_sorted, and written over the zeros.
+A row whose threshold missed (more logits above t than the list holds, or fewer than k at or above it, or
+ties past TIE_SPAN) gets another rank (halved or doubled, then bisected between the ranks already tried) and
+its new threshold in the finish kernel, and joins the next round's work list; rounds 2 to ROUNDS run the
+pass (reading only) and the finish over that list alone. Rows still missed, and rows with k above FAST_K or
+covering the vocabulary, are built by the caller (harness.verify.fused_build: topk_first); only those.
+The launches are queued without waiting; one synchronisation at the end reads the count of rows left.
 
-Scratch: per program, CANDIDATES + TIES int32 indices and as many int64 keys (12 KiB).
+Temporary memory: CANDIDATES int32 indices and 36 bytes of fields per row, 2,084 bytes (8.1 MiB at 4,096
+rows).
 """
 
 from __future__ import annotations
@@ -34,14 +40,22 @@ try:
 except ImportError:  # a CPU-only install: the name stays usable through the topk_first path
     triton = None
 
-SAMPLES = 4096  # logits sampled per row for the threshold: CHUNK contiguous logits at SAMPLES // CHUNK places
-CHUNK = 64
-FAST_K = 64  # the largest top_k the kernel handles; larger rows take the topk_first path
-CANDIDATES = 768  # per program: logits above the threshold
-TIES = 256  # per program: logits equal to the threshold (>= FAST_K)
-SCRATCH = CANDIDATES + TIES  # scratch slots per program
-PIECE = 256  # the samples and the candidates are read in pieces of this many (few registers)
-MAX_ATTEMPTS = 4  # thresholds tried per row before it is left to the caller
+SAMPLES = 8192  # logits sampled per row for the threshold: CHUNK contiguous logits at SAMPLES // CHUNK places
+CHUNK = 128
+FAST_K = 64  # the largest top_k the kernels handle; larger rows take the topk_first path
+CANDIDATES = 512  # per row: indices of the logits above the threshold
+ROUNDS = 3  # thresholds tried per row before it is left to the caller (at most 7: the start kernel zeroes
+# ROUNDS + 1 counters with one 8-lane store)
+REDO = 256  # rows a retry round takes; a row missed past them goes to the caller
+TIE_BLOCK = 1024  # the finish kernel looks for ties with t in blocks of this many logits,
+TIE_SPAN = 4 * TIE_BLOCK  # in the row's first TIE_SPAN logits
+PIECE = 1024  # a retry's threshold reads the samples in pieces of this many (few registers)
+GREEDY_TEMPERATURE = 1e-6  # as harness.verify: a temperature below it (or top_k 1) is a greedy row
+
+# The workspace (one int32 tensor): these per-row fields, [rows] each (fp32 ones through a float view), then
+# CANDIDATES indices per row, then ROUNDS retry lists of REDO rows, then ROUNDS + 1 counters. status: 0 working,
+# 1 written, 2 left to the caller (missed), 3 not taken.
+FIELDS = ("k", "temperature", "top_p", "t", "count", "status", "rank", "lo", "hi")
 
 
 def _poisson_cdf(m: int, lam: float) -> float:
@@ -58,7 +72,8 @@ def best_rank(k: int, vocab: int, samples: int) -> int:
     when t is among its k-1 largest logits (r or more samples there: fewer than k logits >= t) and
     overflows when more than CANDIDATES logits exceed t (fewer than r samples among its CANDIDATES largest);
     with samples spread over the row, the samples that land among a row's m largest logits are about
-    Poisson(m x samples / vocab). r balances the two (both under 1% for k <= 64 at the seed's sizes)."""
+    Poisson(m x samples / vocab). r balances the two (at the seed's sizes: both under 0.05% for k <= 20,
+    under 0.6% up to k = 64)."""
     lam_fail, lam_over = (k - 1) * samples / vocab, CANDIDATES * samples / vocab
     cost = {r: max(1 - _poisson_cdf(r - 1, lam_fail), _poisson_cdf(r - 1, lam_over)) for r in range(1, 64)}
     return min(cost, key=cost.__getitem__)
@@ -72,6 +87,8 @@ def rank_table(vocab: int, samples: int, device: str) -> Tensor:
 
 
 if triton is not None:
+    _K, _TAU, _TOP_P, _T, _COUNT, _STATUS, _RANK, _LO, _HI = (tl.constexpr(i) for i in range(len(FIELDS)))
+    _FIELDS = tl.constexpr(len(FIELDS))
 
     @triton.jit
     def _key(v, idx):
@@ -89,29 +106,120 @@ if triton is not None:
         return b.to(tl.float32, bitcast=True), idx
 
     @triton.jit
-    def _finish(keys_ptr, n, k, temperature, top_p, dst, PIECE: tl.constexpr, FAST_K: tl.constexpr):
-        """n candidate keys at keys_ptr (distinct: the index is part of each) -> the row's k probabilities:
-        the k largest by repeated maximum (read in pieces of PIECE), then temperature, softmax, top-p;
-        stored."""
+    def _threshold(src, vocab, rank, SAMPLES: tl.constexpr, CHUNK: tl.constexpr, PIECE: tl.constexpr):
+        """The rank-th largest distinct value of the row's samples (CHUNK contiguous logits at SAMPLES // CHUNK
+        evenly spaced places), by repeated maximum; a row with fewer distinct values keeps its smallest one
+        (an all-equal row: its one value). PIECE == SAMPLES holds the samples in registers; less reads them
+        in pieces at each step (few registers, the pieces in cache after the first step)."""
+        stride = vocab // (SAMPLES // CHUNK)
+        t = tl.full([], float("inf"), tl.float32)
+        if PIECE == SAMPLES:
+            j = tl.arange(0, SAMPLES)
+            s = tl.load(src + (j // CHUNK) * stride + j % CHUNK).to(tl.float32)
+            for _ in range(rank):
+                best = tl.max(tl.where(s < t, s, float("-inf")), axis=0)
+                t = tl.where(best > float("-inf"), best, t)
+        else:
+            for _ in range(rank):
+                best = tl.full([], float("-inf"), tl.float32)
+                for first in range(0, SAMPLES, PIECE):
+                    j = first + tl.arange(0, PIECE)
+                    s = tl.load(src + (j // CHUNK) * stride + j % CHUNK).to(tl.float32)
+                    best = tl.maximum(best, tl.max(tl.where(s < t, s, float("-inf")), axis=0))
+                t = tl.where(best > float("-inf"), best, t)
+        return t
+
+    @triton.jit
+    def _start_kernel(logits_ptr, stride_row, temp_ptr, top_k_ptr, top_p_ptr, table_ptr, ws, wsf, n_rows, vocab,
+                      GREEDY: tl.constexpr, FAST_K: tl.constexpr, CANDIDATES: tl.constexpr, REDO: tl.constexpr,
+                      ROUNDS: tl.constexpr, SAMPLES: tl.constexpr, CHUNK: tl.constexpr):
+        """Program `row`: the row's parameters as the kernels use them (greedy rows: k 1, temperature 1; a
+        top_k <= 0 or >= the vocabulary: the whole vocabulary), its first threshold and an empty candidate
+        list. A row not taken (k above FAST_K, or the whole vocabulary) gets t = +inf (the pass appends
+        nothing) and status 3."""
+        row = tl.program_id(0)
+        if row == 0:  # the counters start at 0 (read by the finish kernels, which run after this one)
+            lanes = tl.arange(0, 8)
+            tl.store(_counters(ws, n_rows, CANDIDATES, REDO, ROUNDS) + lanes, 0, mask=lanes <= ROUNDS)
+        temp = tl.load(temp_ptr + row).to(tl.float32)
+        top_k = tl.load(top_k_ptr + row).to(tl.int64)
+        greedy = (temp < GREEDY) | (top_k == 1)
+        k = tl.where(greedy, 1, tl.where((top_k <= 0) | (top_k >= vocab), vocab, top_k))
+        taken = (k <= FAST_K) & (k < vocab)
+        tl.store(ws + _K * n_rows + row, tl.where(taken, k, 0).to(tl.int32))
+        tl.store(wsf + _TAU * n_rows + row, tl.where(greedy, 1.0, temp))
+        tl.store(wsf + _TOP_P * n_rows + row, tl.load(top_p_ptr + row).to(tl.float32))
+        tl.store(ws + _COUNT * n_rows + row, 0)
+        tl.store(ws + _LO * n_rows + row, 0)
+        tl.store(ws + _HI * n_rows + row, 0)
+        if taken:
+            rank = tl.load(table_ptr + k)
+            tl.store(ws + _RANK * n_rows + row, rank)
+            src = logits_ptr + tl.cast(row, tl.int64) * stride_row
+            tl.store(wsf + _T * n_rows + row, _threshold(src, vocab, rank, SAMPLES, CHUNK, SAMPLES))
+            tl.store(ws + _STATUS * n_rows + row, 0)
+        else:
+            tl.store(wsf + _T * n_rows + row, float("inf"))
+            tl.store(ws + _STATUS * n_rows + row, 3)
+
+    @triton.jit
+    def _counters(ws, n_rows, CANDIDATES: tl.constexpr, REDO: tl.constexpr, ROUNDS: tl.constexpr):
+        """The workspace's counters: the length of each round's retry list, then the rows left to the caller."""
+        return ws + (_FIELDS + CANDIDATES) * n_rows + ROUNDS * REDO
+
+    @triton.jit
+    def _work(ws, n_rows, slot, ROUND: tl.constexpr, CANDIDATES: tl.constexpr, REDO: tl.constexpr):
+        """Row `slot` of round ROUND's work: every row in the first round, the retry list after."""
+        if ROUND == 0:
+            row = slot
+        else:
+            row = tl.load(ws + (_FIELDS + CANDIDATES) * n_rows + (ROUND - 1) * REDO + slot)
+        return row
+
+    @triton.jit
+    def _work_count(ws, n_rows, ROUND: tl.constexpr, CANDIDATES: tl.constexpr, REDO: tl.constexpr,
+                    ROUNDS: tl.constexpr):
+        if ROUND == 0:
+            n = n_rows
+        else:
+            n = tl.minimum(tl.load(_counters(ws, n_rows, CANDIDATES, REDO, ROUNDS) + ROUND - 1), REDO)
+        return n
+
+    @triton.jit
+    def _pass_kernel(logits_ptr, stride_row, out_ptr, ws, wsf, n_rows, vocab, ROUND: tl.constexpr,
+                     CANDIDATES: tl.constexpr, REDO: tl.constexpr, ROUNDS: tl.constexpr, BLOCK: tl.constexpr):
+        """Blocks of rows, one per step of each program: in the first round zeros over the output block (every
+        row: those left to the caller are overwritten by it); the index of each logit above the row's t
+        appended to its candidate list (an atomic slot each: nothing block-wide, which measured slower). The
+        zeros and the logits do not wait for t."""
+        blocks = tl.cdiv(vocab, BLOCK)
+        n = _work_count(ws, n_rows, ROUND, CANDIDATES, REDO, ROUNDS)
+        lanes = tl.arange(0, BLOCK)
+        for item in range(tl.program_id(0), n * blocks, tl.num_programs(0)):
+            row = _work(ws, n_rows, item // blocks, ROUND, CANDIDATES, REDO)
+            offs = (item % blocks) * BLOCK + lanes
+            inside = offs < vocab
+            if ROUND == 0:
+                tl.store(out_ptr + tl.cast(row, tl.int64) * vocab + offs, tl.zeros([BLOCK], tl.float32), mask=inside)
+            t = tl.load(wsf + _T * n_rows + row)
+            x = tl.load(logits_ptr + tl.cast(row, tl.int64) * stride_row + offs, mask=inside,
+                        other=float("-inf")).to(tl.float32)
+            gt = x > t
+            cand = ws + _FIELDS * n_rows + tl.cast(row, tl.int64) * CANDIDATES
+            pos = tl.atomic_add(ws + _COUNT * n_rows + row + lanes * 0, 1, mask=gt, sem="relaxed")
+            tl.store(cand + pos, offs, mask=gt & (pos < CANDIDATES))
+
+    @triton.jit
+    def _write_probs(keys, k, temperature, top_p, dst, FAST_K: tl.constexpr):
+        """Candidate keys (distinct: the index is part of each; empty slots the smallest int64) -> the row's
+        k probabilities: the k largest by repeated maximum, then temperature, softmax, top-p; stored."""
         ranks = tl.arange(0, FAST_K)
         top = tl.full([FAST_K], -(2**63), tl.int64)
         prev = tl.full([], 2**63 - 1, tl.int64)
-        if n <= PIECE:  # the usual case: one piece, kept in registers
-            j = tl.arange(0, PIECE)
-            held = tl.load(keys_ptr + j, mask=j < n, other=-(2**63))
-            for i in range(k):
-                m = tl.max(tl.where(held < prev, held, -(2**63)), axis=0)
-                top = tl.where(ranks == i, m, top)
-                prev = m
-        else:
-            for i in range(k):
-                m = tl.full([], -(2**63), tl.int64)
-                for first in range(0, n, PIECE):
-                    jj = first + tl.arange(0, PIECE)
-                    keys = tl.load(keys_ptr + jj, mask=jj < n, other=-(2**63))
-                    m = tl.maximum(m, tl.max(tl.where(keys < prev, keys, -(2**63)), axis=0))
-                top = tl.where(ranks == i, m, top)
-                prev = m
+        for i in range(k):
+            m = tl.max(tl.where(keys < prev, keys, -(2**63)), axis=0)
+            top = tl.where(ranks == i, m, top)
+            prev = m
         vals, idx = _unkey(top)
         kept = ranks < k
         vals = tl.where(kept, vals / temperature, float("-inf"))
@@ -125,91 +233,87 @@ if triton is not None:
         tl.store(dst + idx, p, mask=kept)
 
     @triton.jit
-    def _fused_kernel(logits_ptr, stride_row, out_ptr, k_ptr, rank_ptr, temp_ptr, top_p_ptr, flag_ptr,
-                      scratch_ptr, keys_ptr, count_ptr, n_rows, vocab,
-                      SAMPLES: tl.constexpr, CHUNK: tl.constexpr, CANDIDATES: tl.constexpr, TIES: tl.constexpr,
-                      PIECE: tl.constexpr, FAST_K: tl.constexpr, MAX_ATTEMPTS: tl.constexpr, BLOCK: tl.constexpr):
-        pid = tl.program_id(0)
-        scratch = scratch_ptr + pid * (CANDIDATES + TIES)
-        keys_scratch = keys_ptr + pid * (CANDIDATES + TIES)
-        counter = count_ptr + pid
-        lanes = tl.arange(0, BLOCK)
-        for row in range(pid, n_rows, tl.num_programs(0)):
-            k = tl.load(k_ptr + row)
-            if k > 0:
+    def _select(cand, src, n_cand, k, temperature, top_p, dst, WIDTH: tl.constexpr, FAST_K: tl.constexpr):
+        """The row's n_cand (<= WIDTH) candidates as keys, read at once; their k largest written as
+        probabilities."""
+        j = tl.arange(0, WIDTH)
+        used = j < n_cand
+        idx = tl.load(cand + j, mask=used, other=0)
+        x = tl.load(src + idx, mask=used, other=0.0).to(tl.float32)
+        _write_probs(tl.where(used, _key(x, idx), -(2**63)), k, temperature, top_p, dst, FAST_K)
+
+    @triton.jit
+    def _finish_kernel(logits_ptr, stride_row, out_ptr, ws, wsf, n_rows, vocab, ROUND: tl.constexpr,
+                       LAST: tl.constexpr, SAMPLES: tl.constexpr, CHUNK: tl.constexpr, PIECE: tl.constexpr,
+                       CANDIDATES: tl.constexpr, NARROW: tl.constexpr, FAST_K: tl.constexpr, REDO: tl.constexpr,
+                       ROUNDS: tl.constexpr, TIE_BLOCK: tl.constexpr, TIE_SPAN: tl.constexpr):
+        """Rows of round ROUND, one per step of each program: the row's probabilities from its candidates
+        (status 1); or another rank, its threshold and a place on the next round's list (status 0); or, past
+        the last round, the list's room or the ranks left to try, status 2 (the caller's). Counts the rows
+        left to the caller."""
+        counters = _counters(ws, n_rows, CANDIDATES, REDO, ROUNDS)
+        n = _work_count(ws, n_rows, ROUND, CANDIDATES, REDO, ROUNDS)
+        for slot in range(tl.program_id(0), n, tl.num_programs(0)):
+            row = _work(ws, n_rows, slot, ROUND, CANDIDATES, REDO)
+            status = tl.load(ws + _STATUS * n_rows + row)
+            if ROUND == 0:
+                if status == 3:  # not taken: left to the caller
+                    tl.atomic_add(counters + ROUNDS, 1)
+            if status == 0:
                 src = logits_ptr + tl.cast(row, tl.int64) * stride_row
-                dst = out_ptr + tl.cast(row, tl.int64) * vocab
-                rank = tl.load(rank_ptr + row)
-                attempt = tl.full([], 0, tl.int32)
-                status = tl.full([], 0, tl.int32)  # 0: working on it, 1: written, 2: left to the caller
-                while status == 0:
-                    # 1. threshold: the rank-th largest distinct value of SAMPLES logits (CHUNK contiguous ones at
-                    # evenly spaced places), by repeated maximum over them in pieces of PIECE (few registers)
-                    t = tl.full([], float("inf"), tl.float32)
-                    for _ in range(rank):
-                        best = tl.full([], float("-inf"), tl.float32)
-                        for first in range(0, SAMPLES, PIECE):
-                            j = first + tl.arange(0, PIECE)
-                            at = (j // CHUNK) * (vocab // (SAMPLES // CHUNK)) + j % CHUNK
-                            s = tl.load(src + at).to(tl.float32)
-                            best = tl.maximum(best, tl.max(tl.where(s < t, s, float("-inf")), axis=0))
-                        t = tl.where(best > float("-inf"), best, t)  # an all-equal row keeps its one value
-                    # 2. one pass: zeros out; the index of each logit above t appended to the scratch (an atomic
-                    # slot each: they are few). Nothing block-wide inside the loop.
-                    tl.store(counter, 0)
-                    tl.debug_barrier()
-                    for start in range(0, vocab, BLOCK):
-                        offs = start + lanes
-                        inside = offs < vocab
-                        x = tl.load(src + offs, mask=inside, other=float("-inf"))
-                        tl.store(dst + offs, tl.zeros([BLOCK], tl.float32), mask=inside)
-                        gt = x > t
-                        pos = tl.atomic_add(counter + lanes * 0, 1, mask=gt, sem="relaxed")
-                        tl.store(scratch + pos, offs, mask=gt & (pos < CANDIDATES))
-                    tl.debug_barrier()  # the scratch, the counter and the zeros, before they are read
-                    n_gt = tl.load(counter)
-                    # 3. ties with t, when fewer than k logits are above it: the first ones by index, in a
-                    # second pass that stops as soon as it has enough (an all-equal row reads one block)
-                    need = tl.maximum(k - n_gt, 0)
-                    found = 0
+                cand = ws + _FIELDS * n_rows + tl.cast(row, tl.int64) * CANDIDATES
+                k = tl.load(ws + _K * n_rows + row)
+                t = tl.load(wsf + _T * n_rows + row)
+                n_gt = tl.load(ws + _COUNT * n_rows + row)
+                need = tl.maximum(k - n_gt, 0)
+                found = tl.full([], 0, tl.int32)
+                if n_gt <= CANDIDATES:
+                    # ties with t, when fewer than k logits are above it: the first ones by index, appended
+                    # after the candidates (an all-equal row finds them in its first block)
                     start = 0
-                    while (found < need) & (start < vocab) & (n_gt <= CANDIDATES):
-                        offs = start + lanes
-                        x = tl.load(src + offs, mask=offs < vocab, other=float("-inf"))
+                    while (found < need) & (start < TIE_SPAN) & (start < vocab):
+                        offs = start + tl.arange(0, TIE_BLOCK)
+                        x = tl.load(src + offs, mask=offs < vocab, other=float("-inf")).to(tl.float32)
                         eq = (x == t) & (offs < vocab)
                         pos = found + tl.cumsum(eq.to(tl.int32), axis=0) - 1
-                        tl.store(scratch + CANDIDATES + pos, offs, mask=eq & (pos < TIES))
+                        tl.store(cand + n_gt + pos, offs, mask=eq & (pos < need))
                         found += tl.sum(eq.to(tl.int32), axis=0)
-                        start += BLOCK
-                    tl.debug_barrier()
-                    n_tie = tl.minimum(tl.minimum(found, need), TIES)
-                    if (n_gt <= CANDIDATES) & (n_gt + n_tie >= k):
-                        temperature = tl.load(temp_ptr + row)
-                        top_p = tl.load(top_p_ptr + row)
-                        # 4. the candidates (above t, then the ties) as keys (their logits read again: few, in
-                        # cache), written after the index scratch, then the k largest of them
-                        n_cand = n_gt + n_tie
-                        for first in range(0, n_cand, PIECE):
-                            j = first + tl.arange(0, PIECE)
-                            used = j < n_cand
-                            slot = tl.where(j < n_gt, j, CANDIDATES + j - n_gt)
-                            idx = tl.load(scratch + slot, mask=used, other=0)
-                            x = tl.load(src + idx, mask=used, other=0.0).to(tl.float32)
-                            tl.store(keys_scratch + j, _key(x, idx), mask=used)
-                        tl.debug_barrier()
-                        _finish(keys_scratch, n_cand, k, temperature, top_p, dst, PIECE, FAST_K)
-                        status = tl.full([], 1, tl.int32)
+                        start += TIE_BLOCK
+                if (n_gt <= CANDIDATES) & (found >= need):
+                    dst = out_ptr + tl.cast(row, tl.int64) * vocab
+                    temperature = tl.load(wsf + _TAU * n_rows + row)
+                    top_p = tl.load(wsf + _TOP_P * n_rows + row)
+                    if n_gt + need <= NARROW:  # the usual case
+                        _select(cand, src, n_gt + need, k, temperature, top_p, dst, NARROW, FAST_K)
                     else:
-                        # 5. missed: another threshold (a lower rank when too many logits were above t, a
-                        # higher one when too few) and another pass; after MAX_ATTEMPTS, the caller's
-                        over = n_gt > CANDIDATES
-                        attempt += 1
-                        stuck = (over & (rank == 1)) | (~over & (rank >= SAMPLES)) | (attempt >= MAX_ATTEMPTS)
-                        rank = tl.where(over, tl.maximum(rank // 2, 1), tl.minimum(rank * 2, SAMPLES))
-                        if stuck:
-                            tl.store(flag_ptr + row, 1)
-                            status = tl.full([], 2, tl.int32)
-                    tl.debug_barrier()  # the next attempt, or row, reuses the scratch and the counter
+                        _select(cand, src, n_gt + need, k, temperature, top_p, dst, CANDIDATES, FAST_K)
+                    tl.store(ws + _STATUS * n_rows + row, 1)
+                else:
+                    # missed: a higher rank (lower t) when too few logits were >= t, a lower one when too many
+                    # were above it; bracketed by the ranks already tried (lo: too few, hi: too many)
+                    over = n_gt > CANDIDATES
+                    rank = tl.load(ws + _RANK * n_rows + row)
+                    lo = tl.load(ws + _LO * n_rows + row)
+                    hi = tl.load(ws + _HI * n_rows + row)
+                    lo = tl.where(over, lo, rank)
+                    hi = tl.where(over, rank, hi)
+                    guess = tl.where(over, rank // 2, tl.minimum(rank * 2, SAMPLES))
+                    rank = tl.where((lo > 0) & (hi > 0), (lo + hi) // 2, guess)
+                    stuck = (rank <= lo) | ((hi > 0) & (rank >= hi)) | (rank < 1) | (~over & (lo >= SAMPLES))
+                    place = REDO
+                    if not LAST:
+                        if not stuck:
+                            place = tl.atomic_add(counters + ROUND, 1)
+                    if place < REDO:
+                        tl.store(ws + _RANK * n_rows + row, rank)
+                        tl.store(ws + _LO * n_rows + row, lo)
+                        tl.store(ws + _HI * n_rows + row, hi)
+                        tl.store(wsf + _T * n_rows + row, _threshold(src, vocab, rank, SAMPLES, CHUNK, PIECE))
+                        tl.store(ws + _COUNT * n_rows + row, 0)
+                        tl.store(ws + (_FIELDS + CANDIDATES) * n_rows + ROUND * REDO + place, row)
+                    else:
+                        tl.store(ws + _STATUS * n_rows + row, 2)
+                        tl.atomic_add(counters + ROUNDS, 1)
 
 
 def available() -> bool:
@@ -217,62 +321,64 @@ def available() -> bool:
 
 
 def samples_for(vocab: int) -> int:
-    """SAMPLES, or fewer (a power of two, at most a quarter of the row) for a small vocabulary."""
+    """SAMPLES, or fewer for a small vocabulary: a power of two, at most a quarter of the row (one logit for a
+    vocabulary below 8). The runs of CHUNK contiguous samples shrink with it (run: min(CHUNK, samples))."""
     s = SAMPLES
-    while s > CHUNK and s * 4 > vocab:
+    while s > 1 and s * 4 > vocab:
         s //= 2
     return s
 
 
-def resident_per_sm(kernel, num_warps: int, device: torch.device) -> int:
-    """How many programs of a compiled kernel fit on one multiprocessor at once (registers, warps, shared
-    memory): the persistent grid is that many per multiprocessor, so that every program runs from the start."""
-    props = torch.cuda.get_device_properties(device)
-    regs_per_warp = -(-kernel.n_regs * 32 // 256) * 256  # allocated per warp in units of 256
-    by_regs = getattr(props, "regs_per_multiprocessor", 65536) // (regs_per_warp * num_warps)
-    by_warps = props.max_threads_per_multi_processor // (32 * num_warps)
-    shared = getattr(kernel.metadata, "shared", 0) or 0
-    by_smem = props.shared_memory_per_multiprocessor // shared if shared else by_warps
-    return max(1, min(by_regs, by_warps, by_smem))
+@functools.lru_cache(maxsize=8)
+def _multiprocessors(device: torch.device) -> int:
+    return torch.cuda.get_device_properties(device).multi_processor_count
 
 
-_RESIDENT: dict[tuple[str, torch.dtype, int, int], int] = {}  # learnt at the first launch of each variant
+def launch_config() -> dict[str, int]:
+    """Block sizes and warps of the kernels, and the sampling layout (measured on an H200): the pass takes
+    blocks of PASS_BLOCK logits, the start kernel holds a row's samples (runs of CHUNK) in registers, the
+    finish kernel ranks NARROW keys (CANDIDATES when more)."""
+    return {"PASS_BLOCK": 2048, "PASS_WARPS": 4, "START_WARPS": 8, "FINISH_WARPS": 2, "NARROW": 256,
+            "CHUNK": CHUNK}
 
 
-def launch_config(rows: int) -> tuple[int, int]:
-    """(BLOCK, num_warps): wide programs when there are few rows (each program's own speed counts), narrow
-    ones that fit more to a multiprocessor when there are many (measured on an H200)."""
-    return (4096, 8) if rows <= 128 else (2048, 4)
-
-
-def run(logits: Tensor, k: Tensor, temperature: Tensor, top_p: Tensor, block: int | None = None,
-        num_warps: int | None = None) -> tuple[Tensor, Tensor]:
-    """The kernel over every row with k > 0 (k <= FAST_K, below the vocabulary; temperature 1 for greedy
-    rows, which have k 1). -> (out [rows, V] fp32, flagged [rows] bool). Rows with k == 0 and flagged rows
-    are left unwritten: the caller builds them."""
+def run(logits: Tensor, temperature: Tensor, top_k: Tensor, top_p: Tensor, config: dict[str, int] | None = None
+        ) -> tuple[Tensor, Tensor | None]:
+    """The kernels over a batch. temperature, top_k, top_p: [rows] each, on the logits' device (any dtype).
+    -> (out [rows, V] fp32, the rows left to the caller or None). Rows left to the caller (top_k above
+    FAST_K or the whole vocabulary; thresholds missed past the retries) are left unwritten: the caller builds
+    them. One synchronisation (the count of rows left); the host work before the first kernel is kept short
+    (the GPU waits for it)."""
     n, vocab = logits.shape
+    if n == 0:
+        return torch.empty(0, vocab, dtype=torch.float32, device=logits.device), None
     if logits.stride(1) != 1:
         logits = logits.contiguous()
-    default_block, default_warps = launch_config(n)
-    block, num_warps = block or default_block, num_warps or default_warps
+    cfg = launch_config() if config is None else {**launch_config(), **config}
+    device = logits.device
     samples = samples_for(vocab)
-    out = torch.empty(n, vocab, dtype=torch.float32, device=logits.device)
-    flags = torch.zeros(n, dtype=torch.int8, device=logits.device)
-    variant = (str(logits.device), logits.dtype, block, num_warps)
-    if logits.device.type == "cuda":
-        sms = torch.cuda.get_device_properties(logits.device).multi_processor_count
-        programs = max(1, min(n, _RESIDENT.get(variant, 1) * sms))
-    else:  # the Triton interpreter (TRITON_INTERPRET=1), for tests on a CPU
-        programs = max(1, min(n, 4))
-    scratch = torch.empty(programs * SCRATCH, dtype=torch.int32, device=logits.device)
-    keys = torch.empty(programs * SCRATCH, dtype=torch.int64, device=logits.device)
-    counters = torch.empty(programs, dtype=torch.int32, device=logits.device)
-    rank = rank_table(vocab, samples, str(logits.device))[k.long().clamp(0, FAST_K)]
-    compiled = _fused_kernel[(programs,)](
-        logits, logits.stride(0), out, k.to(torch.int32), rank, temperature.float(), top_p.float(), flags,
-        scratch, keys, counters, n, vocab,
-        SAMPLES=samples, CHUNK=min(CHUNK, samples), CANDIDATES=CANDIDATES, TIES=TIES, PIECE=PIECE, FAST_K=FAST_K, MAX_ATTEMPTS=MAX_ATTEMPTS,
-        BLOCK=block, num_warps=num_warps)
-    if logits.device.type == "cuda" and variant not in _RESIDENT:
-        _RESIDENT[variant] = resident_per_sm(compiled, num_warps, logits.device)
-    return out, flags.bool()
+    if device.type == "cuda":
+        pass_block, retry_programs = cfg["PASS_BLOCK"], _multiprocessors(device) * 4
+    else:  # the Triton interpreter (TRITON_INTERPRET=1), for tests on a CPU: few, small programs
+        pass_block, retry_programs = min(cfg["PASS_BLOCK"], 2048), 4
+    ws = torch.empty((len(FIELDS) + CANDIDATES) * n + ROUNDS * REDO + ROUNDS + 1, dtype=torch.int32, device=device)
+    wsf = ws.view(torch.float32)
+    common = {"CANDIDATES": CANDIDATES, "REDO": REDO, "ROUNDS": ROUNDS}
+    stride, chunk = logits.stride(0), min(cfg["CHUNK"], samples)
+    _start_kernel[(n,)](logits, stride, temperature, top_k, top_p, rank_table(vocab, samples, str(device)), ws, wsf,
+                        n, vocab, GREEDY=GREEDY_TEMPERATURE, FAST_K=FAST_K, SAMPLES=samples, CHUNK=chunk,
+                        num_warps=cfg["START_WARPS"], **common)
+    out = torch.empty(n, vocab, dtype=torch.float32, device=device)
+    blocks = triton.cdiv(vocab, pass_block)
+    for r in range(ROUNDS):
+        _pass_kernel[(n * blocks if r == 0 else retry_programs,)](
+            logits, stride, out, ws, wsf, n, vocab, ROUND=r, BLOCK=pass_block, num_warps=cfg["PASS_WARPS"], **common)
+        _finish_kernel[(n if r == 0 else min(REDO, retry_programs),)](
+            logits, stride, out, ws, wsf, n, vocab, ROUND=r, LAST=r == ROUNDS - 1, SAMPLES=samples, CHUNK=chunk,
+            PIECE=min(PIECE, samples), NARROW=min(cfg["NARROW"], CANDIDATES), FAST_K=FAST_K, TIE_BLOCK=TIE_BLOCK,
+            TIE_SPAN=TIE_SPAN, num_warps=cfg["FINISH_WARPS"], **common)
+    counters = ws[(len(FIELDS) + CANDIDATES) * n + ROUNDS * REDO:]  # zeroed by the start kernel
+    if int(counters[ROUNDS]) == 0:
+        return out, None
+    status = FIELDS.index("status")
+    return out, (ws[status * n:(status + 1) * n] >= 2).nonzero().squeeze(-1)

@@ -196,9 +196,9 @@ def topk_first_torch_probs(logits: Tensor, temperature: Tensor, top_k: Tensor, t
 
 
 def topk_fused_probs(logits: Tensor, temperature: Tensor, top_k: Tensor, top_p: Tensor) -> Tensor:
-    """One read of the logits, one write of the output: the Triton kernel of harness.topk_fused on CUDA for
-    the rows it takes (top_k up to its FAST_K, greedy rows), the top-k-first path (torch.topk) for the
-    others; off CUDA or without Triton, topk_first for every row. -> [rows, V] fp32.
+    """One read of the logits, one write of the output: the Triton kernels of harness.topk_fused on CUDA for
+    the rows they take (top_k up to its FAST_K, greedy rows), topk_first for the others (and for the rare
+    row whose thresholds all missed); off CUDA or without Triton, topk_first for every row. -> [rows, V] fp32.
 
     The kept tokens are those of full_vocab, except where logits tie at a row's k-th value: the kernel
     keeps the lowest indices (torch.topk and FlashInfer may keep others of equal value). The probabilities
@@ -214,17 +214,10 @@ def fused_build(logits: Tensor, temperature: Tensor, top_k: Tensor, top_p: Tenso
     """topk_fused on any device Triton runs on (CUDA; a CPU under TRITON_INTERPRET=1, for tests)."""
     from harness import topk_fused  # noqa: PLC0415  (imports Triton)
 
-    n, vocab = logits.shape
     temperature, top_k, top_p = _row_params(logits, temperature, top_k, top_p)
-    greedy = _greedy_rows(temperature, top_k)
-    k_row = torch.where(greedy, torch.ones_like(top_k), _effective_top_k(top_k, vocab))
-    fast = (k_row <= topk_fused.FAST_K) & (k_row < vocab)
-    out, flagged = topk_fused.run(logits, torch.where(fast, k_row, torch.zeros_like(k_row)),
-                                  torch.where(greedy, torch.ones_like(temperature), temperature), top_p)
-    redo = ~fast | flagged
-    if bool(redo.any()):  # few rows (about 1 in 500 flagged at the seed's sizes): torch.topk's fixed cost
-        rows = redo.nonzero().squeeze(-1)  # is below FlashInfer's there
-        out[rows] = topk_first_torch_probs(logits[rows], temperature[rows], top_k[rows], top_p[rows])
+    out, left = topk_fused.run(logits, temperature, top_k, top_p)
+    if left is not None:  # rows the kernels did not take (top_k above FAST_K, the whole vocabulary) or missed
+        out[left] = topk_first_probs(logits[left], temperature[left], top_k[left], top_p[left])
     return out
 
 

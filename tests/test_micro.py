@@ -252,6 +252,12 @@ def test_registry_error_lists_valid_names():
         assert name in str(err.value)
 
 
+def test_every_builder_has_a_description_in_the_report():
+    from harness.micro.report import IMPL_DESCRIPTIONS
+
+    assert set(IMPL_DESCRIPTIONS) == set(verify.BUILDERS) | {"sglang"}
+
+
 def test_baseline_must_be_a_project_builder():
     with pytest.raises(impls.ImplError, match="micro.baseline"):
         app.check_config(MicroConfig(baseline="sglang"))
