@@ -352,6 +352,15 @@ def run(logits: Tensor, temperature: Tensor, top_k: Tensor, top_p: Tensor, confi
     n, vocab = logits.shape
     if n == 0:
         return torch.empty(0, vocab, dtype=torch.float32, device=logits.device), None
+    if logits.device.type != "cuda":
+        return _launch(logits, temperature, top_k, top_p, config)
+    with torch.cuda.device(logits.device):  # Triton launches on the current device
+        return _launch(logits, temperature, top_k, top_p, config)
+
+
+def _launch(logits: Tensor, temperature: Tensor, top_k: Tensor, top_p: Tensor, config: dict[str, int] | None
+            ) -> tuple[Tensor, Tensor | None]:
+    n, vocab = logits.shape
     if logits.stride(1) != 1:
         logits = logits.contiguous()
     cfg = launch_config() if config is None else {**launch_config(), **config}

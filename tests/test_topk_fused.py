@@ -199,3 +199,14 @@ def test_small_vocabularies_under_the_interpreter(vocab):
     assert float((out[taken] - ref[taken]).abs().max()) <= TOLERANCE
     empty, none = topk_fused.run(logits[:0], temperature[:0], top_k[:0], top_p[:0])
     assert empty.shape == (0, vocab) and none is None
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(torch.cuda.device_count() < 2, reason="needs two CUDA devices")
+def test_logits_on_another_gpu_than_the_current_one():
+    """Triton launches on the current device: the kernels run where the logits are."""
+    assert torch.cuda.current_device() == 0
+    logits, temperature, top_k, top_p = cases(16, 32_000, "cuda:1")
+    got = verify.topk_fused_probs(logits, temperature, top_k, top_p)
+    assert got.device == logits.device
+    check_against_full_vocab(got, logits, temperature, top_k, top_p)
