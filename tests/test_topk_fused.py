@@ -79,6 +79,16 @@ def test_threshold_ranks_keep_failures_and_overflows_rare_at_the_seed_sizes():
     assert topk_fused.samples_for(8192) * 4 <= 8192  # a small vocabulary samples a quarter at most
 
 
+def test_samples_stay_inside_the_row_for_every_vocabulary():
+    """The threshold reads SAMPLES // run runs of `run` contiguous logits, `vocab // (samples // run)` apart
+    (as harness.topk_fused._threshold): the last one read is inside the row, for any vocabulary."""
+    for vocab in [*range(2, 5000), 32_000, 151_936, 248_320]:
+        samples = topk_fused.samples_for(vocab)
+        run = min(topk_fused.CHUNK, samples)
+        places = samples // run
+        assert samples * run > 0 and (places - 1) * (vocab // places) + run - 1 < vocab, vocab
+
+
 def interpreter_ready() -> bool:
     return importlib.util.find_spec("triton") is not None and os.environ.get("TRITON_INTERPRET") == "1"
 
