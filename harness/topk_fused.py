@@ -34,6 +34,8 @@ import math
 import torch
 from torch import Tensor
 
+from harness.verify import GREEDY_TEMPERATURE  # a temperature below it (or top_k 1) is a greedy row
+
 try:
     import triton
     import triton.language as tl
@@ -50,7 +52,6 @@ REDO = 256  # rows a retry round takes; a row missed past them goes to the calle
 TIE_BLOCK = 1024  # the finish kernel looks for ties with t in blocks of this many logits,
 TIE_SPAN = 4 * TIE_BLOCK  # in the row's first TIE_SPAN logits
 PIECE = 1024  # a retry's threshold reads the samples in pieces of this many (few registers)
-GREEDY_TEMPERATURE = 1e-6  # as harness.verify: a temperature below it (or top_k 1) is a greedy row
 
 # The workspace (one int32 tensor): these per-row fields, [rows] each (fp32 ones through a float view), then
 # CANDIDATES indices per row, then ROUNDS retry lists of REDO rows, then ROUNDS + 1 counters. status: 0 working,
@@ -163,9 +164,14 @@ if triton is not None:
             tl.store(ws + _STATUS * n_rows + row, 3)
 
     @triton.jit
+    def _lists(ws, n_rows, CANDIDATES: tl.constexpr):
+        """The workspace's retry lists (ROUNDS of REDO rows), after the fields and the candidates."""
+        return ws + (_FIELDS + CANDIDATES) * n_rows
+
+    @triton.jit
     def _counters(ws, n_rows, CANDIDATES: tl.constexpr, REDO: tl.constexpr, ROUNDS: tl.constexpr):
         """The workspace's counters: the length of each round's retry list, then the rows left to the caller."""
-        return ws + (_FIELDS + CANDIDATES) * n_rows + ROUNDS * REDO
+        return _lists(ws, n_rows, CANDIDATES) + ROUNDS * REDO
 
     @triton.jit
     def _work(ws, n_rows, slot, ROUND: tl.constexpr, CANDIDATES: tl.constexpr, REDO: tl.constexpr):
@@ -173,7 +179,7 @@ if triton is not None:
         if ROUND == 0:
             row = slot
         else:
-            row = tl.load(ws + (_FIELDS + CANDIDATES) * n_rows + (ROUND - 1) * REDO + slot)
+            row = tl.load(_lists(ws, n_rows, CANDIDATES) + (ROUND - 1) * REDO + slot)
         return row
 
     @triton.jit
@@ -310,7 +316,7 @@ if triton is not None:
                         tl.store(ws + _HI * n_rows + row, hi)
                         tl.store(wsf + _T * n_rows + row, _threshold(src, vocab, rank, SAMPLES, CHUNK, PIECE))
                         tl.store(ws + _COUNT * n_rows + row, 0)
-                        tl.store(ws + (_FIELDS + CANDIDATES) * n_rows + ROUND * REDO + place, row)
+                        tl.store(_lists(ws, n_rows, CANDIDATES) + ROUND * REDO + place, row)
                     else:
                         tl.store(ws + _STATUS * n_rows + row, 2)
                         tl.atomic_add(counters + ROUNDS, 1)
@@ -370,7 +376,8 @@ def _launch(logits: Tensor, temperature: Tensor, top_k: Tensor, top_p: Tensor, c
         pass_block, retry_programs = cfg["PASS_BLOCK"], _multiprocessors(device) * 4
     else:  # the Triton interpreter (TRITON_INTERPRET=1), for tests on a CPU: few, small programs
         pass_block, retry_programs = min(cfg["PASS_BLOCK"], 2048), 4
-    ws = torch.empty((len(FIELDS) + CANDIDATES) * n + ROUNDS * REDO + ROUNDS + 1, dtype=torch.int32, device=device)
+    counters_at = (len(FIELDS) + CANDIDATES) * n + ROUNDS * REDO  # the layout of _lists and _counters
+    ws = torch.empty(counters_at + ROUNDS + 1, dtype=torch.int32, device=device)
     wsf = ws.view(torch.float32)
     common = {"CANDIDATES": CANDIDATES, "REDO": REDO, "ROUNDS": ROUNDS}
     stride, chunk = logits.stride(0), min(cfg["CHUNK"], samples)
@@ -386,7 +393,7 @@ def _launch(logits: Tensor, temperature: Tensor, top_k: Tensor, top_p: Tensor, c
             logits, stride, out, ws, wsf, n, vocab, ROUND=r, LAST=r == ROUNDS - 1, SAMPLES=samples, CHUNK=chunk,
             PIECE=min(PIECE, samples), NARROW=min(cfg["NARROW"], CANDIDATES), FAST_K=FAST_K, TIE_BLOCK=TIE_BLOCK,
             TIE_SPAN=TIE_SPAN, num_warps=cfg["FINISH_WARPS"], **common)
-    counters = ws[(len(FIELDS) + CANDIDATES) * n + ROUNDS * REDO:]  # zeroed by the start kernel
+    counters = ws[counters_at:]  # zeroed by the start kernel
     if int(counters[ROUNDS]) == 0:
         return out, None
     status = FIELDS.index("status")
