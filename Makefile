@@ -73,9 +73,9 @@ perf: $(STAMP) ## embedded server throughput: NONE vs DFLASH token/block at conc
 	$(VPY) -m harness.bench -m experiment=embedded_perf client.concurrency=1,8,32 $(ARGS)
 
 client-bench: $(STAMP) ## client overhead: the project's client vs SGLang's (in .venv-sglang when it exists) on a stub
-	@if test -x $(SGPY); then $(SGPY) -m harness.client_bench $(ARGS); \
+	@if test -x $(SGPY); then $(SGPY) -m harness.client.overhead $(ARGS); \
 	else echo ">> $(SGVENV) not found (make sglang builds it): the project's client alone"; \
-	$(VPY) -m harness.client_bench --clients ours $(ARGS); fi
+	$(VPY) -m harness.client.overhead --clients ours $(ARGS); fi
 
 lint: $(STAMP) ## ruff on everything, mypy on harness and analysis (pyproject.toml [tool.mypy])
 	$(VPY) -m ruff check harness workloads analysis tests

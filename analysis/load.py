@@ -25,7 +25,7 @@ import pyarrow as pa
 import pyarrow.compute as pc
 import pyarrow.json as pj
 
-from harness.plan import PlannedRun
+from harness.campaign.plan import PlannedRun
 from harness.schema import SCHEMA_VERSIONS, CampaignDoc, Manifest, Record, ScoreLine, base_type, json_types
 
 _BLOCK_BYTES = 16 << 20  # pyarrow parses one block per thread; a record must fit in one block
@@ -90,7 +90,7 @@ class BadLine:
 @dataclass(frozen=True)
 class CampaignDir:
     """One campaign directory as the analysis reads it: its `campaign.json` and the run directories found
-    under `runs/` (the runner's harness.runner.Campaign is the writing side)."""
+    under `runs/` (the runner's harness.campaign.runner.Campaign is the writing side)."""
 
     path: Path
     meta: dict[str, Any]
@@ -249,7 +249,7 @@ def _read_json(path: Path) -> dict[str, Any]:
 
 # The keys of campaign.json and manifest.json that the analysis reads, and the JSON types they may
 # have (None is always allowed). A value of another type stops the analysis with the file and key named.
-# (declared in harness.schema and harness.plan; the nested objects' keys the analysis reads are listed here)
+# (declared in harness.schema and harness.campaign.plan; the nested objects' keys the analysis reads are listed here)
 _NUM = (int, float)
 CAMPAIGN_TYPES = json_types(CampaignDoc)
 PLAN_TYPES = json_types(PlannedRun)

@@ -19,8 +19,8 @@ import pandas as pd
 from analysis.load import InputError
 from analysis.report import MismatchError, Report, build_report
 from analysis.tables import fmt_num
+from harness.campaign.records import read_json
 from harness.config import UNMEASURED_KEYS
-from harness.records import read_json
 
 # settings that never change what is measured, and where the campaigns were written
 IGNORED = (*UNMEASURED_KEYS, "results_dir")

@@ -8,7 +8,7 @@ Examples:
   python -m harness.bench -m experiment=dflash_verify_probs_speedbench client.concurrency=64,128
   python -m harness.bench -m hydra/launcher=submitit_slurm hydra.launcher.partition=gpu shard='range(0,3)'
 
-A multirun's jobs and its end are harness.sweep's.
+A multirun's jobs and its end are harness.campaign.sweep's.
 """
 
 from __future__ import annotations
@@ -23,12 +23,12 @@ from omegaconf import DictConfig, OmegaConf
 from omegaconf.errors import MissingMandatoryValue, OmegaConfBaseException
 from rich.console import Console
 
-from harness.cli import OverrideError, check_overrides
+from harness.campaign.dryrun import print_dry_run
+from harness.campaign.overrides import OverrideError, check_overrides
+from harness.campaign.runner import Campaign, build_campaign, run_campaign, summary
+from harness.campaign.sweep import SweepJob
 from harness.config import CONFIG_DIR, HYDRA_VERSION_BASE, BenchConfig, ConfigError, register_configs
-from harness.dryrun import print_dry_run
-from harness.runner import Campaign, build_campaign, run_campaign, summary
-from harness.sglang_preflight import preflight_before_launch
-from harness.sweep import SweepJob
+from harness.server.sglang_preflight import preflight_before_launch
 from workloads import load_workload
 from workloads.base import WorkloadError
 

@@ -1,6 +1,6 @@
 """Typed Hydra schemas of the harness, registered in Hydra's ConfigStore.
 
-YAML files under `harness/configs/` (shipped as package data) sit on top of these schemas: a key that is not declared here, or a value
+YAML files under `configs/` (shipped as package data) sit on top of these schemas: a key that is not declared here, or a value
 of the wrong type, fails at composition with the key's full name. `__post_init__` checks values that
 types cannot (choices, ranges) with a message that names the bad value and the valid ones.
 Entry points convert the composed DictConfig into these objects once (`OmegaConf.to_object`).
@@ -20,7 +20,16 @@ from omegaconf import MISSING
 
 from workloads.config import WorkloadConfig
 
-CONFIG_DIR = Path(__file__).resolve().parent / "configs"  # the shipped Hydra configs (package data)
+
+def config_dir() -> Path:
+    """The Hydra configs: inside the installed package (a wheel ships the top-level configs/ as
+    harness/configs), else the checkout's top-level configs/ (a plain checkout, an editable install)."""
+    here = Path(__file__).resolve().parent
+    packaged = here / "configs"
+    return packaged if packaged.is_dir() else here.parent / "configs"
+
+
+CONFIG_DIR = config_dir()
 
 HYDRA_VERSION_BASE = "1.3"
 

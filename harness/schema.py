@@ -125,7 +125,7 @@ class CampaignDoc:
     request_rate: float | None
     max_new_tokens: int
     workload: dict[str, Any]  # name, dataset_id, revision, sha256, skipped_placeholders, items
-    plan: list[dict[str, Any]]  # harness.plan.PlannedRun each
+    plan: list[dict[str, Any]]  # harness.campaign.plan.PlannedRun each
     order_run: list[dict[str, Any]] = field(default_factory=list)  # run_id, status, t_start_unix, t_end_unix, host
 
 

@@ -8,7 +8,8 @@ import json
 import orjson
 import pytest
 
-from harness.client import (
+from harness.campaign.records import finish_reason
+from harness.client.stream import (
     NOT_CUMULATIVE,
     NOT_INCREMENTAL,
     ChatStream,
@@ -26,7 +27,6 @@ from harness.client import (
     sse_events,
 )
 from harness.config import ClientConfig, SamplingConfig
-from harness.records import finish_reason
 from workloads.base import Item
 
 

@@ -20,9 +20,9 @@ import pytest
 from test_bench_config import composed
 from test_runner_e2e import SMALL, bench, engine_processes, ports_of, read_jsonl, wait_for
 
-from harness import machine
 from harness.config import ConfigError
-from harness.machine import Counters, CpuPin
+from harness.host import machine
+from harness.host.machine import Counters, CpuPin
 
 BURN = "import time\nend = time.monotonic() + {s}\nwhile time.monotonic() < end: pass\n"
 H200_LINE = "0, 540, 32, 0\n"  # nvidia-smi --query-gpu=index,clocks.sm,temperature.gpu,utilization.gpu on an H200

@@ -18,8 +18,9 @@ from pathlib import Path
 import pytest
 import torch
 
-from harness import envinfo, verify
+from harness import verify
 from harness.config import MicroConfig
+from harness.host import envinfo
 from harness.micro import app, impls, measure, report
 from harness.micro.compare import compare_outputs
 from harness.micro.inputs import make_logits, make_params, padding_row_count, rotated_copies, rotation_count

@@ -33,14 +33,14 @@ def installed(tmp_path_factory) -> tuple[Path, dict[str, str]]:
     for name in ("pyproject.toml", "README.md"):
         src.mkdir(exist_ok=True)
         shutil.copy(REPO / name, src / name)
-    for package in ("harness", "analysis", "workloads"):
+    for package in ("harness", "analysis", "workloads", "configs"):
         shutil.copytree(REPO / package, src / package, ignore=shutil.ignore_patterns("__pycache__"))
     build = subprocess.run([sys.executable, "-m", "pip", "wheel", "-q", "--no-deps", "--no-build-isolation",
                             "-w", str(tmp / "dist"), str(src)], capture_output=True, text=True, timeout=300)
     assert build.returncode == 0, build.stderr
     wheel = next((tmp / "dist").glob("specbench-*.whl"))
     names = zipfile.ZipFile(wheel).namelist()
-    shipped = {n for n in names if n.startswith("harness/configs/")}
+    shipped = {n for n in names if n.startswith("harness/configs/")}  # the top-level configs/, inside the package
     assert {f"harness/configs/{p.relative_to(CONFIG_DIR)}" for p in CONFIG_DIR.rglob("*.yaml")} == shipped
     target = tmp / "site"
     inst = subprocess.run([sys.executable, "-m", "pip", "install", "-q", "--no-deps", "--target", str(target),

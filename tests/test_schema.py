@@ -11,7 +11,7 @@ import pyarrow as pa
 from test_runner_e2e import MANIFEST_KEYS, RECORD_KEYS, SCORE_KEYS
 
 from analysis import load
-from harness.plan import PlannedRun
+from harness.campaign.plan import PlannedRun
 from harness.schema import CampaignDoc, Manifest, Record, ScoreLine, json_types
 
 DOCS = (Path(__file__).resolve().parents[1] / "docs" / "records.md").read_text()

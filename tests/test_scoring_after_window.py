@@ -21,8 +21,8 @@ from rich.console import Console
 from test_runner_e2e import SMALL, check_schema2_run, read_jsonl
 
 from harness.bench import to_typed
+from harness.campaign.runner import build_campaign, run_campaign
 from harness.config import CONFIG_DIR, register_configs
-from harness.runner import build_campaign, run_campaign
 from workloads import load_workload
 from workloads.scoring import Score, Scorer
 

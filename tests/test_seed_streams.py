@@ -15,9 +15,9 @@ from rich.console import Console
 from test_bench_config import composed, dry_run_text
 from test_runner_e2e import WITH_REPORT, bench, campaign_dir, read_jsonl
 
+from harness.campaign.plan import make_plan
+from harness.campaign.runner import Campaign, check_request_seeds, request_specs
 from harness.config import ConfigError, request_seed
-from harness.plan import make_plan
-from harness.runner import Campaign, check_request_seeds, request_specs
 from workloads import load_workload
 from workloads.base import Item
 
@@ -78,7 +78,7 @@ def campaign_at(root, *overrides: str) -> Campaign:
     from omegaconf import OmegaConf  # noqa: PLC0415
 
     from harness.bench import to_typed  # noqa: PLC0415
-    from harness.cli import CONFIG_DIR  # noqa: PLC0415
+    from harness.campaign.overrides import CONFIG_DIR  # noqa: PLC0415
     from harness.config import register_configs  # noqa: PLC0415
 
     register_configs()

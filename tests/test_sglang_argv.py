@@ -17,10 +17,16 @@ from rich.console import Console
 from sglang_support import import_sglang, pinned_sglang_version
 
 from harness.bench import to_typed
-from harness.cli import group_options
+from harness.campaign.dryrun import print_dry_run
+from harness.campaign.overrides import group_options
 from harness.config import CONFIG_DIR, BenchConfig, register_configs
-from harness.dryrun import print_dry_run
-from harness.sglang_preflight import EXIT_CODE, PlannedArgv, PreflightReport, check_planned, planned_argvs
+from harness.server.sglang_preflight import (
+    EXIT_CODE,
+    PlannedArgv,
+    PreflightReport,
+    check_planned,
+    planned_argvs,
+)
 
 pytestmark = pytest.mark.sglang
 

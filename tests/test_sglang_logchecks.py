@@ -24,13 +24,13 @@ from serverutil import start_engine, stop_engine, wait_ready
 from sglang_support import import_sglang
 
 from harness.bench import to_typed
-from harness.cli import group_options
+from harness.campaign.overrides import group_options
+from harness.campaign.plan import make_plan
 from harness.config import CONFIG_DIR, BenchConfig, LogChecks, register_configs
 from harness.engine import server as engine
 from harness.engine.args import parse_args
 from harness.engine.logs import DATEFMT, FORMAT
-from harness.launcher import check_log, merge_log_checks, planned_spec
-from harness.plan import make_plan
+from harness.server.launcher import check_log, merge_log_checks, planned_spec
 
 pytestmark = pytest.mark.sglang
 

@@ -1,4 +1,4 @@
-"""The `topk_fused` builder: one read of the logits, one write of the output (harness/topk_fused.py).
+"""The `topk_fused` builder: one read of the logits, one write of the output (harness/verify/topk_fused.py).
 
 - Everywhere: the name works on a CPU (the topk_first path, bitwise); the threshold ranks keep both ways
   of missing rare.
@@ -19,7 +19,8 @@ import os
 import pytest
 import torch
 
-from harness import topk_fused, verify
+from harness import verify
+from harness.verify import topk_fused
 
 TOLERANCE = 1e-6  # absolute, on probabilities (measured: at most 4.5e-8 on the seed's sizes)
 
@@ -81,7 +82,7 @@ def test_threshold_ranks_keep_failures_and_overflows_rare_at_the_seed_sizes():
 
 def test_samples_stay_inside_the_row_for_every_vocabulary():
     """The threshold reads SAMPLES // run runs of `run` contiguous logits, `vocab // (samples // run)` apart
-    (as harness.topk_fused._threshold): the last one read is inside the row, for any vocabulary."""
+    (as harness.verify.topk_fused._threshold): the last one read is inside the row, for any vocabulary."""
     for vocab in [*range(2, 5000), 32_000, 151_936, 248_320]:
         samples = topk_fused.samples_for(vocab)
         run = min(topk_fused.CHUNK, samples)

@@ -1,4 +1,4 @@
-"""harness/configs/workload/*.yaml compose as Hydra group options onto the WorkloadConfig schema."""
+"""configs/workload/*.yaml compose as Hydra group options onto the WorkloadConfig schema."""
 
 from __future__ import annotations
 

@@ -13,7 +13,6 @@ from typing import Any
 
 import torch
 
-from harness.devices import resolve_device
 from harness.engine.args import ServerArgs
 from harness.engine.hf_tokenizer import publish_tokenizer
 from harness.engine.model import SyntheticLM
@@ -23,6 +22,7 @@ from harness.engine.request import Request, SpecCounters
 from harness.engine.scheduler import Scheduler
 from harness.engine.tokenizer import Tokenizer
 from harness.engine.worker import Worker, WorkerConfig
+from harness.host.devices import resolve_device
 
 log = logging.getLogger("harness.engine")
 

@@ -18,9 +18,11 @@ from typing import Any
 import torch
 from torch import Tensor
 
-from harness import envinfo, verify
+from harness import verify
+from harness.campaign.records import write_json
 from harness.config import MicroConfig
-from harness.devices import resolve_device
+from harness.host import envinfo
+from harness.host.devices import resolve_device
 from harness.micro import measure
 from harness.micro.compare import OutputMatch, compare_outputs
 from harness.micro.impls import REGISTRY, Impl, ImplError, check_names, resolve_impls
@@ -31,7 +33,6 @@ from harness.micro.inputs import (
     padding_row_count,
     rotated_copies,
 )
-from harness.records import write_json
 
 MICRO_SCHEMA_VERSION = 1  # of the microbenchmark's own files (manifest.json, results.jsonl under results/micro)
 Step = Callable[[str], None]

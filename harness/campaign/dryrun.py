@@ -1,6 +1,6 @@
 """`dry_run=true`: print every planned run's exact argv, environment and placement, and what differs
 between the arms, without launching anything. For backend sglang each argv is also checked by the
-SGLang of the interpreter that will run it (`harness.sglang_preflight`, `server.preflight`)."""
+SGLang of the interpreter that will run it (`harness.server.sglang_preflight`, `server.preflight`)."""
 
 from __future__ import annotations
 
@@ -11,11 +11,11 @@ from rich.console import Console
 from rich.markup import escape
 from rich.table import Table
 
+from harness.campaign.plan import PlannedRun, make_plan, slots
+from harness.campaign.runner import check_shard
 from harness.config import BenchConfig
-from harness.launcher import LaunchSpec, planned_spec
-from harness.plan import PlannedRun, make_plan, slots
-from harness.runner import check_shard
-from harness.sglang_preflight import print_verdict, run_preflight
+from harness.server.launcher import LaunchSpec, planned_spec
+from harness.server.sglang_preflight import print_verdict, run_preflight
 
 PORT_PLACEHOLDER = 0  # shown as PORT: the real port is picked when the run starts
 

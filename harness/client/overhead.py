@@ -1,7 +1,7 @@
 """Client-overhead benchmark: the project's client and SGLang 0.5.23's `bench_serving` client, against
 the same stub SSE server in one run.
 
-    python -m harness.client_bench [--streams 64 512] [--short-tokens 512] [--long-tokens 32768] ...
+    python -m harness.client.overhead [--streams 64 512] [--short-tokens 512] [--long-tokens 32768] ...
     make client-bench
 
 The stub (its own process, pinned to another core than the clients when there are two or more) speaks
@@ -40,8 +40,8 @@ from rich.progress import Progress
 from rich.table import Table
 from tabulate import tabulate
 
-from harness.client import Outcome, Parser, new_session, send_one
-from harness.machine import CpuPin
+from harness.client.stream import Outcome, Parser, new_session, send_one
+from harness.host.machine import CpuPin
 
 HOST = "127.0.0.1"
 WORDS = [" the", " token", " value", " é", " \"quoted\"", "\n", " x\\y", " 42", " λ", " end", "\t", " speculative"]
@@ -392,7 +392,7 @@ def placement() -> tuple[set[int], set[int]]:
 
 
 def start_stub(step_s: float, cpus: set[int]) -> tuple[subprocess.Popen, str]:
-    proc = subprocess.Popen([sys.executable, "-m", "harness.client_bench", "--serve", "--step-ms",
+    proc = subprocess.Popen([sys.executable, "-m", "harness.client.overhead", "--serve", "--step-ms",
                              str(step_s * 1000)], stdout=subprocess.PIPE, text=True)
     pin(proc.pid, cpus)
     line = proc.stdout.readline() if proc.stdout else ""
@@ -453,7 +453,7 @@ async def run_all(url: str, clients: list[str], all_cases: list[Case], progress:
 
 
 def main(argv: list[str] | None = None) -> int:
-    p = argparse.ArgumentParser(prog="python -m harness.client_bench", description=__doc__.split("\n\n")[0])
+    p = argparse.ArgumentParser(prog="python -m harness.client.overhead", description=__doc__.split("\n\n")[0])
     p.add_argument("--serve", action="store_true", help="run the stub server only (used internally)")
     p.add_argument("--streams", type=int, nargs="+", default=[64, 512], help="concurrent streams, short responses")
     p.add_argument("--waves", type=int, default=2, help="requests per stream slot (requests = streams x waves)")
@@ -500,7 +500,7 @@ def main(argv: list[str] | None = None) -> int:
         proc.wait(timeout=10)
     out_dir = args.out / datetime.now(UTC).strftime("%Y%m%d-%H%M%S")
     out_dir.mkdir(parents=True, exist_ok=True)
-    command = "python -m harness.client_bench " + " ".join(argv if argv is not None else sys.argv[1:])
+    command = "python -m harness.client.overhead " + " ".join(argv if argv is not None else sys.argv[1:])
     (out_dir / "client_bench.md").write_text(f"`{command}`\n\n" + table_md(results, note))
     (out_dir / "client_bench.json").write_bytes(orjson.dumps({"command": command, "note": note, "args": {
         k: str(v) for k, v in vars(args).items()}, "results": [asdict(r) for r in results]},

@@ -24,7 +24,7 @@ from typing import Any
 
 import psutil
 
-from harness.envinfo import run_tool
+from harness.host.envinfo import run_tool
 
 _NVIDIA_SMI_QUERY = "--query-gpu=index,clocks.sm,temperature.gpu,utilization.gpu"
 _IDLE_FIELDS = ("idle", "iowait")

@@ -30,10 +30,21 @@ from rich.console import Console
 from rich.panel import Panel
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 
-from harness import envinfo, machine
-from harness.client import Outcome, RequestSpec, drive
+from harness.campaign.plan import PlannedRun, make_plan, slots
+from harness.campaign.records import (
+    RecordWriter,
+    finish_reason,
+    make_record,
+    make_score,
+    read_json,
+    write_json,
+)
+from harness.client.stream import Outcome, RequestSpec, drive
 from harness.config import UNMEASURED_KEYS, BenchConfig, ClientConfig, ConfigError, request_seed
-from harness.launcher import (
+from harness.host import envinfo, machine
+from harness.host.machine import CpuPin
+from harness.schema import SCHEMA_VERSION, CampaignDoc, Manifest, to_json
+from harness.server.launcher import (
     LaunchSpec,
     Server,
     ServerError,
@@ -46,17 +57,6 @@ from harness.launcher import (
     redact,
     redact_argv,
 )
-from harness.machine import CpuPin
-from harness.plan import PlannedRun, make_plan, slots
-from harness.records import (
-    RecordWriter,
-    finish_reason,
-    make_record,
-    make_score,
-    read_json,
-    write_json,
-)
-from harness.schema import SCHEMA_VERSION, CampaignDoc, Manifest, to_json
 from workloads.base import Workload
 
 

@@ -26,8 +26,8 @@ from typing import IO
 import aiohttp
 import psutil
 
+from harness.campaign.plan import PlannedRun
 from harness.config import ArmConfig, BenchConfig, LogChecks, ServerConfig
-from harness.plan import PlannedRun
 
 # a name part (split on _ - .) ending so is a secret: HF_TOKEN, OPENAI_API_KEY, PGPASSWORD, --api-key;
 # not --speculative-num-draft-tokens or TOKENIZERS_PARALLELISM

@@ -24,9 +24,9 @@ from pathlib import Path
 from rich.console import Console
 from rich.markup import escape
 
+from harness.campaign.plan import make_plan
 from harness.config import BenchConfig
-from harness.launcher import planned_spec
-from harness.plan import make_plan
+from harness.server.launcher import planned_spec
 
 PROBE = Path(__file__).with_name("sglang_argv_probe.py")
 RESULT_MARK = "SPECBENCH_PREFLIGHT "
@@ -63,7 +63,7 @@ class PlannedArgv:
     sources: tuple[tuple[str, str], ...] = ()  # (token, config key)
 
     def source_of(self, flag: str) -> str:
-        return dict(self.sources).get(flag, "the launch command (harness/launcher.py build_spec)")
+        return dict(self.sources).get(flag, "the launch command (harness/server/launcher.py build_spec)")
 
 
 @dataclass(frozen=True)

@@ -196,14 +196,14 @@ def topk_first_torch_probs(logits: Tensor, temperature: Tensor, top_k: Tensor, t
 
 
 def topk_fused_probs(logits: Tensor, temperature: Tensor, top_k: Tensor, top_p: Tensor) -> Tensor:
-    """One read of the logits, one write of the output: the Triton kernels of harness.topk_fused on CUDA for
+    """One read of the logits, one write of the output: the Triton kernels of harness.verify.topk_fused on CUDA for
     the rows they take (top_k up to its FAST_K, greedy rows), topk_first for the others (and for the rare
     row whose thresholds all missed); off CUDA or without Triton, topk_first for every row. -> [rows, V] fp32.
 
     The kept tokens are those of full_vocab, except where logits tie at a row's k-th value: the kernel
     keeps the lowest indices (torch.topk and FlashInfer may keep others of equal value). The probabilities
     agree with full_vocab's to float32 rounding (another order of the softmax sums), not bitwise."""
-    from harness import topk_fused  # noqa: PLC0415  (imports Triton)
+    from harness.verify import topk_fused  # noqa: PLC0415  (imports Triton)
 
     if logits.device.type != "cuda" or not topk_fused.available():
         return topk_first_probs(logits, temperature, top_k, top_p)
@@ -212,7 +212,7 @@ def topk_fused_probs(logits: Tensor, temperature: Tensor, top_k: Tensor, top_p: 
 
 def fused_build(logits: Tensor, temperature: Tensor, top_k: Tensor, top_p: Tensor) -> Tensor:
     """topk_fused on any device Triton runs on (CUDA; a CPU under TRITON_INTERPRET=1, for tests)."""
-    from harness import topk_fused  # noqa: PLC0415  (imports Triton)
+    from harness.verify import topk_fused  # noqa: PLC0415  (imports Triton)
 
     temperature, top_k, top_p = _row_params(logits, temperature, top_k, top_p)
     out, left = topk_fused.run(logits, temperature, top_k, top_p)

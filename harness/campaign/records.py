@@ -11,7 +11,7 @@ import os
 from pathlib import Path
 from typing import Any
 
-from harness.client import Outcome, RequestSpec
+from harness.client.stream import Outcome, RequestSpec
 from harness.schema import SCHEMA_VERSION, Record, ScoreLine, to_json
 from workloads.scoring import Score, Scorer
 

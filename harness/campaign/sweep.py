@@ -24,7 +24,7 @@ from hydra.types import RunMode
 from omegaconf import DictConfig, OmegaConf
 from rich.console import Console
 
-from harness.records import read_json, write_json
+from harness.campaign.records import read_json, write_json
 
 JOBS_DIR = "specbench-jobs"  # under a sweep's folder: one outcome file per job, read by SweepSummary
 
