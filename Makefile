@@ -12,6 +12,9 @@ SGPY    := $(SGVENV)/bin/python
 SGSTAMP := $(SGVENV)/.installed
 # SGLang's Triton kernels run on CPU tensors under the interpreter; the tests refuse to run without it
 SGENV   := TRITON_INTERPRET=1 SPECBENCH_REQUIRE_SGLANG=1
+# pytest-xdist workers per suite (make test runs the two suites side by side); 0 = in one process
+WORKERS ?= 2
+XDIST   := -n $(WORKERS) --dist loadgroup
 
 .DEFAULT_GOAL := help
 
@@ -20,7 +23,7 @@ $(STAMP): pyproject.toml
 	@echo ">> installing torch 2.13.0 (CPU build from local disk) and the project into $(VENV)"
 	$(VPY) -m pip install -q --upgrade pip
 	$(VPY) -m pip install -q torch==2.13.0
-	$(VPY) -m pip install -q -e '.[dev,slurm]'
+	flock .install.lock $(VPY) -m pip install -q -e '.[dev,slurm]'
 	@touch $(STAMP)
 
 $(SGSTAMP): pyproject.toml requirements/sglang-cpu.txt requirements/sglang-nodeps.txt
@@ -29,10 +32,10 @@ $(SGSTAMP): pyproject.toml requirements/sglang-cpu.txt requirements/sglang-nodep
 	$(SGPY) -m pip install -q --upgrade pip
 	$(SGPY) -m pip install -q -r requirements/sglang-cpu.txt
 	$(SGPY) -m pip install -q --no-deps --no-warn-conflicts -r requirements/sglang-nodeps.txt
-	$(SGPY) -m pip install -q --no-warn-conflicts -e '.[dev,slurm]'
+	flock .install.lock $(SGPY) -m pip install -q --no-warn-conflicts -e '.[dev,slurm]'
 	@touch $(SGSTAMP)
 
-.PHONY: help venv sglang test test-fast test-sglang test-slurm bench report micro micro-h200 perf client-bench lint clean
+.PHONY: help venv sglang test test-main test-conformance test-fast test-sglang test-slurm bench report micro micro-h200 perf client-bench lint clean
 
 help: ## list the targets
 	@grep -E '^[a-zA-Z0-9_-]+:.*## ' $(MAKEFILE_LIST) | awk -F':.*## ' '{printf "  make %-12s %s\n", $$1, $$2}'
@@ -42,12 +45,18 @@ venv: $(STAMP) ## create .venv and install the project (done by every target on 
 
 sglang: $(SGSTAMP) ## create .venv-sglang: SGLang 0.5.23 without kernels, for the conformance tests
 
-test: $(STAMP) $(SGSTAMP) ## run the whole test suite, SGLang conformance included (what CI runs)
-	$(VPY) -m pytest -q -m "not sglang and not slurm and not interpreter" $(ARGS)
-	$(SGENV) $(SGPY) -m pytest -q -m "sglang or interpreter" $(ARGS)
+test: ## run the whole test suite, SGLang conformance included (what CI runs): both suites side by side
+	@echo ">> the .venv suite and the .venv-sglang suite run side by side (each environment is built first if missing); each prints its output when it ends"
+	@$(MAKE) --no-print-directory -j2 --output-sync=target test-main test-conformance
+
+test-main: $(STAMP) ## the .venv suite alone (what is not SGLang conformance, SLURM or the Triton interpreter)
+	$(VPY) -m pytest -q $(XDIST) -m "not sglang and not slurm and not interpreter" $(ARGS)
+
+test-conformance: $(SGSTAMP) ## the .venv-sglang suite alone: SGLang conformance and the Triton-interpreter tests
+	$(SGENV) $(SGPY) -m pytest -q $(XDIST) -m "sglang or interpreter" $(ARGS)
 
 test-fast: $(STAMP) ## unit tests only (skip the end-to-end ones that start servers, and SGLang's)
-	$(VPY) -m pytest -q -m "not slow and not sglang and not slurm and not interpreter" $(ARGS)
+	$(VPY) -m pytest -q $(XDIST) -m "not slow and not sglang and not slurm and not interpreter" $(ARGS)
 
 test-sglang: $(SGSTAMP) ## the SGLang conformance tests only (in .venv-sglang)
 	$(SGENV) $(SGPY) -m pytest -q -m sglang $(ARGS)

@@ -25,8 +25,17 @@ import pyarrow as pa
 import pyarrow.compute as pc
 import pyarrow.json as pj
 
-from harness.campaign.plan import PlannedRun
-from harness.schema import SCHEMA_VERSIONS, CampaignDoc, Manifest, Record, ScoreLine, base_type, json_types
+from harness.schema import (
+    SCHEMA_VERSIONS,
+    CampaignDoc,
+    Manifest,
+    PlannedRun,
+    Record,
+    ScoreLine,
+    base_type,
+    json_types,
+    nested,
+)
 
 _BLOCK_BYTES = 16 << 20  # pyarrow parses one block per thread; a record must fit in one block
 _INT64_MIN, _INT64_MAX = -(2**63), 2**63 - 1
@@ -247,15 +256,12 @@ def _read_json(path: Path) -> dict[str, Any]:
     return data
 
 
-# The keys of campaign.json and manifest.json that the analysis reads, and the JSON types they may
-# have (None is always allowed). A value of another type stops the analysis with the file and key named.
-# (declared in harness.schema and harness.campaign.plan; the nested objects' keys the analysis reads are listed here)
-_NUM = (int, float)
+# The JSON types every key of campaign.json and manifest.json may have (None is always allowed), nested
+# objects included, as harness.schema declares them. A value of another type stops the analysis with the
+# file and key named.
 CAMPAIGN_TYPES = json_types(CampaignDoc)
 PLAN_TYPES = json_types(PlannedRun)
-ITEM_TYPES: dict[str, tuple[type, ...]] = {"item_id": (str, int), "seed_offset": (int,), "category": (str,)}
 MANIFEST_TYPES = json_types(Manifest)
-ARM_TYPES: dict[str, tuple[type, ...]] = {"name": (str,), "seed_stream": (int,)}
 
 
 def _type_problem(value: Any, kinds: tuple[type, ...]) -> str | None:
@@ -285,31 +291,18 @@ def check_types(path: Path, doc: Any, types: dict[str, tuple[type, ...]], where:
                              "The file was edited or corrupted: restore it, or rerun the run it describes")
 
 
-def _check_campaign_types(path: Path, meta: dict[str, Any]) -> None:
-    check_types(path, meta, CAMPAIGN_TYPES)
-    for i, run in enumerate(meta.get("plan") or []):
-        check_types(path, run, PLAN_TYPES, f"plan[{i}].")
-    for i, item in enumerate((meta.get("workload") or {}).get("items") or []):
-        check_types(path, item, ITEM_TYPES, f"workload.items[{i}].")
-    for i, arm in enumerate(meta.get("arms") or []):
-        check_types(path, arm, ARM_TYPES, f"arms[{i}].")
-
-
-def _check_manifest_types(path: Path, man: dict[str, Any]) -> None:
-    check_types(path, man, MANIFEST_TYPES)
-    check_types(path, man.get("versions") or {}, {"harness": (dict,)}, "versions.")
-    check_types(path, (man.get("versions") or {}).get("harness") or {},
-                {"version": (str,), "git_sha": (str,), "dirty": (bool,)}, "versions.harness.")
-    check_types(path, man.get("log_checks") or {}, {"passed": (bool,)}, "log_checks.")
-    check_types(path, man.get("dataset") or {}, {"sha256": (str,)}, "dataset.")
-    check_types(path, man.get("gpu_info") or {}, {"name": (str,)}, "gpu_info.")
-    machine = man.get("machine") or {}
-    check_types(path, machine, {"before": (dict,), "after": (dict,), "during": (dict,)}, "machine.")
-    check_types(path, machine.get("during") or {}, {"cpu_other_frac": _NUM, "steal_frac": _NUM}, "machine.during.")
-    for when in ("before", "after"):
-        check_types(path, machine.get(when) or {}, {"cpu_other": _NUM, "steal": _NUM}, f"machine.{when}.")
-    check_types(path, man.get("scorer") or {}, {"name": (str,), "version": (str,)}, "scorer.")
-    check_types(path, man.get("client") or {}, {"arrival": (str,), "stream_mode": (str,)}, "client.")
+def check_doc(path: Path, doc: Any, cls: type, where: str = "") -> None:
+    """check_types against the schema class `cls`, and again inside every nested object (and list of them)."""
+    check_types(path, doc, json_types(cls), where)
+    for name, (sub, many) in nested(cls).items():
+        value = doc.get(name)
+        if value is None:
+            continue
+        if many:
+            for i, item in enumerate(value):
+                check_doc(path, item, sub, f"{where}{name}[{i}].")
+        else:
+            check_doc(path, value, sub, f"{where}{name}.")
 
 
 def read_campaign(path: Path) -> CampaignDir:
@@ -319,7 +312,7 @@ def read_campaign(path: Path) -> CampaignDir:
             f"{path / 'campaign.json'}: schema_version {meta.get('schema_version')!r}; "
             f"this analysis reads versions {', '.join(map(str, SCHEMA_VERSIONS))}"
         )
-    _check_campaign_types(path / "campaign.json", meta)
+    check_doc(path / "campaign.json", meta, CampaignDoc)
     run_dirs: dict[str, Path] = {}
     runs_root = path / "runs"
     if runs_root.is_dir():
@@ -330,7 +323,7 @@ def read_campaign(path: Path) -> CampaignDir:
         run_id: _read_json(d / "manifest.json") for run_id, d in run_dirs.items() if (d / "manifest.json").is_file()
     }
     for run_id, man in manifests.items():
-        _check_manifest_types(run_dirs[run_id] / "manifest.json", man)
+        check_doc(run_dirs[run_id] / "manifest.json", man, Manifest)
     return CampaignDir(path=path, meta=meta, run_dirs=run_dirs, manifests=manifests)
 
 

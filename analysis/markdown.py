@@ -9,7 +9,7 @@ from __future__ import annotations
 import json
 import shlex
 from collections.abc import Iterable
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 import pandas as pd
 from tabulate import tabulate
@@ -27,11 +27,9 @@ from analysis.audit import (
 from analysis.commands import normalise
 from analysis.compare import POWER_CHANGES, POWER_NOTE
 from analysis.metrics import MIN_PERCENTILE_VALUES
+from analysis.model import Report
 from analysis.stats import MIN_ITEMS, MIN_PAIRS, MIN_PAIRS_FOR_SD
 from analysis.tables import fmt_change, fmt_pct
-
-if TYPE_CHECKING:
-    from analysis.report import Report
 
 MAX_DETAILS = 25
 _BADGE = {FAIL: "**FAIL**", WARN: "warn", OK: "ok", "info": "info"}

@@ -12,18 +12,16 @@ from __future__ import annotations
 import argparse
 import os
 import sys
-from dataclasses import dataclass
 from pathlib import Path
 
-import pandas as pd
-
 from analysis import markdown, plots
-from analysis.audit import Audit, Mismatch, metadata_mismatches, run_audit
-from analysis.compare import POWER_CHANGES, ChangeSet, compare, power_table
-from analysis.load import InputError, Loaded, load
-from analysis.metrics import Metrics, arm_order, compute
+from analysis.audit import Mismatch, metadata_mismatches, run_audit
+from analysis.compare import POWER_CHANGES, compare, power_table
+from analysis.load import InputError, load
+from analysis.metrics import arm_order, compute
+from analysis.model import Report
 from analysis.stats import MIN_PAIRS_FOR_SD
-from analysis.tables import Tables, build
+from analysis.tables import build
 
 DEFAULT_BOOTSTRAP = 2000
 DEFAULT_SEED = 0
@@ -40,25 +38,6 @@ class MismatchError(Exception):
             "refusing to compare runs whose checked metadata differ:\n" + lines
             + "\nRerun with --allow-mismatch to compare them anyway (the report will say so)."
         )
-
-
-@dataclass
-class Report:
-    """Everything the report shows, as data. `markdown` is the rendered report.md."""
-
-    inputs: list[Path]
-    data: Loaded
-    arms: list[str]
-    baseline: str
-    audit: Audit
-    metrics: Metrics
-    comparison: ChangeSet
-    tables: Tables
-    figures: dict[str, str]  # file name under figures/ -> caption
-    n_boot: int
-    seed: int
-    power: pd.DataFrame  # run pairs needed for a 1%, 2%, 5% change at 80% power (compare.power_table)
-    markdown: str = ""
 
 
 def build_report(

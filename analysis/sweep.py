@@ -17,13 +17,13 @@ from typing import Any
 import pandas as pd
 
 from analysis.load import InputError
-from analysis.report import MismatchError, Report, build_report
+from analysis.model import Report
+from analysis.report import MismatchError, build_report
 from analysis.tables import fmt_num
-from harness.campaign.records import read_json
-from harness.config import UNMEASURED_KEYS
+from harness.schema import UNMEASURED_KEYS, read_json
 
-# settings that never change what is measured, and where the campaigns were written
-IGNORED = (*UNMEASURED_KEYS, "results_dir")
+# settings that never change what is measured (where the campaigns were written among them)
+IGNORED = UNMEASURED_KEYS
 
 
 def flatten(config: Any, prefix: str = "") -> dict[str, Any]:

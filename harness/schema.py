@@ -1,7 +1,12 @@
-"""The files a campaign leaves behind (docs/records.md), as typed dataclasses: the runner writes these
-objects, and the analysis derives what it parses and checks from the same declarations (the pyarrow
-schema of records.jsonl, the JSON types of manifest.json and campaign.json). A field renamed or retyped
-here changes both sides at once.
+"""The contract between the runner and the analysis: the files a campaign leaves behind (docs/records.md)
+as typed dataclasses, the plan entry they refer to, the config keys that do not change what is measured,
+and the JSON helpers both sides read and write them with.
+
+The runner builds these objects and writes them with `to_json`; the analysis derives what it parses and
+checks from the same declarations (the pyarrow schema of records.jsonl, the JSON types of every key of
+manifest.json and campaign.json, nested objects included). A field renamed or retyped here changes both
+sides at once, and every key of every file is declared in this one file. This module imports nothing but
+the standard library, so anything may import it.
 
 Times named `t_*` are `time.monotonic()` seconds of the runner's process; `wall_anchor` maps them to
 Unix time.
@@ -10,13 +15,42 @@ Unix time.
 from __future__ import annotations
 
 import dataclasses
+import json
+import os
 import types
 import typing
 from dataclasses import dataclass, field
+from pathlib import Path
 from typing import Any
 
 SCHEMA_VERSION = 2  # what the runner writes
 SCHEMA_VERSIONS = (1, 2)  # what the analysis reads
+
+# top-level config keys that do not change what is measured: a campaign resumes across them (a campaign
+# folder moved to another results_dir too), and a table over campaigns does not call them a swept value
+UNMEASURED_KEYS = ("campaign", "shard", "dry_run", "report", "strict_audit", "load_sample_s", "results_dir")
+
+
+# ---------------------------------------------------------------------- the plan
+
+
+@dataclass(frozen=True)
+class PlannedRun:
+    """One run of a campaign's plan (campaign.json `plan`)."""
+
+    run_id: str
+    arm: str
+    base_seed: int
+    repeat: int
+    index: int  # position in the order of execution
+    slot: int  # runs sharing a slot run at the same time (parallel placement); the unit of a shard
+    gpu: int | None  # GPU index given through CUDA_VISIBLE_DEVICES (parallel placement only)
+
+    def to_dict(self) -> dict:
+        return dataclasses.asdict(self)
+
+
+# ---------------------------------------------------------------------- records.jsonl, scores.jsonl
 
 
 @dataclass(frozen=True)
@@ -42,7 +76,7 @@ class Record:
     max_new_tokens: int
     finish_reason: str  # stop | length | abort | error
     hit_cap: bool
-    t_scheduled: float | None  # open loop: the scheduled arrival; closed loop: = t_sent
+    t_scheduled: float | None  # open loop: the scheduled arrival; closed loop: the start of the drive
     t_sent: float | None
     t_first_token: float | None
     t_end: float | None
@@ -68,6 +102,128 @@ class ScoreLine:
     scorer: str
 
 
+# ---------------------------------------------------------------------- manifest.json, its parts
+
+
+@dataclass(frozen=True)
+class HarnessVersion:
+    version: str | None  # the installed specbench distribution's version
+    git_sha: str | None  # HEAD of the checkout the harness runs from; None for an installed wheel
+    dirty: bool | None  # uncommitted changes (tracked, or untracked files git does not ignore); None: unknown
+
+
+@dataclass(frozen=True)
+class Versions:
+    """Read in the runner's own interpreter; None for what is not installed."""
+
+    harness: HarnessVersion
+    python: str
+    torch: str | None
+    sglang: str | None
+    flashinfer: str | None
+    triton: str | None
+    cuda: str | None  # the CUDA version torch was built with; None for a CPU build
+
+
+@dataclass(frozen=True)
+class GpuInfo:
+    """nvidia-smi's view of the machine's GPUs (its numbering, which CUDA_VISIBLE_DEVICES may remap)."""
+
+    name: str  # the first GPU's
+    driver_version: str
+    count: int
+    gpus: list[dict[str, Any]]  # per GPU: index, name, driver_version, clocks_sm_mhz, clocks_mem_mhz, clocks_max_sm_mhz
+    cuda_visible_devices: str | None
+
+
+@dataclass(frozen=True)
+class HostInfo:
+    hostname: str
+    platform: str
+    cpu: str
+    cores: int | None  # logical CPUs this process may use
+    memory_gib: float | None
+
+
+@dataclass(frozen=True)
+class DatasetRef:
+    id: str
+    revision: str | None
+    sha256: str
+
+
+@dataclass
+class ClientInfo:
+    stream_mode: str | None  # none | chat | incremental | cumulative; None until the server was reached
+    arrival: str  # open | closed
+    cpus: list[int] | None  # the CPUs the client was pinned to
+
+
+@dataclass(frozen=True)
+class ScorerInfo:
+    name: str  # boxed+math-verify | boxed-strict+math-verify | none
+    version: str | None  # math-verify's installed version
+
+
+@dataclass(frozen=True)
+class LogCheckResult:
+    """The log checks' regexes over the server log so far."""
+
+    must: dict[str, bool]  # regex -> found
+    must_not: dict[str, bool]  # regex -> found
+    passed: bool
+
+
+@dataclass
+class LogCheckReport:
+    after_ready: LogCheckResult | None = None
+    at_end: LogCheckResult | None = None
+    passed: bool = False  # every check that ran passed (false when none ran)
+
+
+@dataclass(frozen=True)
+class GpuStatus:
+    index: int
+    sm_clock_mhz: float | None
+    temperature_c: float | None
+    utilization_pct: float | None
+
+
+@dataclass(frozen=True)
+class LoadSnapshot:
+    """A short sample of the machine's load (`load_sample_s`), before the server starts or after the last request."""
+
+    t_unix: float
+    load_avg: list[float] | None  # 1, 5, 15 min
+    cpu_other: float  # fraction of all CPUs busy in processes outside the harness and its server
+    steal: float | None
+    gpus: list[GpuStatus] | None  # None without a working nvidia-smi
+
+
+@dataclass(frozen=True)
+class LoadDuring:
+    """CPU use over the measured window, from counters read at its two ends."""
+
+    wall_s: float
+    cpu_total_s: float  # CPU-seconds of every process
+    cpu_ours_s: float  # of the runner and every process it started
+    cpu_other_frac: float  # (total - ours) / (wall x logical CPUs of the machine)
+    steal_frac: float | None
+
+
+@dataclass
+class Machine:
+    before: LoadSnapshot | None = None
+    after: LoadSnapshot | None = None
+    during: LoadDuring | None = None
+
+
+@dataclass(frozen=True)
+class Scoring:
+    scored: int  # records scored after the window (errored ones included, with null verdicts)
+    seconds: float
+
+
 @dataclass
 class Manifest:
     """runs/<run_id>/manifest.json: one run, filled in as it goes (rewritten atomically at each step)."""
@@ -83,30 +239,73 @@ class Manifest:
     env: dict[str, str]  # the arm's and the plan's environment overrides, redacted
     env_full: dict[str, str]  # the server's whole environment, redacted
     env_full_sha256: str
-    versions: dict[str, Any]  # harness {version, git_sha, dirty}, python, torch, sglang, ...
-    gpu_info: dict[str, Any] | None  # nvidia-smi: name, driver_version, count, gpus
-    host: dict[str, Any]  # hostname, platform, cpu, cores, memory_gib
-    dataset: dict[str, Any]  # id, revision, sha256
+    versions: Versions
+    gpu_info: GpuInfo | None  # None without a working nvidia-smi
+    host: HostInfo
+    dataset: DatasetRef
     model_path: str
     wall_anchor: dict[str, float]  # {"monotonic", "unix"} read together
     t_start_unix: float
     concurrency: int
     request_rate: float | None
     max_new_tokens: int
-    client: dict[str, Any]  # stream_mode, arrival (open | closed), cpus
+    client: ClientInfo
     server_cpus: list[int] | None
-    scorer: dict[str, Any]  # name, version
+    scorer: ScorerInfo
     status: str = "running"  # running | finished | failed
     error: str | None = None
     server_info: dict[str, Any] | None = None  # /server_info after readiness
     server_info_end: dict[str, Any] | None = None  # /server_info after the last request
     model_info: dict[str, Any] | None = None
     seeds_honoured: bool | None = None
-    log_checks: dict[str, Any] | None = None  # after_ready, at_end, passed
-    machine: dict[str, Any] = field(default_factory=lambda: {"before": None, "after": None, "during": None})
-    scoring: dict[str, Any] | None = None  # scored, seconds
+    log_checks: LogCheckReport | None = None
+    machine: Machine = field(default_factory=Machine)
+    scoring: Scoring | None = None
     failed_requests: int | None = None
     t_end_unix: float | None = None
+
+
+# ---------------------------------------------------------------------- campaign.json, its parts
+
+
+@dataclass(frozen=True)
+class ArmDoc:
+    """An arm as declared (redacted)."""
+
+    name: str
+    args: list[str]
+    env: dict[str, str]
+    python: str | None
+    seed_stream: int
+
+
+@dataclass(frozen=True)
+class ItemDoc:
+    item_id: str | int  # str since schema 2; some schema-1 campaigns wrote ints
+    seed_offset: int
+    category: str | None
+    answer: str | None
+
+
+@dataclass(frozen=True)
+class WorkloadDoc:
+    name: str
+    dataset_id: str
+    revision: str | None
+    sha256: str
+    skipped_placeholders: int
+    items: list[ItemDoc]
+
+
+@dataclass(frozen=True)
+class OrderEntry:
+    """A run as it was executed (appended by every shard)."""
+
+    run_id: str
+    status: str
+    t_start_unix: float
+    t_end_unix: float
+    host: str | None  # since 2026-12-01
 
 
 @dataclass(frozen=True)
@@ -118,32 +317,81 @@ class CampaignDoc:
     experiment: str
     created: str  # ISO-8601 UTC
     config: dict[str, Any]  # the whole resolved config, redacted
-    arms: list[dict[str, Any]]  # name, args, env, python, seed_stream
+    arms: list[ArmDoc]
     baseline: str
     declared_difference: str
     concurrency: int
     request_rate: float | None
     max_new_tokens: int
-    workload: dict[str, Any]  # name, dataset_id, revision, sha256, skipped_placeholders, items
-    plan: list[dict[str, Any]]  # harness.campaign.plan.PlannedRun each
-    order_run: list[dict[str, Any]] = field(default_factory=list)  # run_id, status, t_start_unix, t_end_unix, host
+    workload: WorkloadDoc
+    plan: list[PlannedRun]
+    order_run: list[OrderEntry] = field(default_factory=list)
+
+
+# ---------------------------------------------------------------------- JSON
 
 
 def to_json(obj: Any) -> dict[str, Any]:
-    """A schema object as the JSON object it is written as (field order kept)."""
+    """A schema object as the JSON object it is written as (field order kept, nested objects too)."""
     return dataclasses.asdict(obj)
 
 
-def base_type(tp: Any) -> Any:
-    """`X | None` -> X; `list[int]` -> list; `dict[...]` -> dict."""
+def write_json(path: Path, obj: Any) -> None:
+    """Atomically (re)write a JSON document (a temporary file per process: shards on a shared file system
+    never write through each other's)."""
+    path.parent.mkdir(parents=True, exist_ok=True)
+    tmp = path.with_name(f"{path.name}.{os.getpid()}.tmp")
+    tmp.write_text(json.dumps(obj, indent=2, sort_keys=False, default=str) + "\n")
+    os.replace(tmp, path)
+
+
+def read_json(path: Path) -> Any:
+    return json.loads(path.read_text())
+
+
+# ---------------------------------------------------------------------- the JSON types a reader checks
+
+
+_KINDS: dict[Any, tuple[type, ...]] = {float: (int, float), int: (int,), str: (str,), bool: (bool,),
+                                       list: (list,), dict: (dict,)}
+
+
+def _members(tp: Any) -> list[Any]:
+    """The types of `X | Y | None` but None; [tp] for anything else."""
     if typing.get_origin(tp) in (typing.Union, types.UnionType):
-        args = [a for a in typing.get_args(tp) if a is not type(None)]
-        tp = args[0] if len(args) == 1 else tp
+        return [a for a in typing.get_args(tp) if a is not type(None)]
+    return [tp]
+
+
+def base_type(tp: Any) -> Any:
+    """`X | None` -> X; `list[int]` -> list; `dict[...]` -> dict; a schema class -> dict (a JSON object)."""
+    members = _members(tp)
+    tp = members[0] if len(members) == 1 else tp
+    if dataclasses.is_dataclass(tp):
+        return dict
     return typing.get_origin(tp) or tp
 
 
 def json_types(cls: type) -> dict[str, tuple[type, ...]]:
     """For each field of a schema class, the JSON value types it may hold (None is always allowed; a JSON
-    number may be written as an int where a float is declared)."""
-    kinds = {float: (int, float), int: (int,), str: (str,), bool: (bool,), list: (list,), dict: (dict,)}
-    return {name: kinds.get(base_type(tp), (object,)) for name, tp in typing.get_type_hints(cls).items()}
+    number may be written as an int where a float is declared; a nested schema class is a JSON object)."""
+    out = {}
+    for name, tp in typing.get_type_hints(cls).items():
+        kinds: list[type] = []
+        for member in _members(tp):
+            kinds += _KINDS.get(base_type(member), (object,))
+        out[name] = tuple(dict.fromkeys(kinds))
+    return out
+
+
+def nested(cls: type) -> dict[str, tuple[type, bool]]:
+    """The fields of `cls` that hold schema objects: name -> (their class, whether it is a list of them)."""
+    out: dict[str, tuple[type, bool]] = {}
+    for name, tp in typing.get_type_hints(cls).items():
+        member = _members(tp)[0]
+        inner = typing.get_args(member)[0] if typing.get_origin(member) is list and typing.get_args(member) else None
+        if isinstance(member, type) and dataclasses.is_dataclass(member):
+            out[name] = (member, False)
+        elif isinstance(inner, type) and dataclasses.is_dataclass(inner):
+            out[name] = (inner, True)
+    return out

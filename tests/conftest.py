@@ -1,8 +1,11 @@
-"""Fixtures shared by the test modules.
+"""Fixtures shared by the test modules, and how the suite is spread over pytest-xdist workers.
 
 - `clean_campaign`: a private copy of the clean golden campaign (tests/fixtures/analysis), to corrupt or edit.
 - `run_bench`: runs `python -m harness.bench` (or a Hydra multirun of it) as a real subprocess, with its
   results under this test's own tmp_path.
+- Every test that uses a module- or session-scoped fixture (a server, a campaign, a built wheel that several
+  tests only read) joins the xdist group of its module, so that the fixture is made once, on one worker
+  (`make test` runs `--dist loadgroup`); every other test goes to whichever worker is free.
 """
 
 from __future__ import annotations
@@ -19,6 +22,17 @@ FIXTURES = Path(__file__).parent / "fixtures" / "analysis"
 CLEAN = FIXTURES / "ratio_vs_mean" / "golden" / "golden-c1"
 
 BenchRunner = Callable[..., subprocess.CompletedProcess]
+SHARED_SCOPES = ("module", "package", "session")
+
+
+@pytest.hookimpl(tryfirst=True)  # before xdist's own hook reads the groups
+def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
+    for item in items:
+        info = getattr(item, "_fixtureinfo", None)
+        defs = info.name2fixturedefs.values() if info is not None else []
+        # the project's own fixtures only (a plugin's, such as tmp_path_factory, have an empty baseid)
+        if any(d[-1].scope in SHARED_SCOPES and d[-1].baseid for d in defs if d):
+            item.add_marker(pytest.mark.xdist_group(item.module.__name__ if item.module else item.nodeid))
 
 
 def bench_process(results: Path, *overrides: str, multirun: bool = False,

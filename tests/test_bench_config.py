@@ -11,12 +11,14 @@ import pytest
 from hydra import compose, initialize_config_dir
 from rich.console import Console
 
-from harness.bench import GROUPS, to_typed
+from harness.campaign.command import GROUPS, to_typed
+from harness.campaign.config import BenchConfig, register_configs
 from harness.campaign.dryrun import print_dry_run
 from harness.campaign.overrides import OverrideError, check_overrides, group_options
 from harness.campaign.plan import make_plan
-from harness.config import CONFIG_DIR, BenchConfig, ConfigError, register_configs
+from harness.hydra_setup import CONFIG_DIR
 from harness.server.sglang_preflight import EXIT_CODE, named_flag
+from harness.validation import ConfigError
 
 SGLANG_PATHS = ["server.model_path=/models/target", "server.draft_model_path=/models/draft"]
 SKIP = "server.preflight=skip"  # the argv preflight needs SGLang: tests/test_sglang_argv.py runs it for real
@@ -298,7 +300,7 @@ def test_bad_preflight_value_is_named():
 def test_manifest_client_stream_mode():
     """manifest client.stream_mode: how the client reads the server's stream (docs/records.md)."""
     from harness.campaign.runner import stream_mode  # noqa: PLC0415
-    from harness.config import ClientConfig  # noqa: PLC0415
+    from harness.client.config import ClientConfig  # noqa: PLC0415
 
     incremental = {"incremental_streaming_output": True}
     assert stream_mode(ClientConfig(), {"incremental_streaming_output": False}) == "cumulative"
@@ -309,7 +311,7 @@ def test_manifest_client_stream_mode():
 
 
 def test_new_campaign_ids_differ_within_one_second():
-    from harness.campaign.runner import new_campaign_id
+    from harness.campaign.folder import new_campaign_id
 
     cfg = composed()
     ids = {new_campaign_id(cfg) for _ in range(50)}

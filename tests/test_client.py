@@ -9,24 +9,19 @@ import orjson
 import pytest
 
 from harness.campaign.records import finish_reason
-from harness.client.stream import (
+from harness.client.config import ClientConfig, SamplingConfig
+from harness.client.drive import poisson_offsets
+from harness.client.requests import Outcome, RequestSpec, StreamError, chat_payload, generate_payload
+from harness.client.sse import SseFramer, sse_events
+from harness.client.streams import (
     NOT_CUMULATIVE,
     NOT_INCREMENTAL,
     ChatStream,
     CumulativeGenerate,
     IncrementalGenerate,
-    Outcome,
     Parser,
-    RequestSpec,
-    SseFramer,
-    StreamError,
-    chat_payload,
-    generate_payload,
-    poisson_offsets,
     read_stream,
-    sse_events,
 )
-from harness.config import ClientConfig, SamplingConfig
 from workloads.base import Item
 
 

@@ -20,19 +20,20 @@ import pytest
 from test_bench_config import composed
 from test_runner_e2e import SMALL, bench, engine_processes, ports_of, read_jsonl, wait_for
 
-from harness.config import ConfigError
 from harness.host import machine
 from harness.host.machine import Counters, CpuPin
+from harness.schema import to_json
+from harness.validation import ConfigError
 
 BURN = "import time\nend = time.monotonic() + {s}\nwhile time.monotonic() < end: pass\n"
 H200_LINE = "0, 540, 32, 0\n"  # nvidia-smi --query-gpu=index,clocks.sm,temperature.gpu,utilization.gpu on an H200
 
 
 def test_gpu_status_parses_nvidia_smi_rows():
-    assert machine.parse_gpu_status(H200_LINE) == [
+    assert [to_json(g) for g in machine.parse_gpu_status(H200_LINE)] == [
         {"index": 0, "sm_clock_mhz": 540, "temperature_c": 32, "utilization_pct": 0}]
     rows = "0, 1980, 61, 97\n1, [N/A], [Not Supported], 3\nNo devices were found\n"
-    assert machine.parse_gpu_status(rows) == [
+    assert [to_json(g) for g in machine.parse_gpu_status(rows)] == [
         {"index": 0, "sm_clock_mhz": 1980, "temperature_c": 61, "utilization_pct": 97},
         {"index": 1, "sm_clock_mhz": None, "temperature_c": None, "utilization_pct": 3}]
     assert machine.parse_gpu_status("") == []
@@ -44,11 +45,11 @@ def test_window_arithmetic():
                   ours_s={(1, 5.0): 1.0, (2, 6.0): 3.0})
     c1 = Counters(t_mono=12.0, t_unix=3.0, busy_s=100.0 + 1.5 * cores, total_s=400.0 + 2 * cores,
                   steal_s=4.0 + 0.2 * cores, ours_s={(1, 5.0): 1.25, (3, 11.0): 0.25})  # pid 2 exited, 3 was born
-    doc = machine.during(c0, c1)
+    doc = to_json(machine.during(c0, c1))
     assert doc["cpu_ours_s"] == 0.5 and doc["wall_s"] == 2.0 and doc["cpu_total_s"] == 1.5 * cores
     assert doc["cpu_other_frac"] == pytest.approx((1.5 * cores - 0.5) / (2 * cores), abs=1e-4)
     assert doc["steal_frac"] == 0.1
-    snap = machine.snapshot(c0, c1, None)
+    snap = to_json(machine.snapshot(c0, c1, None))
     assert snap["cpu_other"] == doc["cpu_other_frac"] and snap["steal"] == 0.1 and snap["gpus"] is None
     assert snap["t_unix"] == 3.0 and len(snap["load_avg"]) == 3
     no_steal = Counters(12.0, 3.0, 100.0, 400.0 + 2 * cores, None, {})
@@ -76,7 +77,7 @@ def window_with(proc: psutil.Process, seconds: float) -> tuple[dict, float]:
     c0, p0 = machine.read_counters(), cpu_of(proc)
     time.sleep(seconds)
     p1, c1 = cpu_of(proc), machine.read_counters()
-    return machine.during(c0, c1), p1 - p0
+    return to_json(machine.during(c0, c1)), p1 - p0
 
 
 def test_a_child_is_ours_and_a_stranger_is_other():

@@ -19,10 +19,10 @@ import pytest
 import torch
 
 from harness import verify
-from harness.config import MicroConfig
 from harness.host import envinfo
 from harness.micro import app, impls, measure, report
 from harness.micro.compare import compare_outputs
+from harness.micro.config import MicroConfig
 from harness.micro.inputs import make_logits, make_params, padding_row_count, rotated_copies, rotation_count
 
 REPO = Path(__file__).resolve().parents[1]
@@ -411,7 +411,7 @@ def test_nvidia_smi_parsing_and_tolerance(monkeypatch):
     assert gpus[1]["clocks_sm_mhz"] is None
     monkeypatch.setenv("PATH", "/nonexistent")
     assert envinfo.gpu_info() is None
-    assert envinfo.git_info(Path("/"))["git_sha"] is None
+    assert envinfo.git_info(Path("/")).git_sha is None
 
 
 def test_out_dir_is_exact_else_timestamped_and_never_reused(tmp_path):

@@ -16,7 +16,7 @@ from pathlib import Path
 
 import pytest
 
-from harness.config import CONFIG_DIR
+from harness.hydra_setup import CONFIG_DIR
 
 pytestmark = pytest.mark.slow
 REPO = Path(__file__).resolve().parents[1]

@@ -11,8 +11,7 @@ import pyarrow as pa
 from test_runner_e2e import MANIFEST_KEYS, RECORD_KEYS, SCORE_KEYS
 
 from analysis import load
-from harness.campaign.plan import PlannedRun
-from harness.schema import CampaignDoc, Manifest, Record, ScoreLine, json_types
+from harness.schema import CampaignDoc, Manifest, PlannedRun, Record, ScoreLine, json_types, nested
 
 DOCS = (Path(__file__).resolve().parents[1] / "docs" / "records.md").read_text()
 
@@ -33,6 +32,24 @@ def test_docs_name_every_declared_field():
         assert not missing, f"docs/records.md, {title}: {missing}"
     plan_row = next(line for line in section("campaign.json").splitlines() if line.startswith("| `plan`"))
     assert not sorted(n for n in names(PlannedRun) if f'"{n}"' not in plan_row)
+
+
+def deep_names(cls: type) -> set[str]:
+    """The fields of a schema class and of every schema class nested in it."""
+    out = names(cls)
+    for sub, _ in nested(cls).values():
+        out |= deep_names(sub)
+    return out
+
+
+def test_docs_name_every_nested_key():
+    """Each nested object's row in docs/records.md names every key of it (at any depth)."""
+    for cls, title in ((Manifest, "runs/<run_id>/manifest.json"), (CampaignDoc, "campaign.json")):
+        rows = [line for line in section(title).splitlines() if line.startswith("| `")]
+        for name, (sub, _) in nested(cls).items():
+            row = next(r for r in rows if f"`{name}`" in r.split("|")[1])
+            missing = sorted(n for n in deep_names(sub) if f'"{n}"' not in row)
+            assert not missing, f"docs/records.md, {title}, {name}: {missing}"
 
 
 def test_the_end_to_end_contract_is_the_declared_schema():

@@ -15,9 +15,10 @@ from rich.console import Console
 from test_bench_config import composed, dry_run_text
 from test_runner_e2e import WITH_REPORT, bench, campaign_dir, read_jsonl
 
-from harness.campaign.plan import make_plan
-from harness.campaign.runner import Campaign, check_request_seeds, request_specs
-from harness.config import ConfigError, request_seed
+from harness.campaign.config import request_seed
+from harness.campaign.folder import Campaign
+from harness.campaign.plan import check_request_seeds, make_plan, request_specs
+from harness.validation import ConfigError
 from workloads import load_workload
 from workloads.base import Item
 
@@ -77,9 +78,9 @@ def campaign_at(root, *overrides: str) -> Campaign:
     from hydra import compose, initialize_config_dir  # noqa: PLC0415
     from omegaconf import OmegaConf  # noqa: PLC0415
 
-    from harness.bench import to_typed  # noqa: PLC0415
-    from harness.campaign.overrides import CONFIG_DIR  # noqa: PLC0415
-    from harness.config import register_configs  # noqa: PLC0415
+    from harness.campaign.command import to_typed  # noqa: PLC0415
+    from harness.campaign.config import register_configs  # noqa: PLC0415
+    from harness.hydra_setup import CONFIG_DIR  # noqa: PLC0415
 
     register_configs()
     with initialize_config_dir(config_dir=str(CONFIG_DIR), version_base="1.3"):

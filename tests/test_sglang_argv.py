@@ -16,16 +16,18 @@ from hydra import compose, initialize_config_dir
 from rich.console import Console
 from sglang_support import import_sglang, pinned_sglang_version
 
-from harness.bench import to_typed
+from harness.campaign.command import to_typed
+from harness.campaign.config import BenchConfig, register_configs
 from harness.campaign.dryrun import print_dry_run
 from harness.campaign.overrides import group_options
-from harness.config import CONFIG_DIR, BenchConfig, register_configs
+from harness.campaign.plan import planned_launches
+from harness.hydra_setup import CONFIG_DIR
 from harness.server.sglang_preflight import (
     EXIT_CODE,
     PlannedArgv,
     PreflightReport,
     check_planned,
-    planned_argvs,
+    planned_argv,
 )
 
 pytestmark = pytest.mark.sglang
@@ -61,10 +63,15 @@ def sglang_experiments(python: str) -> dict[str, BenchConfig]:
     return configs
 
 
+def planned_argvs_of(cfg: BenchConfig) -> list[PlannedArgv]:
+    """Every planned argv of an experiment, as the preflight checks them (the planned launches, walked once)."""
+    return [planned_argv(launch) for launch in planned_launches(cfg)]
+
+
 def variant(cfg: BenchConfig, label: str, replace: dict[str, str] | None = None, add: list[str] | None = None,
             arm: str = "block") -> PlannedArgv:
     """An arm's first planned argv with tokens replaced / added (a hand-made mistake)."""
-    item = next(i for i in planned_argvs(cfg) if i.arm == arm)
+    item = next(i for i in planned_argvs_of(cfg) if i.arm == arm)
     args = tuple((replace or {}).get(a, a) for a in item.args) + tuple(add or [])
     return PlannedArgv(label=label, arm=arm, python=item.python, args=args, env=item.env, sources=item.sources)
 
@@ -87,13 +94,13 @@ def shipped(python) -> dict[str, BenchConfig]:
 @pytest.fixture(scope="module")
 def report(shipped) -> PreflightReport:
     """One check of every shipped planned argv plus the hand-made mistakes: one probe per environment."""
-    planned = [item for cfg in shipped.values() for item in planned_argvs(cfg)]
+    planned = [item for cfg in shipped.values() for item in planned_argvs_of(cfg)]
     return check_planned(planned + mistakes(shipped["dflash_block_vs_token"]))
 
 
 def test_every_planned_argv_of_every_sglang_experiment_is_accepted(python, shipped, report):
     assert set(shipped) == SHIPPED_SGLANG  # a new SGLang experiment joins automatically; none is lost
-    planned = {i.label for cfg in shipped.values() for i in planned_argvs(cfg)}
+    planned = {i.label for cfg in shipped.values() for i in planned_argvs_of(cfg)}
     outcomes = [o for o in report.outcomes if o.planned.label in planned]
     assert len(outcomes) == 6 + 6 + 8
     assert [o.line() for o in outcomes if not o.ok] == []

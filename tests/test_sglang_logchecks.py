@@ -23,14 +23,17 @@ from hydra import compose, initialize_config_dir
 from serverutil import start_engine, stop_engine, wait_ready
 from sglang_support import import_sglang
 
-from harness.bench import to_typed
+from harness.campaign.command import to_typed
+from harness.campaign.config import BenchConfig, register_configs
 from harness.campaign.overrides import group_options
-from harness.campaign.plan import make_plan
-from harness.config import CONFIG_DIR, BenchConfig, LogChecks, register_configs
+from harness.campaign.plan import planned_launches
 from harness.engine import server as engine
 from harness.engine.args import parse_args
 from harness.engine.logs import DATEFMT, FORMAT
-from harness.server.launcher import check_log, merge_log_checks, planned_spec
+from harness.hydra_setup import CONFIG_DIR
+from harness.server.config import LogChecks
+from harness.server.logs import check_log
+from harness.server.spec import merge_log_checks
 
 pytestmark = pytest.mark.sglang
 
@@ -185,7 +188,7 @@ def sglang_cases(formats: list[LogFormat]) -> list[tuple[str, str, list[str], bo
 
 
 def test_checks_pass_on_sglangs_sampled_lines_and_fail_on_greedy_ones(experiments, formats, tmp_path):
-    results = [(exp, arm, lines, check_log(log_file(tmp_path, lines), checks_of(experiments[exp], arm))["passed"])
+    results = [(exp, arm, lines, check_log(log_file(tmp_path, lines), checks_of(experiments[exp], arm)).passed)
                for exp, arm, lines, _ in sglang_cases(formats)]
     expected = [(exp, arm, lines, ok) for exp, arm, lines, ok in sglang_cases(formats)]
     assert results == expected
@@ -228,14 +231,14 @@ def startup_log(argv: list[str]) -> str:
 
 
 def embedded_arm_flags(cfg: BenchConfig, arm: str) -> list[str]:
-    run = next(r for r in make_plan(cfg.experiment) if r.arm == arm)
-    return planned_spec(cfg, run, port=0).argv[3:] + ["--model-path", EMBEDDED_MODEL]
+    launch = next(launch for launch in planned_launches(cfg) if launch.run.arm == arm)
+    return launch.spec.argv[3:] + ["--model-path", EMBEDDED_MODEL]
 
 
 def passes(checks: LogChecks, text: str, tmp_path: Path) -> bool:
     path = tmp_path / "server.log"
     path.write_text(text)
-    return check_log(path, checks)["passed"]
+    return check_log(path, checks).passed
 
 
 def test_embedded_experiments_check_lines_the_embedded_server_prints(experiments, tmp_path):

@@ -7,7 +7,7 @@ import pytest
 import torch
 
 from harness import verify
-from harness.verify import BUILDERS, full_vocab_probs, get_builder, radix_topk, topk_first_probs
+from harness.verify import BUILDERS, full_vocab_probs, get_builder, radix_topk, topk, topk_first_probs
 
 VOCAB = 8192
 CUDA = torch.cuda.is_available()
@@ -211,14 +211,14 @@ def test_torch_fallback_on_cpu_even_when_flashinfer_would_import(monkeypatch):
         calls.append(k)
         raise AssertionError("flashinfer must not be called for CPU tensors")
 
-    monkeypatch.setattr(verify, "_flashinfer_top_k", lambda: fake_top_k)
+    monkeypatch.setattr(topk, "_flashinfer_top_k", lambda: fake_top_k)
     assert verify.radix_topk_backend("cpu") == "torch"
     assert verify.radix_topk_backend("cuda") == "flashinfer"
     x = random_logits(3, vocab=500)
     vals, idx = radix_topk(x, 50)
     ref_vals, ref_idx = torch.topk(x, 50)
     assert torch.equal(vals, ref_vals) and torch.equal(idx, ref_idx) and not calls
-    monkeypatch.setattr(verify, "_flashinfer_top_k", lambda: None)
+    monkeypatch.setattr(topk, "_flashinfer_top_k", lambda: None)
     assert verify.radix_topk_backend("cuda") == "torch"
 
 

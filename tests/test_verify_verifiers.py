@@ -10,8 +10,7 @@ import pytest
 import torch
 from scipy import stats
 
-from harness import verify
-from harness.verify import draw_uniforms, sample_from_probs, verify_block, verify_tokenwise
+from harness.verify import draw_uniforms, sample_from_probs, verifiers, verify_block, verify_tokenwise
 
 VERIFIERS = {"token": verify_tokenwise, "block": verify_block}
 
@@ -81,7 +80,7 @@ def test_output_has_the_target_distribution(name, greedy):
 @pytest.mark.parametrize("name", ["token", "block"])
 def test_a_wrong_residual_is_caught(name, monkeypatch):
     """Sampling the correction from p instead of the residual biases the output: the test sees it."""
-    monkeypatch.setattr(verify, "_residual", lambda scale, p_row, q_row, q_token: p_row)
+    monkeypatch.setattr(verifiers, "_residual", lambda scale, p_row, q_row, q_token: p_row)
     pairs = first_two_tokens(VERIFIERS[name], 60_000, gamma=3, greedy=False, seed=11)
     assert chi_square_pvalue(pairs) < 1e-6
 

@@ -10,7 +10,7 @@ from hydra import compose, initialize_config_dir
 from hydra.core.config_store import ConfigStore
 from omegaconf import OmegaConf
 
-from harness.config import CONFIG_DIR
+from harness.hydra_setup import CONFIG_DIR
 from workloads import load_workload
 from workloads.config import KINDS, WorkloadConfig
 from workloads.prompts import MATHARENA_AIME_TEMPLATE

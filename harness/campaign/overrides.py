@@ -16,7 +16,7 @@ from hydra.core.override_parser.overrides_parser import OverridesParser
 from hydra.core.override_parser.types import ValueType
 from hydra.errors import HydraException
 
-from harness.config import CONFIG_DIR
+from harness.hydra_setup import CONFIG_DIR
 
 
 class OverrideError(ValueError):

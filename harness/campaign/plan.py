@@ -1,24 +1,20 @@
-"""The plan of a campaign: which runs (arm x base seed x repeat), in which order, on which GPU."""
+"""The plan of a campaign: which runs (arm x base seed x repeat), in which order, on which GPU, the
+server command each of them will launch, and the requests each of them sends (seeded).
+
+`planned_launches` walks the plan once; the dry run prints what it yields and the SGLang preflight checks
+the same commands, so what is shown is what is checked is what the runner launches (but for the port).
+"""
 
 from __future__ import annotations
 
-from dataclasses import asdict, dataclass
+from pathlib import Path
 
-from harness.config import ExperimentConfig
-
-
-@dataclass(frozen=True)
-class PlannedRun:
-    run_id: str
-    arm: str
-    base_seed: int
-    repeat: int
-    index: int  # position in the order of execution
-    slot: int  # runs sharing a slot run at the same time (parallel placement)
-    gpu: int | None  # GPU index given through CUDA_VISIBLE_DEVICES (parallel placement only)
-
-    def to_dict(self) -> dict:
-        return asdict(self)
+from harness.campaign.config import BenchConfig, ExperimentConfig, request_seed
+from harness.client.requests import RequestSpec
+from harness.schema import PlannedRun
+from harness.server.spec import PORT_PLACEHOLDER, PlannedLaunch, build_spec, token_sources
+from harness.validation import ConfigError
+from workloads.base import Workload
 
 
 def arm_order(arm_names: list[str], slot: int, order: str) -> list[str]:
@@ -52,3 +48,48 @@ def slots(plan: list[PlannedRun]) -> list[list[PlannedRun]]:
     for run in plan:
         grouped.setdefault(run.slot, []).append(run)
     return [grouped[k] for k in sorted(grouped)]
+
+
+def check_shard(shard: int | None, plan: list[PlannedRun]) -> None:
+    """ConfigError when `shard` names no slot of the plan."""
+    count = len(slots(plan))
+    if shard is not None and not 0 <= shard < count:
+        raise ConfigError(f"shard={shard} does not exist: this campaign has {count} shard(s), shard=0 to "
+                          f"shard={count - 1}, one per (base seed, repeat); e.g. -m shard='range(0,{count})'")
+
+
+def planned_launches(cfg: BenchConfig) -> list[PlannedLaunch]:
+    """Every planned run with the command that will start its server (port PORT_PLACEHOLDER unless
+    server.port is fixed; log path relative) and the config key of each of its flags."""
+    arms = cfg.experiment.arms
+    out = []
+    for run in make_plan(cfg.experiment):
+        index = next(i for i, a in enumerate(arms) if a.name == run.arm)
+        spec = build_spec(cfg.server, arms[index], port=cfg.server.port or PORT_PLACEHOLDER, base_seed=run.base_seed,
+                          gpu=run.gpu, log_path=Path("server.log"))
+        out.append(PlannedLaunch(run, spec, token_sources(cfg.server, arms[index], index)))
+    return out
+
+
+def request_specs(cfg: BenchConfig, workload: Workload, base_seed: int,
+                  seed_stream: int = 0) -> tuple[list[RequestSpec], list[RequestSpec]]:
+    """(warmup specs, measured specs) of one run. Request seed = base seed + the item's numeric id +
+    the arm's seed_stream * 2**32."""
+    def seed(offset: int) -> int | None:
+        return request_seed(base_seed, offset, seed_stream) if cfg.experiment.seeded_requests else None
+
+    items = workload.items
+    warm = [RequestSpec(items[i % len(items)], seed(items[i % len(items)].seed_offset), True,
+                        cfg.experiment.warmup.max_new_tokens) for i in range(cfg.experiment.warmup.requests)]
+    measured = [RequestSpec(it, seed(it.seed_offset), False, cfg.sampling.max_new_tokens) for it in items]
+    return warm, measured
+
+
+def check_request_seeds(cfg: BenchConfig, workload: Workload) -> None:
+    """ConfigError (before anything launches) when a planned request seed does not fit 64 bits."""
+    if not cfg.experiment.seeded_requests:
+        return
+    for arm in cfg.experiment.arms:
+        for base_seed in cfg.experiment.base_seeds:
+            for item in workload.items:
+                request_seed(base_seed, item.seed_offset, arm.seed_stream)

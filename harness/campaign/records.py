@@ -1,32 +1,15 @@
-"""Raw records and manifests on disk (layout and keys in docs/records.md).
-
-Records are appended and flushed one by one, so a crash loses at most the line being written.
-JSON documents (manifest, campaign) are replaced atomically (write a temporary file, then rename).
-"""
+"""Raw records and scores on disk (layout and keys in docs/records.md): one line per request, built from
+what the client saw, appended and flushed one by one, so a crash loses at most the line being written."""
 
 from __future__ import annotations
 
 import json
-import os
 from pathlib import Path
 from typing import Any
 
-from harness.client.stream import Outcome, RequestSpec
+from harness.client.requests import Outcome, RequestSpec
 from harness.schema import SCHEMA_VERSION, Record, ScoreLine, to_json
 from workloads.scoring import Score, Scorer
-
-
-def write_json(path: Path, obj: Any) -> None:
-    """Atomically (re)write a JSON document (a temporary file per process: shards on a shared file system
-    never write through each other's)."""
-    path.parent.mkdir(parents=True, exist_ok=True)
-    tmp = path.with_name(f"{path.name}.{os.getpid()}.tmp")
-    tmp.write_text(json.dumps(obj, indent=2, sort_keys=False, default=str) + "\n")
-    os.replace(tmp, path)
-
-
-def read_json(path: Path) -> Any:
-    return json.loads(path.read_text())
 
 
 class RecordWriter:

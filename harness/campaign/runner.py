@@ -9,293 +9,28 @@ run's server is stopped (scores.jsonl), and the machine's load is sampled before
 from __future__ import annotations
 
 import asyncio
-import contextlib
-import copy
-import fcntl
-import hashlib
-import json
-import os
-import secrets
-import shutil
-import socket
 import time
-from collections.abc import Iterator
 from dataclasses import dataclass, field
-from datetime import UTC, datetime
-from pathlib import Path
-from typing import Any
 
 import aiohttp
-from rich.console import Console
 from rich.panel import Panel
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 
-from harness.campaign.plan import PlannedRun, make_plan, slots
-from harness.campaign.records import (
-    RecordWriter,
-    finish_reason,
-    make_record,
-    make_score,
-    read_json,
-    write_json,
-)
-from harness.client.stream import Outcome, RequestSpec, drive
-from harness.config import UNMEASURED_KEYS, BenchConfig, ClientConfig, ConfigError, request_seed
-from harness.host import envinfo, machine
-from harness.host.machine import CpuPin
-from harness.schema import SCHEMA_VERSION, CampaignDoc, Manifest, to_json
-from harness.server.launcher import (
-    LaunchSpec,
-    Server,
-    ServerError,
-    build_spec,
-    check_log,
-    describe_failed_checks,
-    flush_cache,
-    free_port,
-    get_json,
-    redact,
-    redact_argv,
-)
-from workloads.base import Workload
-
-
-@dataclass
-class Campaign:
-    """A campaign directory: results/<experiment>/<campaign_id>/."""
-
-    cfg: BenchConfig
-    config_dict: dict[str, Any]
-    workload: Workload
-    plan: list[PlannedRun]
-    root: Path
-    console: Console = field(default_factory=Console)
-    pin: CpuPin = field(default_factory=lambda: CpuPin([]))  # the runner's own pinning (client.cpus)
-    shard: int | None = None  # run only this slot of the plan (None: every slot)
-    _locks: list[Any] = field(default_factory=list, repr=False)
-
-    @property
-    def campaign_id(self) -> str:
-        return self.root.name
-
-    def run_dir(self, run_id: str) -> Path:
-        return self.root / "runs" / run_id
-
-    def campaign_doc(self) -> CampaignDoc:
-        exp, cfg = self.cfg.experiment, self.cfg
-        return CampaignDoc(
-            schema_version=SCHEMA_VERSION,
-            campaign_id=self.campaign_id,
-            experiment=exp.name,
-            created=datetime.now(UTC).isoformat(timespec="seconds"),
-            config=self.config_dict,
-            arms=[{"name": a.name, "args": redact_argv([str(t) for t in a.args]), "env": redact(dict(a.env)),
-                   "python": a.python, "seed_stream": a.seed_stream} for a in exp.arms],
-            baseline=exp.baseline,
-            declared_difference=exp.declared_difference,
-            concurrency=cfg.client.concurrency,
-            request_rate=cfg.client.request_rate,
-            max_new_tokens=cfg.sampling.max_new_tokens,
-            workload=workload_doc(self.workload),
-            plan=[r.to_dict() for r in self.plan],
-        )
-
-    @property
-    def todo(self) -> list[PlannedRun]:
-        """The runs this runner does: the whole plan, or the slot of its shard."""
-        return [r for r in self.plan if self.shard is None or r.slot == self.shard]
-
-    def open(self) -> None:
-        """Lock the campaign (the shard's slot, or every slot), then create campaign.json or check that an
-        existing campaign was made by the same config. Raises ConfigError when the folder cannot be written
-        or another runner holds a slot this one needs."""
-        try:
-            self.root.mkdir(parents=True, exist_ok=True)
-            self._locks = lock_slots(self.root, sorted({r.slot for r in self.todo}))
-            with campaign_file_lock(self.root):
-                path = self.root / "campaign.json"
-                if not path.exists():
-                    write_json(path, to_json(self.campaign_doc()))
-                    return
-                old = read_json(path)
-        except OSError as exc:
-            raise ConfigError(f"cannot write the campaign folder {self.root} ({exc.strerror or exc}); "
-                              "choose a writable results_dir=...") from None
-        diffs = config_differences(with_added_keys(old.get("config", {})), self.config_dict)
-        if diffs:
-            raise ConfigError(
-                f"campaign {self.root} was created with a different config (differs at: {', '.join(diffs[:10])}); "
-                "resume it with the same overrides, or start a new campaign (leave out `campaign=`)")
-        self.console.print(f"[bold]{'joining' if self.shard is not None else 'resuming'}[/] campaign {self.root}")
-
-    def close(self) -> None:
-        """Release the slot locks (the process's exit does it too)."""
-        for handle in self._locks:
-            handle.close()
-        self._locks = []
-
-    def run_status(self, run_id: str) -> str | None:
-        path = self.run_dir(run_id) / "manifest.json"
-        return read_json(path).get("status") if path.exists() else None
-
-    def set_aside(self, run_id: str) -> Path | None:
-        """Move an unfinished run's files to attempts/<run_id>.<n> so a rerun starts clean."""
-        src = self.run_dir(run_id)
-        if not src.exists():
-            return None
-        n = 1
-        while (dst := self.root / "attempts" / f"{run_id}.{n}").exists():
-            n += 1
-        dst.parent.mkdir(parents=True, exist_ok=True)
-        shutil.move(str(src), str(dst))
-        return dst
-
-    def log_order(self, run_id: str, status: str, t_start: float, t_end: float) -> None:
-        path = self.root / "campaign.json"
-        with campaign_file_lock(self.root):  # shards append to the same list
-            doc = read_json(path)
-            doc["order_run"].append({"run_id": run_id, "status": status, "t_start_unix": t_start,
-                                     "t_end_unix": t_end, "host": socket.gethostname()})
-            write_json(path, doc)
-
-
-def slot_lock_name(slot: int) -> str:
-    return f".lock.shard-{slot}"
-
-
-def lock_slots(root: Path, slot_ids: list[int]) -> list[Any]:
-    """Hold an exclusive lock on each slot (shard) of the campaign for as long as the returned files stay
-    open (the process's life: the kernel drops them even on SIGKILL, so a crashed runner never leaves a
-    stale lock). Shards of one campaign run side by side; two runners on one slot never do.
-
-    A runner that finds a slot held gets a ConfigError naming the holder (its own locks are released).
-    """
-    held: list[Any] = []
-    for slot in slot_ids:
-        handle = open(root / slot_lock_name(slot), "a+")  # noqa: SIM115  (kept open: the lock lives with it)
-        try:
-            fcntl.flock(handle, fcntl.LOCK_EX | fcntl.LOCK_NB)
-        except BlockingIOError:
-            handle.seek(0)
-            holder = handle.read().strip() or "another process"
-            for h in [handle, *held]:
-                h.close()
-            raise ConfigError(f"campaign {root} (shard {slot}) is being run by {holder}; wait for it to finish, "
-                              "or start a new campaign (leave out campaign=)") from None
-        handle.seek(0)
-        handle.truncate()
-        handle.write(f"pid {os.getpid()} on {socket.gethostname()} since "
-                     f"{datetime.now(UTC).isoformat(timespec='seconds')}\n")
-        handle.flush()
-        held.append(handle)
-    return held
-
-
-@contextlib.contextmanager
-def campaign_file_lock(root: Path) -> Iterator[None]:
-    """A short exclusive lock around reading and rewriting campaign.json (shards share it)."""
-    with open(root / ".lock.campaign-json", "a") as handle:
-        fcntl.flock(handle, fcntl.LOCK_EX)
-        try:
-            yield
-        finally:
-            fcntl.flock(handle, fcntl.LOCK_UN)
-
-
-def redact_config(config: dict[str, Any]) -> dict[str, Any]:
-    """The resolved config as campaign.json stores it: env values and secret flags of the server and
-    of each arm redacted (launcher.redact, redact_argv)."""
-    out = copy.deepcopy(config)
-    parts = [out.get("server") or {}] + list((out.get("experiment") or {}).get("arms") or [])
-    for part in parts:
-        if isinstance(part.get("env"), dict):
-            part["env"] = redact(part["env"])
-        if isinstance(part.get("args"), list):
-            part["args"] = redact_argv([str(a) for a in part["args"]])
-    return out
-
-
-def workload_doc(workload: Workload) -> dict[str, Any]:
-    return {
-        "name": workload.name, "dataset_id": workload.dataset_id, "revision": workload.revision,
-        "sha256": workload.sha256, "skipped_placeholders": workload.skipped_placeholders,
-        "items": [{"item_id": i.item_id, "seed_offset": i.seed_offset, "category": i.category, "answer": i.answer}
-                  for i in workload.items],
-    }
-
-
-# keys added to the config after campaigns were made: absent from an older campaign's stored config,
-# they mean what these values mean (so such a campaign still resumes)
-ADDED_KEYS: dict[str, Any] = {"server.cpus": [], "client.cpus": [], "experiment.arms.seed_stream": 0}
-# keys removed since (nothing read them): an older campaign's value is dropped before comparing
-REMOVED_KEYS = ("experiment.fresh_server_per_run",)
-
-
-def with_added_keys(config: dict[str, Any]) -> dict[str, Any]:
-    """An older campaign's stored config with the keys added since filled in with their neutral values,
-    and the keys removed since dropped."""
-    out = copy.deepcopy(config)
-    for dotted in REMOVED_KEYS:
-        head, key = dotted.rsplit(".", 1)
-        if isinstance(section := out.get(head), dict):
-            section.pop(key, None)
-    for dotted, value in ADDED_KEYS.items():
-        head, key = dotted.rsplit(".", 1)
-        parts = head.split(".")
-        node: Any = out
-        for part in parts:
-            node = node.get(part) if isinstance(node, dict) else None
-        targets = node if isinstance(node, list) else [node]
-        for target in targets:
-            if isinstance(target, dict):
-                target.setdefault(key, copy.deepcopy(value))
-    return out
-
-
-def config_differences(old: Any, new: Any, prefix: str = "") -> list[str]:
-    """Dotted keys whose values differ, ignoring the keys that do not change what is measured."""
-    if isinstance(old, dict) and isinstance(new, dict):
-        out = []
-        for key in sorted(set(old) | set(new)):
-            if not prefix and key in UNMEASURED_KEYS:
-                continue
-            out += config_differences(old.get(key), new.get(key), f"{prefix}{key}.")
-        return out
-    return [] if old == new else [prefix.rstrip(".")]
-
-
-def request_specs(cfg: BenchConfig, workload: Workload, base_seed: int,
-                  seed_stream: int = 0) -> tuple[list[RequestSpec], list[RequestSpec]]:
-    """(warmup specs, measured specs) of one run. Request seed = base seed + the item's numeric id +
-    the arm's seed_stream * 2**32."""
-    def seed(offset: int) -> int | None:
-        return request_seed(base_seed, offset, seed_stream) if cfg.experiment.seeded_requests else None
-
-    items = workload.items
-    warm = [RequestSpec(items[i % len(items)], seed(items[i % len(items)].seed_offset), True,
-                        cfg.experiment.warmup.max_new_tokens) for i in range(cfg.experiment.warmup.requests)]
-    measured = [RequestSpec(it, seed(it.seed_offset), False, cfg.sampling.max_new_tokens) for it in items]
-    return warm, measured
-
-
-def check_request_seeds(cfg: BenchConfig, workload: Workload) -> None:
-    """ConfigError (before anything launches) when a planned request seed does not fit 64 bits."""
-    if not cfg.experiment.seeded_requests:
-        return
-    for arm in cfg.experiment.arms:
-        for base_seed in cfg.experiment.base_seeds:
-            for item in workload.items:
-                request_seed(base_seed, item.seed_offset, arm.seed_stream)
-
-
-def server_env(env_overrides: dict[str, str]) -> dict[str, str]:
-    """The server's whole environment, secrets redacted."""
-    return redact({**os.environ, **env_overrides})
-
-
-def env_sha256(env_overrides: dict[str, str]) -> str:
-    """Hash of the server's whole environment (secrets redacted): equal hashes, equal environments."""
-    return hashlib.sha256(json.dumps(server_env(env_overrides), sort_keys=True).encode()).hexdigest()
+from harness.campaign.config import BenchConfig
+from harness.campaign.folder import Campaign
+from harness.campaign.manifest import start_manifest
+from harness.campaign.plan import request_specs, slots
+from harness.campaign.records import RecordWriter, finish_reason, make_record, make_score
+from harness.campaign.stopping import hold
+from harness.client.config import ClientConfig
+from harness.client.drive import drive
+from harness.client.requests import Outcome, RequestSpec
+from harness.host import machine
+from harness.schema import LogCheckReport, Manifest, PlannedRun, Scoring, to_json, write_json
+from harness.server.control import flush_cache, get_json, responds
+from harness.server.logs import check_log, describe_failed_checks
+from harness.server.process import Server, ServerError, free_port
+from harness.server.spec import LaunchSpec, build_spec
 
 
 class RunFailed(RuntimeError):
@@ -327,28 +62,6 @@ class RunContext:
         write_json(self.campaign.run_dir(self.planned.run_id) / "manifest.json", to_json(self.manifest))
 
 
-def start_manifest(c: Campaign, run: PlannedRun, spec: LaunchSpec) -> Manifest:
-    cfg = c.cfg
-    mono, unix = time.monotonic(), time.time()
-    return Manifest(
-        schema_version=SCHEMA_VERSION, campaign_id=c.campaign_id, run_id=run.run_id, arm=run.arm,
-        base_seed=run.base_seed, repeat=run.repeat, gpu=run.gpu,
-        command=redact_argv(spec.argv), env=redact(spec.env_overrides), env_full=server_env(spec.env_overrides),
-        env_full_sha256=env_sha256(spec.env_overrides),
-        versions={"harness": envinfo.git_info(), **envinfo.versions()},
-        gpu_info=envinfo.gpu_info(), host=envinfo.host_info(),
-        dataset={"id": c.workload.dataset_id, "revision": c.workload.revision, "sha256": c.workload.sha256},
-        model_path=cfg.server.model_path,
-        wall_anchor={"monotonic": mono, "unix": unix}, t_start_unix=unix,
-        concurrency=cfg.client.concurrency, request_rate=cfg.client.request_rate,
-        max_new_tokens=cfg.sampling.max_new_tokens,
-        client={"stream_mode": None, "arrival": "open" if cfg.client.request_rate else "closed",
-                "cpus": list(cfg.client.cpus) or None},
-        server_cpus=list(spec.cpus) or None,
-        scorer={"name": c.workload.scorer.name, "version": c.workload.scorer.version},
-    )
-
-
 def incremental_stream(server_info: dict | None) -> bool:
     """Whether the server streams only the new text in each chunk (SGLang --incremental-streaming-output)."""
     return bool((server_info or {}).get("incremental_streaming_output"))
@@ -376,7 +89,7 @@ async def read_server_facts(ctx: RunContext) -> None:
     man.server_info = await get_json(base, "/server_info") or await get_json(base, "/get_server_info")
     man.model_info = await get_json(base, "/model_info") or await get_json(base, "/get_model_info")
     man.seeds_honoured = seeds_honoured(cfg, man.server_info)
-    man.client["stream_mode"] = stream_mode(cfg.client, man.server_info)
+    man.client.stream_mode = stream_mode(cfg.client, man.server_info)
     if not man.seeds_honoured:
         c.console.print(Panel(
             f"run {run.run_id}: per-request seeds are sent but the server does not run with "
@@ -412,26 +125,27 @@ async def drive_run(ctx: RunContext) -> None:
     try:
         if warm:
             ctx.progress.update(task, total=len(warm), completed=0, description=f"{run.run_id} warmup")
-            await drive(base, warm, sampling=cfg.sampling, client=cfg.client, model=model,
-                        concurrency=len(warm), arrival_seed=run.base_seed, on_done=on_done,
-                        incremental=incremental)
+            await asyncio.gather(drive(base, warm, sampling=cfg.sampling, client=cfg.client, model=model,
+                                       concurrency=len(warm), arrival_seed=run.base_seed, on_done=on_done,
+                                       incremental=incremental), hold("warmup"))
         if cfg.experiment.warmup.flush_cache:
             await flush_cache(base)
         ctx.progress.update(task, total=len(measured), completed=0, description=f"{run.run_id}")
         start = machine.read_counters()
-        await drive(base, measured, sampling=cfg.sampling, client=cfg.client, model=model,
-                    concurrency=cfg.client.concurrency, arrival_seed=run.base_seed, on_done=on_done,
-                    incremental=incremental)
-        ctx.manifest.machine["during"] = machine.during(start, machine.read_counters())
+        await asyncio.gather(drive(base, measured, sampling=cfg.sampling, client=cfg.client, model=model,
+                                   concurrency=cfg.client.concurrency, arrival_seed=run.base_seed, on_done=on_done,
+                                   incremental=incremental), hold("measure"))
+        ctx.manifest.machine.during = machine.during(start, machine.read_counters())
     finally:
         c.pin.release()
         writer.close()
         ctx.progress.remove_task(task)
 
 
-def score_run(ctx: RunContext) -> None:
+async def score_run(ctx: RunContext) -> None:
     """Score every response of the run (warmup too) into scores.jsonl, after its measured window; the
-    manifest gets how many and how long. Any scoring error fails the run (RunFailed), naming the request."""
+    manifest gets how many and how long. Any scoring error fails the run (RunFailed), naming the request.
+    The loop gets a turn between responses, so that a stop signal lands between two of them."""
     scorer = ctx.campaign.workload.scorer
     writer = RecordWriter(ctx.campaign.run_dir(ctx.planned.run_id) / "scores.jsonl")
     start = time.monotonic()
@@ -443,9 +157,12 @@ def score_run(ctx: RunContext) -> None:
                 raise RunFailed(f"scoring request_index {resp.request_index} (item {resp.spec.item.item_id}) with "
                                 f"{scorer.label} failed: {type(exc).__name__}: {exc}") from exc
             writer.append(line)
+            if writer.count == 1:
+                await hold("scoring")
+            await asyncio.sleep(0)
     finally:
         writer.close()
-        ctx.manifest.scoring = {"scored": writer.count, "seconds": round(time.monotonic() - start, 3)}
+        ctx.manifest.scoring = Scoring(scored=writer.count, seconds=round(time.monotonic() - start, 3))
 
 
 @dataclass
@@ -490,16 +207,6 @@ async def check_server_health(ctx: RunContext, server: Server) -> None:
                         f"run (hung or dying); see {ctx.spec.log_path}")
 
 
-async def responds(base_url: str, path: str, timeout_s: float) -> bool:
-    """Whether GET `path` answers 200 within `timeout_s`."""
-    try:
-        async with aiohttp.ClientSession(timeout=aiohttp.ClientTimeout(total=timeout_s)) as session:
-            async with session.get(base_url + path) as resp:
-                return resp.status == 200
-    except (TimeoutError, aiohttp.ClientError):
-        return False
-
-
 async def run_one(c: Campaign, run: PlannedRun, progress: Progress, gate: SlotGate | None = None) -> str:
     """One run from a fresh server to its manifest and scores. Returns its final status."""
     gate = gate or SlotGate({run.run_id})
@@ -520,34 +227,39 @@ async def measure_and_score(c: Campaign, run: PlannedRun, progress: Progress, ga
                       gpu=run.gpu, log_path=c.run_dir(run.run_id) / "server.log")
     ctx = RunContext(c, run, spec, start_manifest(c, run, spec), progress)
     ctx.save()
-    checks: dict[str, Any] = {}
+    checks = LogCheckReport()
     try:
-        ctx.manifest.machine["before"] = await machine.sample(c.cfg.load_sample_s)
+        ctx.manifest.machine.before = await machine.sample(c.cfg.load_sample_s)
         async with Server(spec) as server:
+            await hold("startup")
             await server.wait_ready()
-            checks["after_ready"] = check_log(spec.log_path, spec.log_checks)
-            if not checks["after_ready"]["passed"]:
-                raise RunFailed(f"log check after readiness failed: {describe_failed_checks(checks['after_ready'])}")
+            checks.after_ready = check_log(spec.log_path, spec.log_checks)
+            if not checks.after_ready.passed:
+                raise RunFailed(f"log check after readiness failed: {describe_failed_checks(checks.after_ready)}")
             await drive_run(ctx)
-            ctx.manifest.machine["after"] = await machine.sample(c.cfg.load_sample_s)
+            ctx.manifest.machine.after = await machine.sample(c.cfg.load_sample_s)
             check_failed_requests(ctx)
             ctx.manifest.server_info_end = await get_json(spec.base_url, "/server_info", END_HEALTH_TIMEOUT_S)
-            checks["at_end"] = check_log(spec.log_path, spec.log_checks)
+            checks.at_end = check_log(spec.log_path, spec.log_checks)
             await check_server_health(ctx, server)
-            if not checks["at_end"]["passed"]:
-                raise RunFailed(f"log check at the end failed: {describe_failed_checks(checks['at_end'])}")
+            if not checks.at_end.passed:
+                raise RunFailed(f"log check at the end failed: {describe_failed_checks(checks.at_end)}")
         gate.arrive(run.run_id)
         await gate.wait()
-        score_run(ctx)
+        await score_run(ctx)
         ctx.manifest.status = "finished"
     except (ServerError, RunFailed, OSError, aiohttp.ClientError) as exc:  # the run fails, the campaign goes on
         ctx.manifest.status, ctx.manifest.error = "failed", str(exc)
         c.console.print(f"[bold red]{run.run_id} failed:[/] {exc}")
-    except BaseException as exc:  # Ctrl-C, cancellation, a crash: record it, the server is already stopped
+    except asyncio.CancelledError:  # a stop signal (harness.campaign.stopping): the server is already stopped
+        ctx.manifest.status, ctx.manifest.error = "failed", c.stops.reason if c.stops else "interrupted (cancelled)"
+        raise
+    except BaseException as exc:  # a crash: record it, the server is already stopped
         ctx.manifest.status, ctx.manifest.error = "failed", f"interrupted: {type(exc).__name__}: {exc}"
         raise
     finally:
-        checks["passed"] = all(v["passed"] for v in checks.values() if isinstance(v, dict)) if checks else False
+        ran = [r for r in (checks.after_ready, checks.at_end) if r is not None]
+        checks.passed = bool(ran) and all(r.passed for r in ran)
         ctx.manifest.log_checks = checks
         ctx.manifest.t_end_unix = time.time()
         ctx.save()
@@ -571,34 +283,6 @@ async def run_campaign(c: Campaign) -> dict[str, str]:
                 statuses[run.run_id] = status
                 progress.advance(overall)
     return statuses
-
-
-def new_campaign_id(cfg: BenchConfig) -> str:
-    """Time, concurrency and a random suffix: jobs started in the same second (a sweep, a cluster array)
-    never share a campaign folder."""
-    return datetime.now().strftime("%Y%m%d-%H%M%S") + f"-c{cfg.client.concurrency}-{secrets.token_hex(3)}"
-
-
-def campaign_root(cfg: BenchConfig) -> Path:
-    return Path(cfg.results_dir) / cfg.experiment.name / (cfg.campaign or new_campaign_id(cfg))
-
-
-def check_shard(shard: int | None, plan: list[PlannedRun]) -> None:
-    """ConfigError when `shard` names no slot of the plan."""
-    count = len(slots(plan))
-    if shard is not None and not 0 <= shard < count:
-        raise ConfigError(f"shard={shard} does not exist: this campaign has {count} shard(s), shard=0 to "
-                          f"shard={count - 1}, one per (base seed, repeat); e.g. -m shard='range(0,{count})'")
-
-
-def build_campaign(cfg: BenchConfig, config_dict: dict, workload: Workload, console: Console) -> Campaign:
-    """The campaign of a config; ConfigError (nothing launched) when a planned request seed is out of range
-    or the shard does not exist."""
-    check_request_seeds(cfg, workload)
-    plan = make_plan(cfg.experiment)
-    check_shard(cfg.shard, plan)
-    return Campaign(cfg=cfg, config_dict=redact_config(config_dict), workload=workload, plan=plan,
-                    root=campaign_root(cfg), console=console, pin=CpuPin(list(cfg.client.cpus)), shard=cfg.shard)
 
 
 def summary(statuses: dict[str, str]) -> str:

@@ -24,7 +24,8 @@ from hydra.types import RunMode
 from omegaconf import DictConfig, OmegaConf
 from rich.console import Console
 
-from harness.campaign.records import read_json, write_json
+from harness.campaign.report import write_report
+from harness.schema import read_json, write_json
 
 JOBS_DIR = "specbench-jobs"  # under a sweep's folder: one outcome file per job, read by SweepSummary
 
@@ -104,8 +105,6 @@ class SweepSummary(Callback):
             console.print(f"job {j['num']} ({' '.join(j['overrides']) or 'no overrides'}): {what}"
                           f"{j['campaign'] or 'no campaign'}: {outcome}", highlight=False, soft_wrap=True)
         sharded = sorted({j["campaign"] for j in jobs if j["shard"] is not None and j["campaign"]})
-        from harness.bench import write_report  # noqa: PLC0415  (harness.bench imports this module)
-
         bad_reports = [root for root in sharded
                        if config.get("report", True) and write_report(Path(root), console, bool(config.strict_audit))]
         if config.get("report", True):

@@ -40,7 +40,9 @@ from rich.progress import Progress
 from rich.table import Table
 from tabulate import tabulate
 
-from harness.client.stream import Outcome, Parser, new_session, send_one
+from harness.client.drive import new_session, send_one
+from harness.client.requests import Outcome
+from harness.client.streams import Parser
 from harness.host.machine import CpuPin
 
 HOST = "127.0.0.1"

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import torch
 
-from harness.config import ConfigError
+from harness.validation import ConfigError
 
 
 def resolve_device(name: str, key: str = "device") -> torch.device:

@@ -15,6 +15,8 @@ import socket
 import subprocess
 from pathlib import Path
 
+from harness.schema import GpuInfo, HarnessVersion, HostInfo, Versions
+
 REPO_ROOT = Path(__file__).resolve().parents[2]
 DIST_NAME = "specbench"
 _NVIDIA_SMI_FIELDS = ("name", "driver_version", "clocks.sm", "clocks.mem", "clocks.max.sm")
@@ -49,8 +51,8 @@ def dist_version(*names: str) -> str | None:
     return None
 
 
-def git_info(repo: Path = REPO_ROOT) -> dict:
-    """dict(version, git_sha, dirty) of the harness checkout.
+def git_info(repo: Path = REPO_ROOT) -> HarnessVersion:
+    """The harness's version and checkout state.
 
     version: the installed specbench distribution's version; git_sha: HEAD of the checkout the code runs
     from (None for an installed wheel); dirty: whether anything is
@@ -59,11 +61,7 @@ def git_info(repo: Path = REPO_ROOT) -> dict:
     # an installed wheel has no checkout: never report the git state of whatever repository holds the venv
     sha = run_tool(["git", "rev-parse", "HEAD"], cwd=repo) if (repo / ".git").exists() else None
     status = run_tool(["git", "status", "--porcelain"], cwd=repo) if sha else None
-    return {
-        "version": dist_version(DIST_NAME),
-        "git_sha": sha,
-        "dirty": None if status is None else bool(status),
-    }
+    return HarnessVersion(version=dist_version(DIST_NAME), git_sha=sha, dirty=None if status is None else bool(status))
 
 
 def _torch_cuda() -> str | None:
@@ -74,19 +72,18 @@ def _torch_cuda() -> str | None:
     return torch.version.cuda
 
 
-def versions() -> dict:
-    """dict(python, torch, sglang, flashinfer, triton, cuda): None for what is not installed.
-
-    cuda is the CUDA version torch was built with (None for a CPU build).
-    """
-    return {
-        "python": platform.python_version(),
-        "torch": dist_version("torch"),
-        "sglang": dist_version("sglang"),
-        "flashinfer": dist_version("flashinfer-python", "flashinfer"),
-        "triton": dist_version("triton", "pytorch-triton"),
-        "cuda": _torch_cuda(),
-    }
+def versions() -> Versions:
+    """The harness's git state and the versions of Python, torch, sglang, flashinfer, triton and torch's CUDA
+    in this interpreter: None for what is not installed (cuda: None for a CPU build of torch)."""
+    return Versions(
+        harness=git_info(),
+        python=platform.python_version(),
+        torch=dist_version("torch"),
+        sglang=dist_version("sglang"),
+        flashinfer=dist_version("flashinfer-python", "flashinfer"),
+        triton=dist_version("triton", "pytorch-triton"),
+        cuda=_torch_cuda(),
+    )
 
 
 def _mhz(value: str) -> int | str | None:
@@ -112,8 +109,8 @@ def parse_nvidia_smi(csv_text: str) -> list[dict]:
     return gpus
 
 
-def gpu_info() -> dict | None:
-    """dict(name, driver_version, count, gpus, cuda_visible_devices) from nvidia-smi, or None.
+def gpu_info() -> GpuInfo | None:
+    """The machine's GPUs as nvidia-smi sees them, or None.
 
     None when nvidia-smi is missing or fails. name / driver_version are the first GPU's; `gpus` lists
     every GPU nvidia-smi sees (its numbering, which CUDA_VISIBLE_DEVICES may remap).
@@ -123,13 +120,8 @@ def gpu_info() -> dict | None:
     gpus = parse_nvidia_smi(out) if out else []
     if not gpus:
         return None
-    return {
-        "name": gpus[0]["name"],
-        "driver_version": gpus[0]["driver_version"],
-        "count": len(gpus),
-        "gpus": gpus,
-        "cuda_visible_devices": os.environ.get("CUDA_VISIBLE_DEVICES"),
-    }
+    return GpuInfo(name=gpus[0]["name"], driver_version=gpus[0]["driver_version"], count=len(gpus), gpus=gpus,
+                   cuda_visible_devices=os.environ.get("CUDA_VISIBLE_DEVICES"))
 
 
 def _cpu_model() -> str:
@@ -155,17 +147,12 @@ def _memory_gib() -> float | None:
         return None
 
 
-def host_info() -> dict:
-    """dict(hostname, platform, cpu, cores, memory_gib): cores = logical CPUs this process may use."""
+def host_info() -> HostInfo:
+    """The machine: cores = logical CPUs this process may use."""
     cores: int | None
     try:
         cores = len(os.sched_getaffinity(0))
     except AttributeError:
         cores = os.cpu_count()
-    return {
-        "hostname": socket.gethostname(),
-        "platform": platform.platform(),
-        "cpu": _cpu_model(),
-        "cores": cores,
-        "memory_gib": _memory_gib(),
-    }
+    return HostInfo(hostname=socket.gethostname(), platform=platform.platform(), cpu=_cpu_model(), cores=cores,
+                    memory_gib=_memory_gib())

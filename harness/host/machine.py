@@ -20,11 +20,11 @@ import asyncio
 import os
 import time
 from dataclasses import dataclass, field
-from typing import Any
 
 import psutil
 
 from harness.host.envinfo import run_tool
+from harness.schema import GpuStatus, LoadDuring, LoadSnapshot
 
 _NVIDIA_SMI_QUERY = "--query-gpu=index,clocks.sm,temperature.gpu,utilization.gpu"
 _IDLE_FIELDS = ("idle", "iowait")
@@ -101,15 +101,11 @@ def other_fraction(c0: Counters, c1: Counters) -> float:
     return _fraction((c1.busy_s - c0.busy_s - ours_between(c0, c1)) / (wall * cores()))
 
 
-def during(c0: Counters, c1: Counters) -> dict[str, Any]:
+def during(c0: Counters, c1: Counters) -> LoadDuring:
     """The manifest's `machine.during` over a window (docs/records.md)."""
-    return {
-        "wall_s": round(c1.t_mono - c0.t_mono, 4),
-        "cpu_total_s": round(c1.busy_s - c0.busy_s, 3),
-        "cpu_ours_s": round(ours_between(c0, c1), 3),
-        "cpu_other_frac": other_fraction(c0, c1),
-        "steal_frac": steal_fraction(c0, c1),
-    }
+    return LoadDuring(wall_s=round(c1.t_mono - c0.t_mono, 4), cpu_total_s=round(c1.busy_s - c0.busy_s, 3),
+                      cpu_ours_s=round(ours_between(c0, c1), 3), cpu_other_frac=other_fraction(c0, c1),
+                      steal_frac=steal_fraction(c0, c1))
 
 
 def load_avg() -> list[float] | None:
@@ -128,32 +124,33 @@ def _number(cell: str) -> int | float | None:
     return int(value) if value.is_integer() else value
 
 
-def parse_gpu_status(csv_text: str) -> list[dict[str, Any]]:
+def parse_gpu_status(csv_text: str) -> list[GpuStatus]:
     """Rows of `nvidia-smi --query-gpu=index,clocks.sm,temperature.gpu,utilization.gpu
-    --format=csv,noheader,nounits` -> [{"index", "sm_clock_mhz", "temperature_c", "utilization_pct"}]."""
+    --format=csv,noheader,nounits` -> one GpuStatus per GPU."""
     gpus = []
     for line in csv_text.splitlines():
         cells = [c.strip() for c in line.split(",")]
-        if len(cells) != 4 or _number(cells[0]) is None:
+        index = _number(cells[0]) if len(cells) == 4 else None
+        if index is None:
             continue
-        index, clock, temp, util = (_number(c) for c in cells)
-        gpus.append({"index": index, "sm_clock_mhz": clock, "temperature_c": temp, "utilization_pct": util})
+        clock, temp, util = (_number(c) for c in cells[1:])
+        gpus.append(GpuStatus(index=int(index), sm_clock_mhz=clock, temperature_c=temp, utilization_pct=util))
     return gpus
 
 
-def gpu_status() -> list[dict[str, Any]] | None:
+def gpu_status() -> list[GpuStatus] | None:
     """Every GPU's SM clock, temperature and utilisation now, or None without a working nvidia-smi."""
     out = run_tool(["nvidia-smi", _NVIDIA_SMI_QUERY, "--format=csv,noheader,nounits"])
     return (parse_gpu_status(out) or None) if out else None
 
 
-def snapshot(c0: Counters, c1: Counters, gpus: list[dict[str, Any]] | None) -> dict[str, Any]:
+def snapshot(c0: Counters, c1: Counters, gpus: list[GpuStatus] | None) -> LoadSnapshot:
     """The manifest's `machine.before` / `machine.after` from a short sample (docs/records.md)."""
-    return {"t_unix": round(c1.t_unix, 3), "load_avg": load_avg(), "cpu_other": other_fraction(c0, c1),
-            "steal": steal_fraction(c0, c1), "gpus": gpus}
+    return LoadSnapshot(t_unix=round(c1.t_unix, 3), load_avg=load_avg(), cpu_other=other_fraction(c0, c1),
+                        steal=steal_fraction(c0, c1), gpus=gpus)
 
 
-async def sample(seconds: float) -> dict[str, Any]:
+async def sample(seconds: float) -> LoadSnapshot:
     """A `seconds` sample of the machine's load, without blocking the event loop."""
     c0 = read_counters()
     await asyncio.sleep(seconds)

@@ -11,10 +11,12 @@ from omegaconf import DictConfig, OmegaConf
 from rich.console import Console
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 
-from harness.config import CONFIG_DIR, HYDRA_VERSION_BASE, ConfigError, MicroAppConfig, register_configs
+from harness.hydra_setup import CONFIG_DIR, HYDRA_VERSION_BASE
 from harness.micro.app import RunResult, check_config, progress_steps, run
+from harness.micro.config import MicroAppConfig, register_configs
 from harness.micro.impls import ImplError
 from harness.micro.report import console_table, write_report
+from harness.validation import ConfigError
 
 PIPE_WIDTH = 160  # console width when stdout is not a terminal (logs, CI)
 

@@ -19,12 +19,11 @@ import torch
 from torch import Tensor
 
 from harness import verify
-from harness.campaign.records import write_json
-from harness.config import MicroConfig
 from harness.host import envinfo
 from harness.host.devices import resolve_device
 from harness.micro import measure
 from harness.micro.compare import OutputMatch, compare_outputs
+from harness.micro.config import MicroConfig
 from harness.micro.impls import REGISTRY, Impl, ImplError, check_names, resolve_impls
 from harness.micro.inputs import (
     RowParams,
@@ -33,6 +32,7 @@ from harness.micro.inputs import (
     padding_row_count,
     rotated_copies,
 )
+from harness.schema import to_json, write_json
 
 MICRO_SCHEMA_VERSION = 1  # of the microbenchmark's own files (manifest.json, results.jsonl under results/micro)
 Step = Callable[[str], None]
@@ -246,6 +246,8 @@ def device_info(device: torch.device) -> dict[str, Any]:
 def build_manifest(cfg: MicroConfig, resolved: dict, device: torch.device, impls: list[Impl],
                    overrides: list[str]) -> dict[str, Any]:
     """manifest.json: config, command, versions, device, GPU (nvidia-smi), git, host, implementations."""
+    gpu = envinfo.gpu_info() if device.type == "cuda" else None
+    versions = to_json(envinfo.versions())
     return {
         "schema_version": MICRO_SCHEMA_VERSION,
         "kind": "micro",
@@ -258,10 +260,10 @@ def build_manifest(cfg: MicroConfig, resolved: dict, device: torch.device, impls
         "device": device_info(device),
         "radix_topk_backend": verify.radix_topk_backend(device),
         "impls": {i.name: {"available": i.available, "note": i.note, **i.info} for i in impls},
-        "versions": envinfo.versions(),
-        "git": envinfo.git_info(),
-        "gpu": envinfo.gpu_info() if device.type == "cuda" else None,
-        "host": envinfo.host_info(),
+        "versions": {k: v for k, v in versions.items() if k != "harness"},
+        "git": versions["harness"],
+        "gpu": to_json(gpu) if gpu is not None else None,
+        "host": to_json(envinfo.host_info()),
     }
 
 

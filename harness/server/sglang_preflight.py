@@ -24,15 +24,13 @@ from pathlib import Path
 from rich.console import Console
 from rich.markup import escape
 
-from harness.campaign.plan import make_plan
-from harness.config import BenchConfig
-from harness.server.launcher import planned_spec
+from harness.server.config import ServerConfig
+from harness.server.spec import PlannedLaunch
 
 PROBE = Path(__file__).with_name("sglang_argv_probe.py")
 RESULT_MARK = "SPECBENCH_PREFLIGHT "
 PROBE_TIMEOUT_S = 300.0
 EXIT_CODE = 2
-PORT_PLACEHOLDER = 0  # the real port is picked when a run starts; any int parses the same
 PLACEMENT_ENV = ("CUDA_VISIBLE_DEVICES",)  # per-run placement, not part of what is checked
 PROBE_ENV = {"HF_HUB_OFFLINE": "1", "TRANSFORMERS_OFFLINE": "1", "PYTHONUNBUFFERED": "1"}
 # Only SGLang's refusal fails the preflight. "error" is a stage that crashed: running SGLang's hook
@@ -63,7 +61,7 @@ class PlannedArgv:
     sources: tuple[tuple[str, str], ...] = ()  # (token, config key)
 
     def source_of(self, flag: str) -> str:
-        return dict(self.sources).get(flag, "the launch command (harness/server/launcher.py build_spec)")
+        return dict(self.sources).get(flag, "the launch command (harness/server/spec.py build_spec)")
 
 
 @dataclass(frozen=True)
@@ -172,27 +170,13 @@ def named_flag(message: str, args: Sequence[str]) -> str | None:
     return named[0] if named else None
 
 
-def token_sources(cfg: BenchConfig, arm: str) -> tuple[tuple[str, str], ...]:
-    """(token, config key) for the flags of one arm's command; later keys win (the arm's over the server's)."""
-    s = cfg.server
-    index = next(i for i, a in enumerate(cfg.experiment.arms) if a.name == arm)
-    pairs = [("--model-path", "server.model_path"), ("--host", "server.host"), ("--port", "server.port"),
-             ("--speculative-draft-model-path", "server.draft_model_path")]
-    pairs += [(s.seed_arg, "server.seed_arg")] if s.seed_arg else []
-    pairs += [(str(t).split("=", 1)[0], "server.args") for t in s.args]
-    pairs += [(str(t).split("=", 1)[0], f"experiment.arms.{index}.args") for t in cfg.experiment.arms[index].args]
-    return tuple(dict(pairs).items())
-
-
-def planned_argvs(cfg: BenchConfig) -> list[PlannedArgv]:
-    """Every planned run's server command, as the runner will launch it (but for the port)."""
-    items = []
-    for run in make_plan(cfg.experiment):
-        spec = planned_spec(cfg, run, port=cfg.server.port or PORT_PLACEHOLDER)
-        env = tuple(sorted((k, v) for k, v in spec.env_overrides.items() if k not in PLACEMENT_ENV))
-        items.append(PlannedArgv(label=run.run_id, arm=run.arm, python=spec.argv[0], args=tuple(spec.argv[3:]),
-                                 env=env, sources=token_sources(cfg, run.arm)))
-    return items
+def planned_argv(launch: PlannedLaunch) -> PlannedArgv:
+    """A planned launch as the probe checks it: the interpreter, what follows `-m MODULE` (any port parses
+    the same as the real one), the environment without its placement."""
+    argv = launch.spec.argv
+    env = tuple(sorted((k, v) for k, v in launch.spec.env_overrides.items() if k not in PLACEMENT_ENV))
+    return PlannedArgv(label=launch.run.run_id, arm=launch.run.arm, python=argv[0], args=tuple(argv[3:]), env=env,
+                       sources=launch.sources)
 
 
 def probe(python: str, env: dict[str, str], argvs: list[tuple[str, ...]], timeout_s: float = PROBE_TIMEOUT_S) -> dict:
@@ -238,17 +222,17 @@ def _for(outcome: Outcome, item: PlannedArgv) -> Outcome:
     return Outcome(item, outcome.stages, outcome.sglang_version, outcome.unchecked)
 
 
-def run_preflight(cfg: BenchConfig, console: Console) -> PreflightReport | None:
-    """The report for this config, or None when the preflight does not apply (say why)."""
-    if cfg.server.backend != "sglang":
-        console.print(f"argv preflight: not applicable to backend {cfg.server.backend} (it checks SGLang commands)",
+def run_preflight(server: ServerConfig, launches: list[PlannedLaunch], console: Console) -> PreflightReport | None:
+    """The report for these planned launches, or None when the preflight does not apply (say why)."""
+    if server.backend != "sglang":
+        console.print(f"argv preflight: not applicable to backend {server.backend} (it checks SGLang commands)",
                       highlight=False)
         return None
-    if cfg.server.preflight == "skip":
+    if server.preflight == "skip":
         console.print("[bold yellow]argv preflight SKIPPED (server.preflight=skip)[/]: the commands were NOT "
                       "checked against SGLang", highlight=False)
         return None
-    items = planned_argvs(cfg)
+    items = [planned_argv(launch) for launch in launches]
     pythons = sorted({i.python for i in items})
     console.print(f"argv preflight: checking {len({(i.python, i.env, i.args) for i in items})} distinct command(s) "
                   f"with the SGLang of {', '.join(pythons)} ...", highlight=False)
@@ -275,12 +259,12 @@ def print_verdict(report: PreflightReport, console: Console) -> int:
     return EXIT_CODE
 
 
-def preflight_before_launch(cfg: BenchConfig, console: Console) -> int:
+def preflight_before_launch(server: ServerConfig, launches: list[PlannedLaunch], console: Console) -> int:
     """A real run's fail-fast check, before any workload is loaded or server launched: 0 to go on.
     Silent for the embedded backend (the dry run says it does not apply)."""
-    if cfg.server.backend != "sglang":
+    if server.backend != "sglang":
         return 0
-    report = run_preflight(cfg, console)
+    report = run_preflight(server, launches, console)
     if report is None:
         return 0
     code = print_verdict(report, console)

@@ -34,7 +34,7 @@ import math
 import torch
 from torch import Tensor
 
-from harness.verify import GREEDY_TEMPERATURE  # a temperature below it (or top_k 1) is a greedy row
+from harness.verify.rows import GREEDY_TEMPERATURE  # a temperature below it (or top_k 1) is a greedy row
 
 try:
     import triton

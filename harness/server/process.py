@@ -1,9 +1,8 @@
-"""Launch one server (SGLang or the embedded one), wait until it is ready, check its log, stop it.
+"""One server process: start it (own process group, log file, CPU pinning, parent-death signal), wait
+until it is ready and check that the listener on its port is ours, stop it.
 
-Both backends are started the same way: `python -m MODULE --model-path M --host H --port P ...`,
-argv built as a list, in a process group of its own, stdout and stderr to `server.log`. Stopping sends
-SIGTERM to the whole group, then SIGKILL. On Linux the server also gets SIGTERM when the runner
-dies (PR_SET_PDEATHSIG), so no server outlives a crashed or killed runner. With `server.cpus` the
+Stopping sends SIGTERM to the whole group, then SIGKILL. On Linux the server also gets SIGTERM when the
+runner dies (PR_SET_PDEATHSIG), so no server outlives a crashed or killed runner. With `server.cpus` the
 server (and every process it starts) runs pinned to those CPUs from its first instruction.
 """
 
@@ -13,25 +12,20 @@ import asyncio
 import ctypes
 import functools
 import os
-import re
 import signal
 import socket
 import subprocess
 import sys
 import time
 from dataclasses import dataclass, field
-from pathlib import Path
 from typing import IO
 
 import aiohttp
 import psutil
 
-from harness.campaign.plan import PlannedRun
-from harness.config import ArmConfig, BenchConfig, LogChecks, ServerConfig
+from harness.server.logs import log_tail
+from harness.server.spec import LaunchSpec
 
-# a name part (split on _ - .) ending so is a secret: HF_TOKEN, OPENAI_API_KEY, PGPASSWORD, --api-key;
-# not --speculative-num-draft-tokens or TOKENIZERS_PARALLELISM
-SECRET_PART = re.compile(r"(TOKEN|KEY|SECRET|PASSWORD|PASSWD|PASS|CREDENTIALS?|AUTH|APIKEY)$", re.IGNORECASE)
 PR_SET_PDEATHSIG = 1
 
 
@@ -78,88 +72,6 @@ def ensure_port_free(host: str, port: int) -> None:
                               "port per run)") from None
 
 
-URL_CREDENTIALS = re.compile(r"(?P<head>[A-Za-z][A-Za-z0-9+.-]*://[^:/@\s]*):[^@/\s]+@")
-
-
-def is_secret_name(name: str) -> bool:
-    """Whether a variable or flag name (HF_TOKEN, --api-key) names a secret."""
-    return any(SECRET_PART.search(part) for part in re.split(r"[_.-]+", name) if part)
-
-
-def redact_value(value: str) -> str:
-    """Hide passwords inside a value (`scheme://user:password@host` -> `scheme://user:***@host`)."""
-    return URL_CREDENTIALS.sub(r"\g<head>:***@", value)
-
-
-def redact(env: dict[str, str]) -> dict[str, str]:
-    """Hide the values of variables that look like secrets (tokens, keys, passwords) and the
-    credentials inside any other value."""
-    return {k: ("***" if is_secret_name(k) else redact_value(str(v))) for k, v in env.items()}
-
-
-def redact_argv(argv: list[str]) -> list[str]:
-    """The command with the value of any secret-looking flag (`--api-key X`, `--hf-token=X`) hidden."""
-    out: list[str] = []
-    for i, token in enumerate(argv):
-        flag, eq, _ = token.partition("=")
-        if token.startswith("--") and eq and is_secret_name(flag):
-            out.append(f"{flag}=***")
-        elif i > 0 and argv[i - 1].startswith("--") and "=" not in argv[i - 1] and is_secret_name(argv[i - 1]):
-            out.append("***")
-        else:
-            out.append(redact_value(token))
-    return out
-
-
-@dataclass
-class LaunchSpec:
-    """Everything needed to start one server; `argv` and `env_overrides` go into the manifest."""
-
-    argv: list[str]
-    env_overrides: dict[str, str]
-    host: str
-    port: int
-    log_path: Path
-    log_checks: LogChecks
-    ready_timeout_s: float
-    stop_timeout_s: float
-    cpus: list[int] = field(default_factory=list)  # pin the server to these CPUs; [] = no pinning
-
-    @property
-    def base_url(self) -> str:
-        return f"http://{self.host}:{self.port}"
-
-
-def merge_log_checks(*checks: LogChecks) -> LogChecks:
-    return LogChecks(must=[r for c in checks for r in c.must], must_not=[r for c in checks for r in c.must_not])
-
-
-def build_spec(server: ServerConfig, arm: ArmConfig, *, port: int, base_seed: int | None, gpu: int | None,
-               log_path: Path) -> LaunchSpec:
-    """The exact command and environment of one run of one arm."""
-    python = arm.python or server.python or sys.executable
-    argv = [python, "-m", server.module, "--model-path", server.model_path,
-            "--host", server.host, "--port", str(port)]
-    if server.draft_model_path:
-        argv += ["--speculative-draft-model-path", server.draft_model_path]
-    if server.seed_arg and base_seed is not None:
-        argv += [server.seed_arg, str(base_seed)]
-    argv += [str(a) for a in server.args] + [str(a) for a in arm.args]
-    env = {**{k: str(v) for k, v in server.env.items()}, **{k: str(v) for k, v in arm.env.items()}}
-    if gpu is not None:
-        env["CUDA_VISIBLE_DEVICES"] = str(gpu)
-    return LaunchSpec(argv=argv, env_overrides=env, host=server.host, port=port, log_path=log_path,
-                      log_checks=merge_log_checks(server.log_checks, arm.log_checks),
-                      ready_timeout_s=server.ready_timeout_s, stop_timeout_s=server.stop_timeout_s,
-                      cpus=list(server.cpus))
-
-
-def planned_spec(cfg: BenchConfig, run: PlannedRun, *, port: int, log_path: Path = Path("server.log")) -> LaunchSpec:
-    """The launch spec of one planned run, as the dry run shows it and the argv preflight checks it."""
-    return build_spec(cfg.server, cfg.experiment.arm(run.arm), port=port, base_seed=run.base_seed, gpu=run.gpu,
-                      log_path=log_path)
-
-
 def _set_parent_death_signal() -> None:
     try:
         ctypes.CDLL("libc.so.6", use_errno=True).prctl(PR_SET_PDEATHSIG, signal.SIGTERM)
@@ -173,28 +85,6 @@ def _prepare_child(cpus: list[int]) -> None:  # runs in the child between fork a
         _set_parent_death_signal()
     if cpus:
         os.sched_setaffinity(0, cpus)
-
-
-def log_tail(path: Path, lines: int = 40) -> str:
-    try:
-        return "\n".join(path.read_text(errors="replace").splitlines()[-lines:])
-    except FileNotFoundError:
-        return "(no log)"
-
-
-def check_log(path: Path, checks: LogChecks) -> dict:
-    """{"must": {regex: found}, "must_not": {regex: found}, "passed": bool} over the log so far."""
-    text = path.read_text(errors="replace") if path.exists() else ""
-    must = {r: re.search(r, text, re.MULTILINE) is not None for r in checks.must}
-    must_not = {r: re.search(r, text, re.MULTILINE) is not None for r in checks.must_not}
-    return {"must": must, "must_not": must_not, "passed": all(must.values()) and not any(must_not.values())}
-
-
-def describe_failed_checks(result: dict) -> str:
-    missing = [r for r, ok in result["must"].items() if not ok]
-    present = [r for r, hit in result["must_not"].items() if hit]
-    parts = ([f"missing {missing}"] if missing else []) + ([f"present but forbidden {present}"] if present else [])
-    return "; ".join(parts)
 
 
 @dataclass
@@ -301,27 +191,3 @@ def _signal_group(pid: int, sig: int) -> None:
         os.killpg(pid, sig)
     except (ProcessLookupError, PermissionError):
         pass
-
-
-async def get_json(base_url: str, path: str, timeout_s: float = 30.0) -> dict | None:
-    """GET a JSON endpoint; None when the server does not have it."""
-    async with aiohttp.ClientSession(timeout=aiohttp.ClientTimeout(total=timeout_s)) as session:
-        try:
-            async with session.get(base_url + path) as resp:
-                return await resp.json(content_type=None) if resp.status == 200 else None
-        except (TimeoutError, aiohttp.ClientError, ValueError):
-            return None
-
-
-async def flush_cache(base_url: str, timeout_s: float = 60.0) -> None:
-    """POST /flush_cache, retrying while the server answers 400 (busy)."""
-    deadline = time.monotonic() + timeout_s
-    async with aiohttp.ClientSession(timeout=aiohttp.ClientTimeout(total=30)) as session:
-        while True:
-            async with session.post(base_url + "/flush_cache") as resp:
-                if resp.status == 200:
-                    return
-                body = await resp.text()
-            if time.monotonic() > deadline:
-                raise ServerError(f"/flush_cache kept failing for {timeout_s:.0f}s: HTTP {resp.status} {body[:200]}")
-            await asyncio.sleep(0.5)

@@ -1,0 +1,34 @@
+"""The report as data (`Report`): what `analysis.report.build_report` computes and `analysis.markdown`
+renders, in a module of its own so that both can import it."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from pathlib import Path
+
+import pandas as pd
+
+from analysis.audit import Audit
+from analysis.compare import ChangeSet
+from analysis.load import Loaded
+from analysis.metrics import Metrics
+from analysis.tables import Tables
+
+
+@dataclass
+class Report:
+    """Everything the report shows, as data. `markdown` is the rendered report.md."""
+
+    inputs: list[Path]
+    data: Loaded
+    arms: list[str]
+    baseline: str
+    audit: Audit
+    metrics: Metrics
+    comparison: ChangeSet
+    tables: Tables
+    figures: dict[str, str]  # file name under figures/ -> caption
+    n_boot: int
+    seed: int
+    power: pd.DataFrame  # run pairs needed for a 1%, 2%, 5% change at 80% power (compare.power_table)
+    markdown: str = ""

@@ -1,0 +1,151 @@
+"""The campaign command behind `python -m harness.bench` (harness/bench.py starts it): compose the config
+(Hydra), then a dry run, or the plan's runs followed by the report. Also one job of a Hydra multirun: a
+job records its outcome (harness.campaign.sweep) instead of exiting, so one failed job does not stop the
+others; a stop signal stops the whole sweep.
+
+Stop signals (SIGINT, SIGTERM) are one graceful stop at any moment (harness.campaign.stopping); what the
+command says and its exit code (130, 143) depend on where they arrive: before any run (nothing launched),
+during the runs (the running run failed, its server stopped; resume with campaign=...), or while the report
+is written (every run had ended; `make report DIR=...` writes it).
+"""
+
+from __future__ import annotations
+
+import sys
+from pathlib import Path
+from typing import Any, cast
+
+import hydra
+from omegaconf import DictConfig, OmegaConf
+from omegaconf.errors import MissingMandatoryValue, OmegaConfBaseException
+from rich.console import Console
+
+from harness.campaign.config import BenchConfig, register_configs
+from harness.campaign.dryrun import print_dry_run
+from harness.campaign.folder import Campaign, build_campaign
+from harness.campaign.overrides import OverrideError, check_overrides
+from harness.campaign.plan import planned_launches
+from harness.campaign.report import write_report
+from harness.campaign.runner import run_campaign, summary
+from harness.campaign.stopping import Stopped, StopSignals, hold_sync
+from harness.campaign.sweep import SweepJob
+from harness.hydra_setup import CONFIG_DIR, HYDRA_VERSION_BASE
+from harness.server.sglang_preflight import preflight_before_launch
+from harness.validation import ConfigError
+from workloads import load_workload
+from workloads.base import WorkloadError
+
+GROUPS = ("experiment", "server", "workload", "client")
+
+
+def to_typed(cfg: DictConfig) -> BenchConfig:
+    """The composed config as typed objects; schema checks in __post_init__ run here."""
+    return cast(BenchConfig, OmegaConf.to_object(cfg)).validate()  # cfg's schema is BenchConfig
+
+
+def campaign_complete(campaign: Campaign) -> bool:
+    return all(campaign.run_status(r.run_id) == "finished" for r in campaign.plan)
+
+
+def run(cfg_node: DictConfig, console: Console, stops: StopSignals,
+        sweep: SweepJob | None = None) -> tuple[int, Path | None]:
+    """Compose -> plan -> (dry run | runs -> report). Returns the process exit code and the campaign folder.
+
+    A shard writes the campaign's report only when it completes the campaign outside a sweep (in a sweep,
+    SweepSummary writes it once every job has ended). A Stopped before the runs start propagates (the
+    caller says nothing was launched); during the runs and the report it is handled here."""
+    cfg = to_typed(cfg_node)
+    if cfg.campaign is None and sweep is not None:
+        cfg.campaign = sweep.campaign_id(cfg.client.concurrency)
+    if cfg.dry_run:
+        return print_dry_run(cfg, console), None
+    code = preflight_before_launch(cfg.server, planned_launches(cfg), console)  # before anything is loaded
+    if code:
+        return code, None
+    config_dict = cast(dict[str, Any], OmegaConf.to_container(cfg_node, resolve=True))  # of a DictConfig
+    workload = load_workload(cfg.workload)
+    campaign = build_campaign(cfg, config_dict, workload, console, stops)
+    part = f" (shard {cfg.shard}: {len(campaign.todo)} of them)" if cfg.shard is not None else ""
+    console.print(f"[bold]{cfg.experiment.name}[/]: {len(campaign.plan)} runs{part} x {len(workload.items)} requests "
+                  f"({workload.name}, sha256 {workload.sha256[:12]}) -> {campaign.root}")
+    campaign.open()
+    hold_sync("plan")
+    resume = f"campaign={campaign.root.name}" + (f" shard={cfg.shard}" if cfg.shard is not None else "")
+    try:
+        statuses = stops.run(run_campaign(campaign))
+    except Stopped as stop:
+        console.print(f"[bold red]interrupted[/] ({stop.name}): the running run is marked failed, its server "
+                      f"stopped; records so far are kept in {campaign.root}. Resume with {resume}", soft_wrap=True)
+        return stop.exit_code, campaign.root
+    console.print(f"runs: {summary(statuses)}")
+    report_now = cfg.report and (cfg.shard is None or (sweep is None and campaign_complete(campaign)))
+    report_code = 0
+    try:
+        if report_now:
+            hold_sync("report")
+            report_code = write_report(campaign.root, console, cfg.strict_audit)
+    except Stopped as stop:
+        console.print(f"[bold red]interrupted[/] ({stop.name}) while writing the report: every run had ended "
+                      f"({summary(statuses)}); the records are in {campaign.root}; "
+                      f"`make report DIR={campaign.root}` writes the report", soft_wrap=True)
+        return stop.exit_code, campaign.root
+    if cfg.shard is not None and not report_now:
+        console.print(f"shard {cfg.shard} done; the campaign's report, once every shard has finished: "
+                      f"specbench-report {campaign.root}" + (" (the sweep writes it at its end)" if sweep else ""))
+    console.print(f"[bold green]records:[/] {campaign.root}/runs/*/records.jsonl")
+    failed = [r for r, s in statuses.items() if s != "finished"]
+    if failed:
+        console.print(f"[bold red]{len(failed)} run(s) failed[/]: {', '.join(failed)}; rerun with {resume} "
+                      "to resume them")
+        return 1, campaign.root
+    return (1 if report_code else 0), campaign.root
+
+
+@hydra.main(version_base=HYDRA_VERSION_BASE, config_path=str(CONFIG_DIR), config_name="bench")
+def hydra_main(cfg: DictConfig) -> None:
+    """One run of the command, or one job of a sweep: a job records its outcome (SweepSummary reads it at
+    the sweep's end) instead of exiting, so one failed job does not stop the others; a stopped job stops
+    the sweep."""
+    console = Console()
+    stops = StopSignals.ensure()  # installed by harness.bench; a submitit job process installs its own here
+    sweep = SweepJob.current()
+    code, root = guarded_run(cfg, console, stops, sweep)
+    if sweep is not None:
+        sweep.record(code, root, cfg.get("shard"))
+        if stops.signum is not None:
+            sys.exit(code)
+    elif code:
+        sys.exit(code)
+
+
+def guarded_run(cfg: DictConfig, console: Console, stops: StopSignals,
+                sweep: SweepJob | None) -> tuple[int, Path | None]:
+    """run(), with the errors a user can fix printed as one line and an exit code."""
+    code, root = 2, None
+    try:
+        code, root = run(cfg, console, stops, sweep)
+    except MissingMandatoryValue as exc:
+        key = exc.full_key or "a value"
+        console.print(f"[bold red]error:[/] {key} is required and has no value: set it on the command line "
+                      f"({key}=...) or in the experiment file")
+        code = 2
+    except (ConfigError, WorkloadError, OmegaConfBaseException) as exc:
+        console.print(f"[bold red]error:[/] {exc}")
+        code = 2
+    except Stopped as stop:
+        console.print(f"[bold red]interrupted[/] ({stop.name}) before any run started; nothing was launched",
+                      soft_wrap=True)
+        code = stop.exit_code
+    return code, root
+
+
+def main(stops: StopSignals) -> None:
+    """The command line: overrides checked against the schema first (the valid keys listed), then Hydra."""
+    register_configs()
+    try:
+        check_overrides(sys.argv[1:], BenchConfig, GROUPS)
+    except OverrideError as exc:
+        Console(stderr=True).print(f"[bold red]error:[/] {exc}")
+        sys.exit(2)
+    stops.check()
+    hydra_main()

@@ -1,0 +1,80 @@
+"""Typed config of the server group (`configs/server/`): the backend and the flags every arm shares,
+the arms themselves (what differs from that common server), and the log checks of both."""
+
+from __future__ import annotations
+
+import re
+from dataclasses import dataclass, field
+
+from omegaconf import MISSING
+
+from harness.validation import ConfigError, check_choice, check_cpus, check_range
+
+
+@dataclass
+class LogChecks:
+    """Regexes searched in the server log after readiness and again at the end of the run."""
+
+    must: list[str] = field(default_factory=list)
+    must_not: list[str] = field(default_factory=list)
+
+    def __post_init__(self) -> None:
+        for kind, patterns in (("must", self.must), ("must_not", self.must_not)):
+            for pattern in patterns:
+                try:
+                    re.compile(pattern, re.MULTILINE)
+                except re.error as exc:
+                    raise ConfigError(f"log_checks.{kind} regex {pattern!r} is invalid ({exc}); fix it in the "
+                                      "experiment file or on the command line") from None
+
+
+@dataclass
+class ServerConfig:
+    """A server backend and the flags every arm shares."""
+
+    backend: str = "embedded"  # embedded | sglang
+    python: str | None = None  # interpreter; None = the one running the harness
+    module: str = "harness.engine"  # run as `python -m MODULE`
+    model_path: str = MISSING
+    draft_model_path: str | None = None  # passed as --speculative-draft-model-path when set
+    host: str = "127.0.0.1"
+    port: int = 0  # 0 = a free port per run
+    args: list[str] = field(default_factory=list)
+    env: dict[str, str] = field(default_factory=dict)
+    seed_arg: str | None = "--random-seed"  # passed the run's base seed; null to pass none
+    ready_timeout_s: float = 900.0
+    stop_timeout_s: float = 30.0
+    log_checks: LogChecks = field(default_factory=LogChecks)
+    # backend sglang: check every planned argv with the server interpreter's own SGLang before a dry run
+    # says "ok" and before a real run launches anything. require = a refused argv, or one that could not
+    # be checked (no SGLang in that interpreter), fails the command; skip = do not check (said so).
+    preflight: str = "require"
+    cpus: list[int] = field(default_factory=list)  # pin the server (and its children) to these CPUs; [] = no pinning
+
+    def __post_init__(self) -> None:
+        check_choice("server.backend", self.backend, ("embedded", "sglang"))
+        check_cpus("server.cpus", self.cpus)
+        check_choice("server.preflight", self.preflight, ("require", "skip"))
+        if not 0 <= self.port < 65536:
+            raise ConfigError(f"server.port={self.port} is out of range; use 0 for a free port or 1-65535")
+        check_range("server.ready_timeout_s", self.ready_timeout_s, 0, low_open=True)
+        check_range("server.stop_timeout_s", self.stop_timeout_s, 0, low_open=True)
+
+
+@dataclass
+class ArmConfig:
+    """One server arm: a name and what differs from the common server config."""
+
+    name: str = MISSING
+    args: list[str] = field(default_factory=list)
+    env: dict[str, str] = field(default_factory=dict)
+    python: str | None = None  # a different interpreter / install (before vs after builds)
+    log_checks: LogChecks = field(default_factory=LogChecks)
+    # request seed = base seed + seed offset + seed_stream * 2**32: arms with different streams draw
+    # different seeds (an A/A run that measures sampling noise); 0 = the plain base seed + offset
+    seed_stream: int = 0
+
+    def __post_init__(self) -> None:
+        if self.seed_stream < 0:
+            raise ConfigError(f"experiment.arms[{self.name}].seed_stream={self.seed_stream} must be >= 0 "
+                              "(0 = the base seeds as they are)")

@@ -1,0 +1,147 @@
+"""The verify-probability builders: target logits -> the distribution that sampled drafts are verified
+against (temperature, then top-k, then top-p; min_p is not applied on this path, as in SGLang).
+
+- `full_vocab` ("before"): divide the whole [rows, V] matrix by the temperature, then top-k.
+- `topk_first` ("after"): top-k on the raw logits (radix top-k), then divide only the k values.
+- `topk_first_torch`: "after" with torch.topk forced.
+- `topk_fused`: one read of the logits, one write of the output (the Triton kernels of `topk_fused`).
+Dividing by a positive temperature keeps the order, so the first three give bitwise the same probabilities
+(ties aside: which of several tied logits is kept may differ, the values may not).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+
+import torch
+from torch import Tensor
+
+from harness.verify.rows import effective_top_k, greedy_rows, row_params, top_p_renorm_sorted
+from harness.verify.topk import TopkFn, radix_topk, torch_topk
+
+BuilderFn = Callable[[Tensor, Tensor, Tensor, Tensor], Tensor]
+
+
+def _sparse_probs_into(out: Tensor, rows: Tensor | None, vals: Tensor, idx: Tensor, k_eff: Tensor,
+                       top_p: Tensor) -> None:
+    """Mask ranks >= top_k, softmax, top-p, and scatter into `out` (rows `rows`, or all when None).
+
+    vals: [n, kmax] fp32 sorted descending (already divided by the temperature); idx: [n, kmax];
+    out: [rows_total, V] fp32 zeros. Writes in place: no dense temporary.
+    """
+    ranks = torch.arange(vals.shape[-1], device=vals.device)
+    vals = vals.masked_fill(ranks.unsqueeze(0) >= k_eff.unsqueeze(-1), float("-inf"))
+    probs = top_p_renorm_sorted(torch.softmax(vals, dim=-1), top_p)
+    if rows is None:
+        out.scatter_(1, idx, probs)
+    else:
+        out.index_put_((rows.unsqueeze(-1).expand_as(idx), idx), probs)
+
+
+def _dense_probs(scaled: Tensor, top_p: Tensor) -> Tensor:
+    """Rows whose top-k covers the vocabulary: softmax then top-p (top-k renorm is the identity).
+
+    scaled: [rows, V] fp32 already divided by the temperature.
+    """
+    probs = torch.softmax(scaled, dim=-1)
+    if not bool((top_p < 1.0).any()):
+        return probs
+    sorted_probs, order = torch.sort(probs, dim=-1, descending=True)
+    return torch.empty_like(probs).scatter_(1, order, top_p_renorm_sorted(sorted_probs, top_p))
+
+
+def _subset(x: Tensor, rows: Tensor, n_total: int) -> Tensor:
+    """x[rows] without a copy when `rows` is every row."""
+    return x if rows.numel() == n_total else x[rows]
+
+
+def _build(logits: Tensor, temperature: Tensor, top_k: Tensor, top_p: Tensor,
+           topk_fn: TopkFn, scale_first: bool) -> Tensor:
+    """Shared skeleton of the builders; only where the temperature is applied differs.
+
+    logits: [rows, V]; temperature, top_k, top_p: [rows]. -> [rows, V] fp32.
+    """
+    n, vocab = logits.shape
+    temperature, top_k, top_p = row_params(logits, temperature, top_k, top_p)
+    out = torch.zeros(n, vocab, dtype=torch.float32, device=logits.device)
+
+    greedy = greedy_rows(temperature, top_k)
+    k_eff = effective_top_k(top_k, vocab)
+    dense = ~greedy & (k_eff >= vocab)
+    sparse = ~greedy & (k_eff < vocab)
+
+    if bool(greedy.any()):
+        g = greedy.nonzero().squeeze(-1)
+        out[g, _subset(logits, g, n).argmax(dim=-1)] = 1.0
+    if bool(dense.any()):
+        d = dense.nonzero().squeeze(-1)
+        out[d] = _dense_probs(_subset(logits, d, n).float() / temperature[d].unsqueeze(-1), top_p[d])
+    if bool(sparse.any()):
+        s = sparse.nonzero().squeeze(-1)
+        kmax = int(k_eff[s].max())
+        t = temperature[s].unsqueeze(-1)
+        x = _subset(logits, s, n)
+        if scale_first:  # "before": an fp32 temporary of the full [rows, V] size
+            vals, idx = topk_fn(x.float() / t, kmax)
+        else:  # "after": top-k of the raw logits, scale only the k values of each row
+            vals, idx = topk_fn(x, kmax)
+            vals = vals.float() / t
+        _sparse_probs_into(out, None if s.numel() == n else s, vals, idx, k_eff[s], top_p[s])
+    return out
+
+
+def full_vocab_probs(logits: Tensor, temperature: Tensor, top_k: Tensor, top_p: Tensor) -> Tensor:
+    """"before": scale the whole logits matrix by the temperature, then torch.topk. -> [rows, V] fp32."""
+    return _build(logits, temperature, top_k, top_p, torch_topk, scale_first=True)
+
+
+def topk_first_probs(logits: Tensor, temperature: Tensor, top_k: Tensor, top_p: Tensor) -> Tensor:
+    """"after": radix top-k on the raw logits, then scale the k values. -> [rows, V] fp32."""
+    return _build(logits, temperature, top_k, top_p, radix_topk, scale_first=False)
+
+
+def topk_first_torch_probs(logits: Tensor, temperature: Tensor, top_k: Tensor, top_p: Tensor) -> Tensor:
+    """"after" with torch.topk forced (the fallback path on every device). -> [rows, V] fp32."""
+    return _build(logits, temperature, top_k, top_p, torch_topk, scale_first=False)
+
+
+def topk_fused_probs(logits: Tensor, temperature: Tensor, top_k: Tensor, top_p: Tensor) -> Tensor:
+    """One read of the logits, one write of the output: the Triton kernels of harness.verify.topk_fused on CUDA for
+    the rows they take (top_k up to its FAST_K, greedy rows), topk_first for the others (and for the rare
+    row whose thresholds all missed); off CUDA or without Triton, topk_first for every row. -> [rows, V] fp32.
+
+    The kept tokens are those of full_vocab, except where logits tie at a row's k-th value: the kernel
+    keeps the lowest indices (torch.topk and FlashInfer may keep others of equal value). The probabilities
+    agree with full_vocab's to float32 rounding (another order of the softmax sums), not bitwise."""
+    from harness.verify import topk_fused  # noqa: PLC0415  (imports Triton)
+
+    if logits.device.type != "cuda" or not topk_fused.available():
+        return topk_first_probs(logits, temperature, top_k, top_p)
+    return fused_build(logits, temperature, top_k, top_p)
+
+
+def fused_build(logits: Tensor, temperature: Tensor, top_k: Tensor, top_p: Tensor) -> Tensor:
+    """topk_fused on any device Triton runs on (CUDA; a CPU under TRITON_INTERPRET=1, for tests)."""
+    from harness.verify import topk_fused  # noqa: PLC0415  (imports Triton)
+
+    temperature, top_k, top_p = row_params(logits, temperature, top_k, top_p)
+    out, left = topk_fused.run(logits, temperature, top_k, top_p)
+    if left is not None:  # rows the kernels did not take (top_k above FAST_K, the whole vocabulary) or missed
+        out[left] = topk_first_probs(logits[left], temperature[left], top_k[left], top_p[left])
+    return out
+
+
+BUILDERS: dict[str, BuilderFn] = {
+    "full_vocab": full_vocab_probs,
+    "topk_first": topk_first_probs,
+    "topk_first_torch": topk_first_torch_probs,
+    "topk_fused": topk_fused_probs,
+}
+
+
+def get_builder(name: str) -> BuilderFn:
+    """The builder called `name`; a ValueError lists the valid names."""
+    try:
+        return BUILDERS[name]
+    except KeyError:
+        raise ValueError(f"unknown verify-probability builder {name!r}; valid: {', '.join(BUILDERS)}") from None

@@ -1,0 +1,119 @@
+"""The layout keeps its promises (README "Layout"): no import loop anywhere in harness/ or analysis/ (imports
+inside functions included), analysis/ reads nothing of harness but its contract (harness.schema), and the
+embedded server and the microbenchmark load no library they do not use."""
+
+from __future__ import annotations
+
+import ast
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parents[1]
+PACKAGES = ("harness", "analysis", "workloads")
+
+
+def module_files() -> dict[str, Path]:
+    """Every module of the project: dotted name -> file (a package is its __init__.py)."""
+    out = {}
+    for package in PACKAGES:
+        for path in (ROOT / package).rglob("*.py"):
+            parts = path.relative_to(ROOT).with_suffix("").parts
+            name = ".".join(parts[:-1] if parts[-1] == "__init__" else parts)
+            out[name] = path
+    return out
+
+
+def imports_of(path: Path, modules: dict[str, Path]) -> set[str]:
+    """The project modules that `path` imports anywhere in it (module level, functions, TYPE_CHECKING blocks):
+    `from a.b import c` is a.b.c when that is a module, else a.b."""
+    found = set()
+    for node in ast.walk(ast.parse(path.read_text())):
+        if isinstance(node, ast.Import):
+            found |= {alias.name for alias in node.names}
+        elif isinstance(node, ast.ImportFrom) and node.module and node.level == 0:
+            for alias in node.names:
+                sub = f"{node.module}.{alias.name}"
+                found.add(sub if sub in modules else node.module)
+    return {name for name in found if name in modules}
+
+
+def import_graph() -> dict[str, set[str]]:
+    modules = module_files()
+    return {name: imports_of(path, modules) - {name} for name, path in modules.items()}
+
+
+def cycles(graph: dict[str, set[str]]) -> list[list[str]]:
+    """The strongly connected components with more than one module (Tarjan), each sorted."""
+    index: dict[str, int] = {}
+    low: dict[str, int] = {}
+    stack: list[str] = []
+    on_stack: set[str] = set()
+    found: list[list[str]] = []
+
+    def visit(v: str) -> None:
+        index[v] = low[v] = len(index)
+        stack.append(v)
+        on_stack.add(v)
+        for w in sorted(graph[v]):
+            if w not in index:
+                visit(w)
+                low[v] = min(low[v], low[w])
+            elif w in on_stack:
+                low[v] = min(low[v], index[w])
+        if low[v] == index[v]:
+            component = []
+            while True:
+                w = stack.pop()
+                on_stack.discard(w)
+                component.append(w)
+                if w == v:
+                    break
+            if len(component) > 1:
+                found.append(sorted(component))
+
+    for v in sorted(graph):
+        if v not in index:
+            visit(v)
+    return found
+
+
+def test_the_loop_finder_finds_a_loop():
+    assert cycles({"a": {"b"}, "b": {"c"}, "c": {"a"}, "d": {"a"}}) == [["a", "b", "c"]]
+    assert cycles({"a": {"b"}, "b": set()}) == []
+
+
+def test_no_import_loop_in_the_project():
+    assert cycles(import_graph()) == []
+
+
+def test_analysis_reads_only_the_contract_of_harness():
+    graph = import_graph()
+    reached = {(name, target) for name, targets in graph.items() if name.startswith("analysis")
+               for target in targets if target.split(".")[0] == "harness"}
+    assert {target for _, target in reached} == {"harness.schema"}, sorted(reached)
+
+
+def test_the_contract_imports_nothing_of_the_project():
+    assert import_graph()["harness.schema"] == set()
+
+
+def loaded_after(statement: str) -> set[str]:
+    """The heavy libraries of interest that a fresh interpreter has imported after `statement`."""
+    probe = ("import sys; " + statement + "; print(' '.join(sorted(m for m in ('hydra', 'omegaconf', 'aiohttp', "
+             "'math_verify', 'sympy', 'matplotlib', 'pandas') if m in sys.modules)))")
+    proc = subprocess.run([sys.executable, "-c", probe], capture_output=True, text=True, cwd=ROOT, timeout=120)
+    assert proc.returncode == 0, proc.stderr
+    return set(proc.stdout.split())
+
+
+@pytest.mark.parametrize(("statement", "uses"), [
+    ("import harness.engine.server", {"aiohttp"}),  # the embedded server serves HTTP with aiohttp
+    ("import harness.micro.app, harness.micro.report", set()),  # the microbenchmark proper
+    ("import harness.micro.__main__", {"hydra", "omegaconf"}),  # its command line composes with Hydra
+    ("import harness.schema", set()),
+])
+def test_entry_points_load_only_what_they_use(statement, uses):
+    assert loaded_after(statement) == uses

@@ -1,0 +1,169 @@
+"""SIGINT and SIGTERM at every moment of a campaign (harness.campaign.stopping): exit 130 / 143, the running
+run marked failed with the signal named, its server stopped, its manifest written, nothing recorded lost,
+no traceback. Every runner here starts with SIGINT *ignored* (as `cmd &` from a non-interactive shell, nohup
+and many CI and batch wrappers start it): the runner's own handlers must not depend on what it inherits.
+
+The moments are held by the runner's fault-injection point (SPECBENCH_HOLD_AT=<phase>: it prints
+`specbench: holding at <phase>` and waits there), so the signal lands exactly there:
+plan (campaign folder made, no run started), startup (the first run's server started, not ready), warmup
+(its warmup requests in flight), measure (its measured requests in flight), scoring (its responses being
+scored), report (every run ended, the report about to be written)."""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+from test_runner_e2e import SMALL, engine_processes, ports_of, read_jsonl, wait_for
+
+pytestmark = pytest.mark.slow
+
+EXIT = {signal.SIGINT: 130, signal.SIGTERM: 143}
+RUN_PHASES = ("startup", "warmup", "measure", "scoring")
+
+
+def ignore_sigint() -> None:  # runs in the child before exec: the runner inherits SIGINT ignored
+    signal.signal(signal.SIGINT, signal.SIG_IGN)
+
+
+def start_runner(tmp: Path, hold: str | None, *overrides: str) -> tuple[subprocess.Popen, Path]:
+    """The runner on a one-seed embedded_aa campaign (two runs), its output in tmp/out.log."""
+    log = tmp / "out.log"
+    env = {**os.environ, **({"SPECBENCH_HOLD_AT": hold} if hold else {})}
+    args = [sys.executable, "-m", "harness.bench", f"results_dir={tmp}", "campaign=stopped", "experiment=embedded_aa",
+            "experiment.base_seeds=[3]", *SMALL, *overrides]
+    with open(log, "w") as out:
+        proc = subprocess.Popen(args, stdout=out, stderr=subprocess.STDOUT, env=env, preexec_fn=ignore_sigint)
+    return proc, log
+
+
+def stop(proc: subprocess.Popen, sig: int, timeout: float = 120) -> int:
+    try:
+        proc.send_signal(sig)
+        return proc.wait(timeout=timeout)
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+
+
+def held(log: Path, phase: str) -> bool:
+    return f"specbench: holding at {phase}" in log.read_text()
+
+
+def check_no_server_left(root: Path) -> None:
+    ports = ports_of(root) if (root / "runs").exists() else set()
+    wait_for(lambda: not engine_processes(ports), timeout=30)
+
+
+@pytest.fixture
+def burners():
+    """Two processes that keep both CPUs busy while a test runs (the runner stops under load)."""
+    procs = [subprocess.Popen([sys.executable, "-c", "while True: pass"]) for _ in range(2)]
+    yield
+    for p in procs:
+        p.kill()
+        p.wait()
+
+
+def check_run_stopped(tmp: Path, sig: int, code: int, phase: str) -> None:
+    out = (tmp / "out.log").read_text()
+    root = tmp / "embedded_aa" / "stopped"
+    assert code == EXIT[sig], out
+    assert "Traceback" not in out and "Exception ignored" not in out, out
+    assert f"interrupted ({sig.name})" in out and "Resume with campaign=stopped" in out.replace("\n", " "), out
+    first = sorted((root / "runs").iterdir())[0]
+    manifest = json.loads((first / "manifest.json").read_text())
+    assert manifest["status"] == "failed" and manifest["error"] == f"interrupted by {sig.name}", manifest["error"]
+    assert manifest["t_end_unix"] is not None and manifest["log_checks"] is not None
+    order = json.loads((root / "campaign.json").read_text())["order_run"]
+    assert [(o["run_id"], o["status"]) for o in order] == [(first.name, "failed")]
+    records = read_jsonl(first / "records.jsonl") if (first / "records.jsonl").exists() else []
+    warm = [r for r in records if r["warmup"]]
+    if phase == "warmup":  # requests in flight when the signal came are not recorded; none is measured
+        assert len(warm) == len(records)
+    if phase in ("measure", "scoring"):  # the warmup had ended: its records are all there
+        assert len(warm) == 2
+    if phase == "scoring":  # every request had ended, and what was scored before the signal stays
+        assert len(records) == 2 + 4 and len(read_jsonl(first / "scores.jsonl")) >= 1
+    check_no_server_left(root)
+
+
+@pytest.mark.parametrize("sig", [signal.SIGINT, signal.SIGTERM], ids=["SIGINT", "SIGTERM"])
+@pytest.mark.parametrize("phase", RUN_PHASES)
+def test_a_stop_signal_during_a_run_fails_it_and_stops_its_server(tmp_path, phase, sig):
+    proc, log = start_runner(tmp_path, phase)
+    wait_for(lambda: held(log, phase) or proc.poll() is not None)
+    check_run_stopped(tmp_path, sig, stop(proc, sig), phase)
+
+
+@pytest.mark.parametrize(("phase", "sig"), [("startup", signal.SIGTERM), ("measure", signal.SIGINT)],
+                         ids=["startup-SIGTERM", "measure-SIGINT"])
+def test_a_stop_signal_under_cpu_load(tmp_path, burners, phase, sig):
+    proc, log = start_runner(tmp_path, phase)
+    wait_for(lambda: held(log, phase) or proc.poll() is not None, timeout=240)
+    check_run_stopped(tmp_path, sig, stop(proc, sig), phase)
+
+
+@pytest.mark.parametrize("sig", [signal.SIGINT, signal.SIGTERM], ids=["SIGINT", "SIGTERM"])
+def test_a_stop_signal_before_any_run_launches_nothing(tmp_path, sig):
+    proc, log = start_runner(tmp_path, "plan")
+    wait_for(lambda: held(log, "plan") or proc.poll() is not None)
+    code = stop(proc, sig)
+    out = log.read_text()
+    assert code == EXIT[sig] and "Traceback" not in out, out
+    assert f"interrupted ({sig.name}) before any run started; nothing was launched" in out.replace("\n", " "), out
+    root = tmp_path / "embedded_aa" / "stopped"
+    assert (root / "campaign.json").exists() and not (root / "runs").exists()
+
+
+@pytest.fixture(scope="module")
+def finished(tmp_path_factory) -> Path:
+    """A results folder holding the finished campaign `stopped` (both runs), made once."""
+    tmp = tmp_path_factory.mktemp("finished")
+    proc, log = start_runner(tmp, None)
+    assert proc.wait(timeout=240) == 0, log.read_text()
+    return tmp
+
+
+@pytest.mark.parametrize("sig", [signal.SIGINT, signal.SIGTERM], ids=["SIGINT", "SIGTERM"])
+def test_a_stop_signal_while_the_report_is_written_keeps_every_run(tmp_path, finished, sig):
+    """Resuming the finished campaign goes straight to the report; the signal lands there."""
+    shutil.copytree(finished / "embedded_aa", tmp_path / "embedded_aa")
+    proc, log = start_runner(tmp_path, "report", "report=true")
+    wait_for(lambda: held(log, "report") or proc.poll() is not None)
+    code = stop(proc, sig)
+    out = log.read_text()
+    assert code == EXIT[sig] and "Traceback" not in out, out
+    flat = out.replace("\n", " ")
+    assert f"interrupted ({sig.name}) while writing the report: every run had ended (2 finished)" in flat, out
+    assert "make report DIR=" in flat, out
+    root = tmp_path / "embedded_aa" / "stopped"
+    statuses = [json.loads(p.read_text())["status"] for p in sorted(root.glob("runs/*/manifest.json"))]
+    assert statuses == ["finished", "finished"]
+
+
+def test_a_stop_signal_while_starting_is_one_line(tmp_path):
+    """SIGINT a moment after start, while the runner imports its modules (the handlers come first)."""
+    proc, log = start_runner(tmp_path, None)
+    time.sleep(0.3)
+    code = stop(proc, signal.SIGINT)
+    out = log.read_text()
+    assert code == 130 and "Traceback" not in out, out
+    assert "interrupted (SIGINT)" in out and "nothing was launched" in out.replace("\n", " "), out
+
+
+def test_a_second_signal_while_stopping_does_not_break_the_stop(tmp_path):
+    proc, log = start_runner(tmp_path, "measure")
+    wait_for(lambda: held(log, "measure") or proc.poll() is not None)
+    proc.send_signal(signal.SIGTERM)
+    time.sleep(0.05)
+    code = stop(proc, signal.SIGINT)
+    assert "already stopping after SIGTERM" in log.read_text() or code == 143
+    check_run_stopped(tmp_path, signal.SIGTERM, code, "measure")
