@@ -103,17 +103,31 @@ def test_the_contract_imports_nothing_of_the_project():
 def loaded_after(statement: str) -> set[str]:
     """The heavy libraries of interest that a fresh interpreter has imported after `statement`."""
     probe = ("import sys; " + statement + "; print(' '.join(sorted(m for m in ('hydra', 'omegaconf', 'aiohttp', "
-             "'math_verify', 'sympy', 'matplotlib', 'pandas') if m in sys.modules)))")
+             "'math_verify', 'sympy', 'matplotlib', 'pandas', 'torch') if m in sys.modules)))")
     proc = subprocess.run([sys.executable, "-c", probe], capture_output=True, text=True, cwd=ROOT, timeout=120)
     assert proc.returncode == 0, proc.stderr
     return set(proc.stdout.split())
 
 
 @pytest.mark.parametrize(("statement", "uses"), [
-    ("import harness.engine.server", {"aiohttp"}),  # the embedded server serves HTTP with aiohttp
-    ("import harness.micro.app, harness.micro.report", set()),  # the microbenchmark proper
-    ("import harness.micro.__main__", {"hydra", "omegaconf"}),  # its command line composes with Hydra
+    ("import harness.engine.server", {"aiohttp", "torch"}),  # the embedded server serves HTTP with aiohttp
+    ("import harness.micro.app, harness.micro.report", {"torch"}),  # the microbenchmark proper
+    ("import harness.micro.__main__", {"hydra", "omegaconf", "torch"}),  # its command line composes with Hydra
     ("import harness.schema", set()),
+    # the runner, its manifests' versions read too: torch's CUDA build comes from torch's version file
+    ("import harness.campaign.command; from harness.host import envinfo; envinfo.versions()",
+     {"hydra", "omegaconf", "aiohttp"}),
 ])
 def test_entry_points_load_only_what_they_use(statement, uses):
     assert loaded_after(statement) == uses
+
+
+def test_the_cuda_build_of_torch_is_read_without_importing_it():
+    import torch  # noqa: PLC0415
+
+    from harness.host import envinfo  # noqa: PLC0415
+
+    probe = "from harness.host import envinfo; import sys; print(envinfo._torch_cuda(), 'torch' in sys.modules)"
+    proc = subprocess.run([sys.executable, "-c", probe], capture_output=True, text=True, cwd=ROOT, timeout=60)
+    assert proc.stdout.split() == [str(torch.version.cuda), "False"], proc.stderr
+    assert envinfo._torch_cuda() == torch.version.cuda  # torch imported: read from it

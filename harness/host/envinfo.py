@@ -7,12 +7,14 @@ and the runner's run manifests.
 
 from __future__ import annotations
 
+import ast
 import importlib.metadata
 import importlib.util
 import os
 import platform
 import socket
 import subprocess
+import sys
 from pathlib import Path
 
 from harness.schema import GpuInfo, HarnessVersion, HostInfo, Versions
@@ -65,11 +67,32 @@ def git_info(repo: Path = REPO_ROOT) -> HarnessVersion:
 
 
 def _torch_cuda() -> str | None:
+    """The CUDA version torch was built with (None for a CPU build, or without torch). Read from torch's own
+    version file when torch is not imported yet: the runner never imports torch (2 s of CPU) for one string."""
+    if (torch := sys.modules.get("torch")) is not None:
+        return torch.version.cuda
     try:
-        import torch  # noqa: PLC0415  (heavy; only needed here)
-    except ImportError:
+        spec = importlib.util.find_spec("torch")
+    except (ImportError, ValueError):
         return None
-    return torch.version.cuda
+    if spec is None or not spec.submodule_search_locations:
+        return None
+    try:
+        tree = ast.parse((Path(next(iter(spec.submodule_search_locations))) / "version.py").read_text())
+    except (OSError, SyntaxError, StopIteration):
+        return None
+    for node in tree.body:
+        if isinstance(node, ast.AnnAssign) and node.value is not None:
+            target: ast.expr = node.target
+            value = node.value
+        elif isinstance(node, ast.Assign) and len(node.targets) == 1:
+            target, value = node.targets[0], node.value
+        else:
+            continue
+        if isinstance(target, ast.Name) and target.id == "cuda":
+            found = ast.literal_eval(value)
+            return found if isinstance(found, str) else None
+    return None
 
 
 def versions() -> Versions:
