@@ -45,15 +45,16 @@ venv: $(STAMP) ## create .venv and install the project (done by every target on 
 
 sglang: $(SGSTAMP) ## create .venv-sglang: SGLang 0.5.23 without kernels, for the conformance tests
 
-test: ## run the whole test suite, SGLang conformance included (what CI runs): both suites side by side
-	@echo ">> the .venv suite and the .venv-sglang suite run side by side (each environment is built first if missing); each prints its output when it ends"
-	@$(MAKE) --no-print-directory -j2 --output-sync=target test-main test-conformance
+test: ## run the whole test suite, SGLang conformance included (what CI runs)
+	@echo ">> both environments are built side by side when missing; the .venv suite starts as soon as .venv is ready, the .venv-sglang suite after it; each prints its output when it ends"
+	@$(MAKE) --no-print-directory -k -j2 --output-sync=target test-main test-conformance
 
 test-main: $(STAMP) ## the .venv suite alone (what is not SGLang conformance, SLURM or the Triton interpreter)
-	$(VPY) -m pytest -q $(XDIST) -m "not sglang and not slurm and not interpreter" $(ARGS)
+	$(VPY) -m pytest -q $(XDIST) -m "not sglang and not slurm and not interpreter" --durations=10 $(ARGS)
 
-test-conformance: $(SGSTAMP) ## the .venv-sglang suite alone: SGLang conformance and the Triton-interpreter tests
-	$(SGENV) $(SGPY) -m pytest -q $(XDIST) -m "sglang or interpreter" $(ARGS)
+# after test-main when both run (make test): the two suites at once oversubscribe two cores
+test-conformance: $(SGSTAMP) | $(if $(filter test-main,$(MAKECMDGOALS)),test-main) ## the .venv-sglang suite alone: SGLang conformance and the Triton-interpreter tests
+	$(SGENV) $(SGPY) -m pytest -q $(XDIST) -m "sglang or interpreter" --durations=10 $(ARGS)
 
 test-fast: $(STAMP) ## unit tests only (skip the end-to-end ones that start servers, and SGLang's)
 	$(VPY) -m pytest -q $(XDIST) -m "not slow and not sglang and not slurm and not interpreter" $(ARGS)
