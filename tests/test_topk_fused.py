@@ -15,12 +15,18 @@ from __future__ import annotations
 
 import importlib.util
 import os
+from pathlib import Path
 
 import pytest
 import torch
 
 from harness import verify
+from harness.micro import bank
+from harness.micro.compare import tied_rows, unexplained_rows
+from harness.micro.families import FAMILIES, make_family
 from harness.verify import topk_fused
+
+FIXTURE_BANK = Path(__file__).parent / "fixtures" / "logit_bank"
 
 TOLERANCE = 1e-6  # absolute, on probabilities (measured: at most 4.5e-8 on the seed's sizes)
 
@@ -68,26 +74,59 @@ def test_on_a_cpu_the_name_takes_the_topk_first_path():
     assert torch.equal(got, verify.topk_first_probs(logits, temperature, top_k, top_p))
 
 
-def test_threshold_ranks_keep_failures_and_overflows_rare_at_the_seed_sizes():
-    vocab, samples = 248_320, topk_fused.samples_for(248_320)
-    assert samples == topk_fused.SAMPLES
-    for k in range(1, topk_fused.FAST_K + 1):
-        r = topk_fused.best_rank(k, vocab, samples)
-        fail = 1 - topk_fused._poisson_cdf(r - 1, (k - 1) * samples / vocab)
-        overflow = topk_fused._poisson_cdf(r - 1, topk_fused.CANDIDATES * samples / vocab)
-        limit = 0.001 if k <= 20 else 0.01  # per row; a missed row is retried in the kernel
-        assert fail < limit and overflow < limit, (k, r, fail, overflow)
-    assert topk_fused.samples_for(8192) * 4 <= 8192  # a small vocabulary samples a quarter at most
+def sample_positions(vocab: int) -> torch.Tensor:
+    """The logits the threshold reads (as harness.verify.topk_fused._threshold): runs of run_length
+    contiguous logits at samples // run evenly spaced places."""
+    samples = topk_fused.samples_for(vocab)
+    run = topk_fused.run_length(samples)
+    j = torch.arange(samples)
+    stride = vocab // (samples // run)
+    return (j // run) * stride + (stride - run) // 2 + j % run
+
+
+def threshold_reference(row: torch.Tensor, rank: int) -> float:
+    """The rank-th largest distinct sample value of the row, else its smallest sample value."""
+    values = torch.unique(row[sample_positions(row.numel())]).flip(0)
+    return float(values[min(rank, values.numel()) - 1])
+
+
+def test_threshold_ranks_keep_failures_and_overflows_rare_on_iid_rows():
+    """The first rank of each top_k: both ways of missing (fewer than k logits >= t; more candidates than the
+    list holds) are rare when the row's large logits are spread evenly (Poisson estimates)."""
+    for vocab in (32_000, 49_152, 128_256, 151_936, 248_320, 262_144):
+        samples = topk_fused.samples_for(vocab)
+        for k in range(1, topk_fused.FAST_K + 1):
+            r = topk_fused.best_rank(k, vocab, samples)
+            fail = 1 - topk_fused._poisson_cdf(r - 1, (k - 1) * samples / vocab)
+            overflow = topk_fused._poisson_cdf(r - 1, topk_fused.CANDIDATES * samples / vocab)
+            limit = 0.002 if k <= 20 else 0.02  # per row; a missed row is retried in the kernel
+            assert fail < limit and overflow < limit, (vocab, k, r, fail, overflow)
+    assert topk_fused.samples_for(248_320) == topk_fused.SAMPLES
+    assert topk_fused.samples_for(32_000) * topk_fused.SAMPLE_SHARE <= 32_000
+
+
+@pytest.mark.parametrize("family", [n for n, f in FAMILIES.items() if f.make is not None])
+def test_rank_k_plus_1_always_leaves_k_logits_above_t(family):
+    """The rank a row that found too few logits >= t is retried with (at least k + 1) cannot miss that way,
+    whatever the family: k + 1 distinct sample values above t are k logits of the row above it (an all-equal
+    row has one value: its ties are looked up by index)."""
+    x = make_family(family, 16, 248_320, seed=0, device=torch.device("cpu"))
+    for row in x:
+        t = threshold_reference(row, 21)
+        above = int((row > t).sum())
+        assert above == 0 if family == "padding" else above >= 20, (family, above)
 
 
 def test_samples_stay_inside_the_row_for_every_vocabulary():
-    """The threshold reads SAMPLES // run runs of `run` contiguous logits, `vocab // (samples // run)` apart
-    (as harness.verify.topk_fused._threshold): the last one read is inside the row, for any vocabulary."""
+    """The threshold reads samples // run runs of `run` contiguous logits, one in the middle of each stretch of
+    `vocab // (samples // run)` (as harness.verify.topk_fused._sample_at): all inside the row, for any vocabulary."""
     for vocab in [*range(2, 5000), 32_000, 151_936, 248_320]:
         samples = topk_fused.samples_for(vocab)
-        run = min(topk_fused.CHUNK, samples)
+        run = topk_fused.run_length(samples)
         places = samples // run
-        assert samples * run > 0 and (places - 1) * (vocab // places) + run - 1 < vocab, vocab
+        stride = vocab // places
+        first, last = (stride - run) // 2, (places - 1) * stride + (stride - run) // 2 + run - 1
+        assert samples * run > 0 and 0 <= first and last < vocab, vocab
 
 
 def interpreter_ready() -> bool:
@@ -157,20 +196,36 @@ def interpreter_or_skip() -> None:
         pytest.skip(message)
 
 
+def top_at_the_first_samples(n: int, vocab: int) -> torch.Tensor:
+    """Rows whose 30 largest logits sit where the first 30 samples are read: a threshold with a few samples
+    above it lets only those few logits through."""
+    logits = torch.randn(n, vocab, generator=torch.Generator().manual_seed(1))
+    logits[:, sample_positions(vocab)[:30]] = 10 + torch.arange(30, 0, -1).float()
+    return logits
+
+
 @pytest.mark.interpreter
-@pytest.mark.parametrize(("first_rank", "candidates"), [(2, topk_fused.CANDIDATES), (16, 64)],
-                         ids=["too-few-above-t", "too-many-above-t"])
-def test_a_missed_threshold_is_retried_in_the_kernel(monkeypatch, first_rank, candidates):
-    """A first threshold that lets too few logits through (rank 2: about 8 of 8,192 for a top-20), or too many
-    for the scratch (rank 16 with room for 64), is replaced in the kernel; the row is not left to the caller."""
+def test_a_threshold_with_too_few_logits_above_it_is_retried_in_the_kernel():
+    """10 samples above the first threshold, and so only 10 logits, for a top-20: the row gets another (twice
+    the samples above it) and is written by the kernel, not left to the caller."""
     interpreter_or_skip()
-    monkeypatch.setattr(topk_fused, "rank_table",
-                        lambda *_: torch.full((topk_fused.FAST_K + 1,), first_rank, dtype=torch.int32))
-    monkeypatch.setattr(topk_fused, "CANDIDATES", candidates)
-    logits, temperature, top_k, top_p = (t[:4] for t in cases(10, 8192, "cpu"))
+    logits = top_at_the_first_samples(4, 8192)
+    temperature, top_k, top_p = torch.ones(4), torch.full((4,), 20), torch.full((4,), 0.95)
+    out, left = topk_fused.run(logits, temperature, top_k, top_p, config={"FIRST_RANK": 10})
+    assert left is None
+    check_against_full_vocab(out, logits, temperature, top_k, top_p)
+
+
+@pytest.mark.interpreter
+def test_a_threshold_with_too_many_logits_above_it_is_retried_in_the_kernel(monkeypatch):
+    """32 of 2,048 samples above the first threshold: about 512 logits of 32,768, spread over 16 blocks (none
+    crowded), for a list of 128; the row gets another (half as many above) and is written by the kernel."""
+    interpreter_or_skip()
+    monkeypatch.setattr(topk_fused, "CANDIDATES", 128)
+    logits, temperature, top_k, top_p = (t[:4] for t in cases(10, 32_768, "cpu"))
     top_k[:] = 20
     temperature[:] = 1.0
-    out, left = topk_fused.run(logits, temperature, top_k, top_p)
+    out, left = topk_fused.run(logits, temperature, top_k, top_p, config={"FIRST_RANK": 32})
     assert left is None
     check_against_full_vocab(out, logits, temperature, top_k, top_p)
 
@@ -180,28 +235,62 @@ def test_rows_missed_past_the_retry_list_or_the_last_round_go_to_the_caller(monk
     """With room for one retried row and two rounds, rows whose first threshold lets too few logits through
     are flagged (not written by the kernel), and fused_build builds them: the result is still full_vocab's."""
     interpreter_or_skip()
-    monkeypatch.setattr(topk_fused, "rank_table", lambda *_: torch.full((topk_fused.FAST_K + 1,), 1, dtype=torch.int32))
     monkeypatch.setattr(topk_fused, "REDO", 1)
     monkeypatch.setattr(topk_fused, "ROUNDS", 2)
-    logits, temperature, top_k, top_p = (t[:4] for t in cases(10, 8192, "cpu"))
-    top_k[:] = 20
-    temperature[:] = 1.0
-    _, left = topk_fused.run(logits, temperature, top_k, top_p)
+    logits = top_at_the_first_samples(4, 8192)
+    temperature, top_k, top_p = torch.ones(4), torch.full((4,), 20), torch.full((4,), 0.95)
+    _, left = topk_fused.run(logits, temperature, top_k, top_p, config={"FIRST_RANK": 1})
     assert left is not None and len(left) >= 3  # one row at most had a second round
-    check_against_full_vocab(verify.fused_build(logits, temperature, top_k, top_p), logits, temperature, top_k, top_p)
+    got = verify.fused_build(logits, temperature, top_k, top_p, config={"FIRST_RANK": 1})
+    check_against_full_vocab(got, logits, temperature, top_k, top_p)
+
+
+def check_family(family: str, vocab: int, rows: int, logits: torch.Tensor) -> None:
+    """The kernels take every row; the kept set is full_vocab's but where the rules leave it open (a tie at the
+    k-th value, or two probabilities tied at the top-p cut: compare.tied_rows); values to float32 rounding."""
+    n = logits.shape[0]
+    temperature, top_k, top_p = torch.ones(n), torch.full((n,), 20), torch.full((n,), 0.95)
+    out, left = topk_fused.run(logits, temperature, top_k, top_p)
+    assert left is None, (family, vocab, left)
+    ref = verify.full_vocab_probs(logits, temperature, top_k, top_p)
+    tied = tied_rows(logits, temperature, top_k, top_p)
+    differ, unexplained = unexplained_rows(out, ref, tied)
+    assert unexplained == 0, (family, vocab, differ)
+    for row in range(n):
+        a, b = out[row][out[row] > 0].sort().values, ref[row][ref[row] > 0].sort().values
+        assert a.shape == b.shape and float((a - b).abs().max()) <= TOLERANCE, (family, row)
+
+
+@pytest.mark.interpreter
+@pytest.mark.parametrize("family", list(FAMILIES))
+def test_every_logit_family_under_the_interpreter(family):
+    """Every family of the microbenchmark (the real ones from the committed logit bank), 8 rows of 16,384 ids,
+    top-20, top-p 0.95 (check_family)."""
+    interpreter_or_skip()
+    model = FAMILIES[family].bank
+    rows = bank.load_rows(FIXTURE_BANK, model)[0] if model else None
+    check_family(family, 16_384, 8, make_family(family, 8, 16_384, seed=0, device=torch.device("cpu"), bank_rows=rows))
+
+
+@pytest.mark.interpreter
+@pytest.mark.parametrize("model", ["smollm2", "gemma3"])
+def test_real_rows_at_their_own_vocabulary_under_the_interpreter(model):
+    interpreter_or_skip()
+    rows, manifest = bank.load_rows(FIXTURE_BANK, model)
+    check_family(model, manifest["vocab"], rows.shape[0], rows.float())
 
 
 @pytest.mark.interpreter
 @pytest.mark.parametrize("vocab", [2, 5, 37, 300, 1000])
 def test_small_vocabularies_under_the_interpreter(vocab):
-    """The samples stay inside the row however small it is (at most a quarter of it, runs as short as one
+    """The samples stay inside the row however small it is (at most an eighth of it, runs as short as one
     logit); every row with 1 <= k < vocab is the kernels' and matches full_vocab; an empty batch is empty."""
     interpreter_or_skip()
     n = 6
     logits = torch.randn(n, vocab, generator=torch.Generator().manual_seed(vocab))
     temperature, top_p = torch.ones(n), torch.full((n,), 0.9)
     top_k = torch.tensor([1, 2, 3, 20, 64, -1]).clamp(max=vocab)
-    assert topk_fused.samples_for(vocab) * 4 <= max(vocab, 4)
+    assert topk_fused.samples_for(vocab) * topk_fused.SAMPLE_SHARE <= max(vocab, topk_fused.SAMPLE_SHARE)
     out, left = topk_fused.run(logits, temperature, top_k, top_p)
     taken = [row for row in range(n) if 1 <= int(top_k[row]) < vocab]
     assert (left.tolist() if left is not None else []) == [row for row in range(n) if row not in taken]

@@ -13,7 +13,9 @@ from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, T
 
 from harness.hydra_setup import CONFIG_DIR, HYDRA_VERSION_BASE
 from harness.micro.app import RunResult, check_config, progress_steps, run
+from harness.micro.bank import BankError
 from harness.micro.config import MicroAppConfig, register_configs
+from harness.micro.families import FamilyError
 from harness.micro.impls import ImplError
 from harness.micro.report import console_table, write_report
 from harness.validation import ConfigError
@@ -38,7 +40,8 @@ def _run_with_progress(app: MicroAppConfig, resolved: dict, overrides: list[str]
 
 
 def _typed_config(cfg: DictConfig) -> MicroAppConfig:
-    """The typed config, checked (values and implementation names); ConfigError / ImplError if wrong."""
+    """The typed config, checked (values, implementation and family names); ConfigError, ImplError or
+    FamilyError if wrong."""
     app = cast(MicroAppConfig, OmegaConf.to_object(cfg))  # cfg's schema is MicroAppConfig
     check_config(app.micro)
     return app
@@ -53,7 +56,7 @@ def hydra_main(cfg: DictConfig) -> None:
         overrides = list(HydraConfig.get().overrides.task)
         resolved = cast(dict[str, Any], OmegaConf.to_container(cfg, resolve=True))  # of a DictConfig
         result = _run_with_progress(app, resolved, overrides, console)
-    except (ConfigError, ImplError) as exc:
+    except (ConfigError, ImplError, FamilyError, BankError) as exc:
         print(f"error: {exc}", file=sys.stderr)
         raise SystemExit(2) from None
     report = write_report(result.out_dir, result.manifest, result.rows)

@@ -1,4 +1,5 @@
-"""The microbenchmark run: for each batch size, time the copy floor and every implementation.
+"""The microbenchmark run: for each logit family, vocabulary and batch size, time the copy floor and every
+implementation.
 
 `run` is the whole job below the Hydra entry point; it takes typed configuration only.
 """
@@ -21,13 +22,14 @@ from torch import Tensor
 from harness import verify
 from harness.host import envinfo
 from harness.host.devices import resolve_device
-from harness.micro import measure
-from harness.micro.compare import OutputMatch, compare_outputs
+from harness.micro import bank, measure
+from harness.micro.compare import OutputMatch, compare_outputs, tied_rows, unexplained_rows
 from harness.micro.config import MicroConfig
+from harness.micro.families import FAMILIES, check_families, make_family
 from harness.micro.impls import REGISTRY, Impl, ImplError, check_names, resolve_impls
 from harness.micro.inputs import (
+    DTYPES,
     RowParams,
-    make_logits,
     make_params,
     padding_row_count,
     rotated_copies,
@@ -53,6 +55,8 @@ class ResultRow:
     padding_fraction: float
     padding_rows: int
     device: str
+    family: str = "iid"  # the logit family (harness.micro.families)
+    bank_rows: int | None = None  # a real family: how many distinct rows of the logit bank were tiled
     median_ms: float | None = None
     min_ms: float | None = None
     max_ms: float | None = None
@@ -60,6 +64,8 @@ class ResultRow:
     peak_temp_bytes: int | None = None  # None on the CPU: not measured
     bitwise_equal: bool | None = None  # torch.equal with the baseline's output
     kept_sets_equal: bool | None = None
+    rows_differ: int | None = None  # rows whose kept set differs from the baseline's
+    rows_unexplained: int | None = None  # of them, rows without a tie at the k-th value or at the top-p cut
     values_equal: bool | None = None
     max_abs_diff: float | None = None
     copy_floor_ms: float | None = None
@@ -83,12 +89,23 @@ class Batch:
     copies: list[Tensor]  # [rows, vocab] each, identical values
     params: RowParams
     reference: Tensor  # the baseline's output [rows, vocab] fp32
+    tied: Tensor  # [rows] bool: rows whose kept set the rules leave open (compare.tied_rows)
+
+
+@dataclass(frozen=True)
+class Input:
+    """One (family, vocabulary) of the run: what its batches are made of."""
+
+    family: str
+    vocab: int
+    bank_rows: Tensor | None = None  # a real family's rows ([m, V0] bfloat16), tiled to each batch size
 
 
 def check_config(cfg: MicroConfig) -> None:
-    """Names the config refers to must be registered, the baseline must be the project's code, and
-    the device must exist."""
+    """Names the config refers to must be registered (implementations, families), the baseline must be the
+    project's code, and the device must exist."""
     check_names([*cfg.impls, cfg.baseline, cfg.after])
+    check_families(list(cfg.logits))
     resolve_device(cfg.device, "micro.device")
     if REGISTRY[cfg.baseline]().external:
         raise ImplError(f"micro.baseline={cfg.baseline!r} must be one of the project's builders: "
@@ -110,15 +127,18 @@ def make_out_dir(results_dir: str, out_dir: str | None) -> Path:
     return path
 
 
-def _base_row(cfg: MicroConfig, impl: str, rows: int, device: torch.device) -> ResultRow:
+def _base_row(cfg: MicroConfig, source: Input, impl: str, rows: int, device: torch.device) -> ResultRow:
     return ResultRow(
-        impl=impl, rows=rows, vocab=cfg.vocab, status="ok", top_k=cfg.top_k, top_p=cfg.top_p,
-        temperature=cfg.temperature, dtype=cfg.dtype, padding_fraction=cfg.padding_fraction,
-        padding_rows=padding_row_count(rows, cfg.padding_fraction), device=str(device), baseline=cfg.baseline,
+        impl=impl, rows=rows, vocab=source.vocab, status="ok", family=source.family,
+        bank_rows=None if source.bank_rows is None else min(rows, int(source.bank_rows.shape[0])),
+        top_k=cfg.top_k, top_p=cfg.top_p, temperature=cfg.temperature, dtype=cfg.dtype,
+        padding_fraction=cfg.padding_fraction, padding_rows=padding_row_count(rows, cfg.padding_fraction),
+        device=str(device), baseline=cfg.baseline,
     )
 
 
-def _with_comparison(row: ResultRow, cmp: OutputMatch) -> None:
+def _with_comparison(row: ResultRow, cmp: OutputMatch, out: Tensor, batch: Batch) -> None:
+    row.rows_differ, row.rows_unexplained = unexplained_rows(out, batch.reference, batch.tied)
     row.bitwise_equal = cmp.bitwise_equal
     row.kept_sets_equal = cmp.kept_sets_equal
     row.values_equal = cmp.values_equal
@@ -161,23 +181,33 @@ def prepare_impl(impl: Impl, batch: Batch, cfg: MicroConfig, row: ResultRow) -> 
             raise
         row.status, row.note = "error", f"{type(exc).__name__}: {exc}"
         return None
-    _with_comparison(row, compare_outputs(out, batch.reference))
+    _with_comparison(row, compare_outputs(out, batch.reference), out, batch)
     return call
 
 
-def make_batch(cfg: MicroConfig, rows: int, device: torch.device, baseline: Impl) -> Batch:
-    """Seeded logits (seed + rows, so each batch size has its own), rotated copies, reference output."""
-    logits = make_logits(rows, cfg.vocab, dtype=cfg.dtype, device=device, seed=cfg.seed + rows,
-                         padding_fraction=cfg.padding_fraction)
+def make_logits(cfg: MicroConfig, source: Input, rows: int, device: torch.device) -> Tensor:
+    """The batch's logits in micro.dtype: the family's (seeded by seed, rows and family), the last
+    round(rows * padding_fraction) rows all equal (padding slots)."""
+    logits = make_family(source.family, rows, source.vocab, seed=cfg.seed, device=device, bank_rows=source.bank_rows)
+    n_pad = padding_row_count(rows, cfg.padding_fraction)
+    if n_pad:
+        logits[rows - n_pad:] = 0.0
+    return logits.to(DTYPES[cfg.dtype])
+
+
+def make_batch(cfg: MicroConfig, source: Input, rows: int, device: torch.device, baseline: Impl) -> Batch:
+    """The family's logits, rotated copies, reference output."""
+    logits = make_logits(cfg, source, rows, device)
     params = make_params(rows, temperature=cfg.temperature, top_k=cfg.top_k, top_p=cfg.top_p, device=device)
     copies = rotated_copies(logits, cfg.min_rotate_bytes)
     assert baseline.prepare is not None  # check_config: the baseline is a project builder, always available
-    return Batch(copies=copies, params=params, reference=baseline.prepare(params)(logits))
+    return Batch(copies=copies, params=params, reference=baseline.prepare(params)(logits),
+                 tied=tied_rows(logits, params.temperature, params.top_k, params.top_p))
 
 
 def progress_steps(cfg: MicroConfig) -> int:
     """How many times `bench_rows` calls `step` over the whole run."""
-    return len(cfg.rows) * (len(cfg.impls) + cfg.warmup + cfg.repeats)
+    return len(cfg.logits) * len(cfg.vocab) * len(cfg.rows) * (len(cfg.impls) + cfg.warmup + cfg.repeats)
 
 
 def time_batch(calls: dict[str, measure.Call], batch: Batch, cfg: MicroConfig,
@@ -200,22 +230,23 @@ def _fill_speedups(rows: list[ResultRow], baseline: str) -> None:
             r.speedup_vs_baseline = base / r.median_ms
 
 
-def bench_rows(cfg: MicroConfig, rows: int, device: torch.device, impls: list[Impl], baseline: Impl,
+def bench_rows(cfg: MicroConfig, source: Input, rows: int, device: torch.device, impls: list[Impl], baseline: Impl,
                step: Step) -> list[ResultRow]:
-    """Every implementation at one batch size: prepare each (memory, comparison), then time them all
-    with the copy floor, interleaved. `step(label)` is called once per implementation prepared and
-    once per timing round (warm-up rounds included)."""
-    batch = make_batch(cfg, rows, device, baseline)
+    """Every implementation at one batch size of one input: prepare each (memory, comparison), then time
+    them all with the copy floor, interleaved. `step(label)` is called once per implementation prepared
+    and once per timing round (warm-up rounds included)."""
+    batch = make_batch(cfg, source, rows, device, baseline)
+    where = f"{source.family} V={source.vocab} rows={rows}"
     results, calls = [], {}
     for impl in impls:
-        row = _base_row(cfg, impl.name, rows, device)
+        row = _base_row(cfg, source, impl.name, rows, device)
         call = prepare_impl(impl, batch, cfg, row)
         if call is not None:
             calls[impl.name] = call
         results.append(row)
-        step(f"rows={rows}: {impl.name} prepared")
+        step(f"{where}: {impl.name} prepared")
     total = cfg.warmup + cfg.repeats
-    stats = time_batch(calls, batch, cfg, on_round=lambda r: step(f"rows={rows}: round {r + 1}/{total}"))
+    stats = time_batch(calls, batch, cfg, on_round=lambda r: step(f"{where}: round {r + 1}/{total}"))
     for row in results:
         if row.impl in stats:
             _with_timing(row, stats[row.impl], stats[COPY], batch)
@@ -267,16 +298,43 @@ def build_manifest(cfg: MicroConfig, resolved: dict, device: torch.device, impls
     }
 
 
-def _bench_all(cfg: MicroConfig, device: torch.device, impls: list[Impl], baseline: Impl, path: Path,
-               step: Step) -> list[ResultRow]:
-    """Every batch size in turn; each row is appended to `path` (JSONL) and flushed as it is measured."""
+def inputs_of(cfg: MicroConfig, bank_dir: Path | None) -> list[Input]:
+    """Every (family, vocabulary) of the run, in order; a real family's rows read from the bank (BankError
+    when it has none)."""
+    out = []
+    for name in cfg.logits:
+        family = FAMILIES[name]
+        rows = None
+        if family.bank is not None:
+            if bank_dir is None:
+                raise bank.BankError(f"micro.logits names the real family {name!r} but no logit bank was found "
+                                     f"(looked for {', '.join(bank.SEARCH)}): build one with `make logit-bank`, "
+                                     "point micro.bank at one, or leave the real families out")
+            rows = bank.load_rows(bank_dir, family.bank)[0]
+        out += [Input(name, vocab, rows) for vocab in cfg.vocab]
+    return out
+
+
+def bank_info(cfg: MicroConfig, bank_dir: Path | None) -> dict[str, Any] | None:
+    """The manifest's `bank`: where the real families' rows came from (each model's bank manifest, rows cut)."""
+    real = [b for n in cfg.logits if (b := FAMILIES[n].bank) is not None]
+    if not real or bank_dir is None:
+        return None
+    models = {m: {k: v for k, v in bank.load_rows(bank_dir, m)[1].items() if k != "positions"} for m in real}
+    return {"path": str(bank_dir), "models": models}
+
+
+def _bench_all(cfg: MicroConfig, sources: list[Input], device: torch.device, impls: list[Impl], baseline: Impl,
+               path: Path, step: Step) -> list[ResultRow]:
+    """Every input and batch size in turn; each row is appended to `path` (JSONL) and flushed as it is measured."""
     results: list[ResultRow] = []
     with path.open("w") as f:
-        for rows in cfg.rows:
-            for row in bench_rows(cfg, rows, device, impls, baseline, step):
-                f.write(json.dumps(dataclasses.asdict(row)) + "\n")
-                f.flush()
-                results.append(row)
+        for source in sources:
+            for rows in cfg.rows:
+                for row in bench_rows(cfg, source, rows, device, impls, baseline, step):
+                    f.write(json.dumps(dataclasses.asdict(row)) + "\n")
+                    f.flush()
+                    results.append(row)
     return results
 
 
@@ -305,13 +363,17 @@ def run(cfg: MicroConfig, *, results_dir: str, resolved: dict, overrides: list[s
         if not impl.available:
             say(impl.note)
     baseline = next((i for i in impls if i.name == cfg.baseline), None) or resolve_impls([cfg.baseline])[0]
+    bank_dir = bank.find_bank(cfg.bank)
+    sources = inputs_of(cfg, bank_dir)
     out_dir = make_out_dir(results_dir, cfg.out_dir)
     manifest = build_manifest(cfg, resolved, device, impls, overrides)
+    manifest["bank"] = bank_info(cfg, bank_dir)
+    manifest["families"] = {n: FAMILIES[n].doc for n in cfg.logits}
     write_json(out_dir / "manifest.json", manifest)
     say(f"device {device} ({manifest['device'].get('name', manifest['host']['cpu'])}), "
         f"radix top-k: {manifest['radix_topk_backend']}, writing to {out_dir}/")
     try:
-        results = _bench_all(cfg, device, impls, baseline, out_dir / "results.jsonl", step)
+        results = _bench_all(cfg, sources, device, impls, baseline, out_dir / "results.jsonl", step)
     except BaseException:
         _finish(out_dir, manifest, "failed")
         raise

@@ -16,8 +16,11 @@ class MicroConfig:
     """
 
     name: str = "cpu_small"
-    vocab: int = 32000
+    # logit families (harness.micro.families): each set runs every one, at every vocabulary and row count
+    logits: list[str] = field(default_factory=lambda: ["iid"])
+    vocab: list[int] = field(default_factory=lambda: [32000])
     rows: list[int] = field(default_factory=lambda: [16, 64, 256])
+    bank: str | None = None  # the logit bank of the real families (None: the first of harness.micro.bank.SEARCH)
     top_k: int = 20
     top_p: float = 0.95
     temperature: float = 1.0
@@ -38,8 +41,11 @@ class MicroConfig:
         check_choice("micro.device", self.device, ("auto", "cpu", "cuda"))
         if not 0 <= self.padding_fraction <= 1:
             raise ConfigError(f"micro.padding_fraction={self.padding_fraction} must be in [0, 1]")
-        if self.vocab < 2 or not self.rows or any(r < 1 for r in self.rows):
-            raise ConfigError(f"micro.vocab={self.vocab} and micro.rows={self.rows} must be positive (rows non-empty)")
+        if not self.vocab or any(v < 2 for v in self.vocab) or not self.rows or any(r < 1 for r in self.rows):
+            raise ConfigError(f"micro.vocab={self.vocab} (each >= 2) and micro.rows={self.rows} (each >= 1) must be "
+                              "non-empty lists, e.g. micro.vocab=[32000,248320] micro.rows=[64,4096]")
+        if not self.logits:
+            raise ConfigError("micro.logits is empty; name at least one logit family, e.g. micro.logits=[iid]")
         if self.repeats < 1 or self.warmup < 0:
             raise ConfigError(f"micro.repeats={self.repeats} must be >= 1 and micro.warmup={self.warmup} >= 0")
         if not self.impls:

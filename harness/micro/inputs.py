@@ -1,4 +1,4 @@
-"""Inputs of the microbenchmark: seeded logits, per-row sampling parameters, rotated copies."""
+"""Inputs of the microbenchmark: per-row sampling parameters, rotated copies (the logits: harness.micro.families)."""
 
 from __future__ import annotations
 
@@ -22,21 +22,6 @@ class RowParams:
 def padding_row_count(rows: int, padding_fraction: float) -> int:
     """How many of `rows` rows are padding (all-equal logits): round(rows * padding_fraction)."""
     return min(rows, int(round(rows * padding_fraction)))
-
-
-def make_logits(rows: int, vocab: int, *, dtype: str, device: torch.device, seed: int,
-                padding_fraction: float = 0.0) -> Tensor:
-    """Standard-normal logits [rows, vocab] from a seeded generator on `device`, cast to `dtype`.
-
-    The last round(rows * padding_fraction) rows are all zero (all logits equal: the all-ties case
-    that padded batch slots produce).
-    """
-    gen = torch.Generator(device=device).manual_seed(seed)
-    logits = torch.randn(rows, vocab, generator=gen, device=device, dtype=torch.float32)
-    n_pad = padding_row_count(rows, padding_fraction)
-    if n_pad:
-        logits[rows - n_pad:] = 0.0
-    return logits.to(DTYPES[dtype])
 
 
 def make_params(rows: int, *, temperature: float, top_k: int, top_p: float, device: torch.device) -> RowParams:

@@ -120,12 +120,14 @@ def topk_fused_probs(logits: Tensor, temperature: Tensor, top_k: Tensor, top_p: 
     return fused_build(logits, temperature, top_k, top_p)
 
 
-def fused_build(logits: Tensor, temperature: Tensor, top_k: Tensor, top_p: Tensor) -> Tensor:
-    """topk_fused on any device Triton runs on (CUDA; a CPU under TRITON_INTERPRET=1, for tests)."""
+def fused_build(logits: Tensor, temperature: Tensor, top_k: Tensor, top_p: Tensor,
+                config: dict[str, int] | None = None) -> Tensor:
+    """topk_fused on any device Triton runs on (CUDA; a CPU under TRITON_INTERPRET=1, for tests); `config`
+    overrides topk_fused.launch_config()."""
     from harness.verify import topk_fused  # noqa: PLC0415  (imports Triton)
 
     temperature, top_k, top_p = row_params(logits, temperature, top_k, top_p)
-    out, left = topk_fused.run(logits, temperature, top_k, top_p)
+    out, left = topk_fused.run(logits, temperature, top_k, top_p, config)
     if left is not None:  # rows the kernels did not take (top_k above FAST_K, the whole vocabulary) or missed
         out[left] = topk_first_probs(logits[left], temperature[left], top_k[left], top_p[left])
     return out

@@ -4,26 +4,35 @@ dense output once (Triton, on CUDA). harness.verify.topk_fused_probs is the buil
 Three kernels, each spread over the whole GPU (no program ever owns a whole row's pass: a row is 1 MB at the
 seed's sizes, and one program streams it at a few GB/s):
 1. start, a program per row: the row's parameters as the kernels use them (greedy rows: k 1), and its
-   threshold t, the r-th largest distinct value of SAMPLES logits of the row (CHUNK contiguous ones at evenly
-   spaced places), r chosen per top_k so that both ways of missing are rare (best_rank).
+   threshold t, the r-th largest distinct value of the row's samples: at most SAMPLES logits and at most
+   1 / SAMPLE_SHARE of the row (a small vocabulary samples fewer), in runs of CHUNK contiguous logits, one in
+   the middle of each of many evenly spaced stretches (never at the row's ends, where sorted rows and a
+   tokenizer's frequent tokens keep their largest logits); r chosen per top_k so that both ways of missing
+   are rare on i.i.d. rows (best_rank).
 2. pass, a program per BLOCK of a row (the copy-like part, near the bandwidth limit): the block of the output
-   is written with zeros and the index of each logit above t appended to the row's candidate list (an
-   atomic slot each: they are few, about r x vocab / SAMPLES per row).
-3. finish, a program per row: when the list holds every logit above t (at most CANDIDATES) and at least k
+   is written with zeros; a block with at most k logits above t appends the index of each to the row's
+   candidate list (an atomic slot each), a crowded block only its own k largest (value, then lowest index),
+   since a row's k largest are among its blocks' k largest: a row whose large logits crowd into a few id
+   ranges (a script's tokens, a topic's, a sorted row) takes a few blocks' worth of its list, not all of it.
+   With few blocks per row (a small vocabulary) the programs that run side by side take other rows, so that
+   their atomics hit other counters.
+3. finish, a program per row: when the list holds every candidate (at most CANDIDATES) and at least k
    logits are >= t, the row's k largest logits are among the candidates, plus, when fewer than k are above
    t, the first ties with t by index (looked for in the row's first TIE_SPAN logits: an all-equal row finds
    them in its first block). The candidates are ranked (value descending, then index ascending) by
    repeated maximum, divided by the temperature, softmaxed, top-p renormalised with the threshold rule of
    harness.verify.top_p_renorm_sorted, and written over the zeros.
-A row whose threshold missed (more logits above t than the list holds, or fewer than k at or above it, or
-ties past TIE_SPAN) gets another rank (halved or doubled, then bisected between the ranks already tried) and
-its new threshold in the finish kernel, and joins the next round's work list; rounds 2 to ROUNDS run the
-pass (reading only) and the finish over that list alone. Rows still missed, and rows with k above FAST_K or
-covering the vocabulary, are built by the caller (harness.verify.fused_build: topk_first); only those.
-The launches are queued without waiting; one synchronisation at the end reads the count of rows left.
+A row whose threshold missed (more candidates than the list holds, or fewer than k logits at or above t, or
+ties past TIE_SPAN) gets another rank (halved when too many; when too few, doubled and at least k + 1, which
+cannot miss that way: k + 1 distinct samples above t are k logits above it; then bisected between the
+ranks already tried) and its new threshold in the finish kernel, and joins the next round's work list
+(every row may); rounds 2 to ROUNDS run the pass (reading only) and the finish over that list alone. Rows
+still missed, and rows with k above FAST_K or covering the vocabulary, are built by the caller
+(harness.verify.fused_build: topk_first); only those. The launches are queued without waiting; one
+synchronisation at the end reads the count of rows left.
 
-Temporary memory: CANDIDATES int32 indices and 36 bytes of fields per row, 2,084 bytes (8.1 MiB at 4,096
-rows).
+Temporary memory: CANDIDATES int32 indices, 36 bytes of fields and ROUNDS retry slots (4 bytes each) per
+row: 2,096 bytes a row (8.2 MiB at 4,096 rows).
 """
 
 from __future__ import annotations
@@ -42,13 +51,13 @@ try:
 except ImportError:  # a CPU-only install: the name stays usable through the topk_first path
     triton = None
 
-SAMPLES = 8192  # logits sampled per row for the threshold: CHUNK contiguous logits at SAMPLES // CHUNK places
-CHUNK = 128
+SAMPLES = 8192  # logits sampled per row for the threshold at most: runs of CHUNK contiguous logits
+CHUNK = 8  # contiguous logits per sampled place (one 32-byte sector of fp32): many places, spread evenly
 FAST_K = 64  # the largest top_k the kernels handle; larger rows take the topk_first path
 CANDIDATES = 512  # per row: indices of the logits above the threshold
 ROUNDS = 3  # thresholds tried per row before it is left to the caller (at most 7: the start kernel zeroes
 # ROUNDS + 1 counters with one 8-lane store)
-REDO = 256  # rows a retry round takes; a row missed past them goes to the caller
+REDO = 1 << 30  # the most rows a retry round takes (every row: a missed row is retried, whatever its batch)
 TIE_BLOCK = 1024  # the finish kernel looks for ties with t in blocks of this many logits,
 TIE_SPAN = 4 * TIE_BLOCK  # in the row's first TIE_SPAN logits
 PIECE = 1024  # a retry's threshold reads the samples in pieces of this many (few registers)
@@ -107,16 +116,26 @@ if triton is not None:
         return b.to(tl.float32, bitcast=True), idx
 
     @triton.jit
+    def _sample_at(j, stride, CHUNK: tl.constexpr):
+        """Where sample j is read: runs of CHUNK contiguous logits, one in the middle of each stretch of
+        `stride` logits (never at the row's very ends, where sorted rows and a tokenizer's frequent tokens
+        keep the largest logits)."""
+        return (j // CHUNK) * stride + (stride - CHUNK) // 2 + j % CHUNK
+
+    @triton.jit
     def _threshold(src, vocab, rank, SAMPLES: tl.constexpr, CHUNK: tl.constexpr, PIECE: tl.constexpr):
-        """The rank-th largest distinct value of the row's samples (CHUNK contiguous logits at SAMPLES // CHUNK
-        evenly spaced places), by repeated maximum; a row with fewer distinct values keeps its smallest one
-        (an all-equal row: its one value). PIECE == SAMPLES holds the samples in registers; less reads them
-        in pieces at each step (few registers, the pieces in cache after the first step)."""
+        """The rank-th largest distinct value of the row's samples (_sample_at), by repeated maximum; a row
+        with fewer distinct values keeps its smallest one (an all-equal row: its one value). A rank of SAMPLES
+        or more (a tiny row) gives -inf: every logit is a candidate. PIECE == SAMPLES holds the samples in
+        registers; less reads them in pieces at each step (few registers, the pieces in cache after the
+        first step)."""
         stride = vocab // (SAMPLES // CHUNK)
         t = tl.full([], float("inf"), tl.float32)
-        if PIECE == SAMPLES:
+        if rank >= SAMPLES:
+            t = tl.full([], float("-inf"), tl.float32)
+        elif PIECE == SAMPLES:
             j = tl.arange(0, SAMPLES)
-            s = tl.load(src + (j // CHUNK) * stride + j % CHUNK).to(tl.float32)
+            s = tl.load(src + _sample_at(j, stride, CHUNK)).to(tl.float32)
             for _ in range(rank):
                 best = tl.max(tl.where(s < t, s, float("-inf")), axis=0)
                 t = tl.where(best > float("-inf"), best, t)
@@ -125,14 +144,14 @@ if triton is not None:
                 best = tl.full([], float("-inf"), tl.float32)
                 for first in range(0, SAMPLES, PIECE):
                     j = first + tl.arange(0, PIECE)
-                    s = tl.load(src + (j // CHUNK) * stride + j % CHUNK).to(tl.float32)
+                    s = tl.load(src + _sample_at(j, stride, CHUNK)).to(tl.float32)
                     best = tl.maximum(best, tl.max(tl.where(s < t, s, float("-inf")), axis=0))
                 t = tl.where(best > float("-inf"), best, t)
         return t
 
     @triton.jit
     def _start_kernel(logits_ptr, stride_row, temp_ptr, top_k_ptr, top_p_ptr, table_ptr, ws, wsf, n_rows, vocab,
-                      GREEDY: tl.constexpr, FAST_K: tl.constexpr, CANDIDATES: tl.constexpr, REDO: tl.constexpr,
+                      first_rank, redo, GREEDY: tl.constexpr, FAST_K: tl.constexpr, CANDIDATES: tl.constexpr,
                       ROUNDS: tl.constexpr, SAMPLES: tl.constexpr, CHUNK: tl.constexpr):
         """Program `row`: the row's parameters as the kernels use them (greedy rows: k 1, temperature 1; a
         top_k <= 0 or >= the vocabulary: the whole vocabulary), its first threshold and an empty candidate
@@ -141,7 +160,7 @@ if triton is not None:
         row = tl.program_id(0)
         if row == 0:  # the counters start at 0 (read by the finish kernels, which run after this one)
             lanes = tl.arange(0, 8)
-            tl.store(_counters(ws, n_rows, CANDIDATES, REDO, ROUNDS) + lanes, 0, mask=lanes <= ROUNDS)
+            tl.store(_counters(ws, n_rows, CANDIDATES, redo, ROUNDS) + lanes, 0, mask=lanes <= ROUNDS)
         temp = tl.load(temp_ptr + row).to(tl.float32)
         top_k = tl.load(top_k_ptr + row).to(tl.int64)
         greedy = (temp < GREEDY) | (top_k == 1)
@@ -154,7 +173,7 @@ if triton is not None:
         tl.store(ws + _LO * n_rows + row, 0)
         tl.store(ws + _HI * n_rows + row, 0)
         if taken:
-            rank = tl.load(table_ptr + k)
+            rank = tl.where(first_rank > 0, first_rank, tl.load(table_ptr + k)).to(tl.int32)
             tl.store(ws + _RANK * n_rows + row, rank)
             src = logits_ptr + tl.cast(row, tl.int64) * stride_row
             tl.store(wsf + _T * n_rows + row, _threshold(src, vocab, rank, SAMPLES, CHUNK, SAMPLES))
@@ -165,55 +184,76 @@ if triton is not None:
 
     @triton.jit
     def _lists(ws, n_rows, CANDIDATES: tl.constexpr):
-        """The workspace's retry lists (ROUNDS of REDO rows), after the fields and the candidates."""
+        """The workspace's retry lists (ROUNDS of redo rows), after the fields and the candidates."""
         return ws + (_FIELDS + CANDIDATES) * n_rows
 
     @triton.jit
-    def _counters(ws, n_rows, CANDIDATES: tl.constexpr, REDO: tl.constexpr, ROUNDS: tl.constexpr):
+    def _counters(ws, n_rows, CANDIDATES: tl.constexpr, redo, ROUNDS: tl.constexpr):
         """The workspace's counters: the length of each round's retry list, then the rows left to the caller."""
-        return _lists(ws, n_rows, CANDIDATES) + ROUNDS * REDO
+        return _lists(ws, n_rows, CANDIDATES) + ROUNDS * redo
 
     @triton.jit
-    def _work(ws, n_rows, slot, ROUND: tl.constexpr, CANDIDATES: tl.constexpr, REDO: tl.constexpr):
+    def _work(ws, n_rows, slot, ROUND: tl.constexpr, CANDIDATES: tl.constexpr, redo):
         """Row `slot` of round ROUND's work: every row in the first round, the retry list after."""
         if ROUND == 0:
             row = slot
         else:
-            row = tl.load(_lists(ws, n_rows, CANDIDATES) + (ROUND - 1) * REDO + slot)
+            row = tl.load(_lists(ws, n_rows, CANDIDATES) + (ROUND - 1) * redo + slot)
         return row
 
     @triton.jit
-    def _work_count(ws, n_rows, ROUND: tl.constexpr, CANDIDATES: tl.constexpr, REDO: tl.constexpr,
+    def _work_count(ws, n_rows, ROUND: tl.constexpr, CANDIDATES: tl.constexpr, redo,
                     ROUNDS: tl.constexpr):
         if ROUND == 0:
             n = n_rows
         else:
-            n = tl.minimum(tl.load(_counters(ws, n_rows, CANDIDATES, REDO, ROUNDS) + ROUND - 1), REDO)
+            n = tl.minimum(tl.load(_counters(ws, n_rows, CANDIDATES, redo, ROUNDS) + ROUND - 1), redo)
         return n
 
     @triton.jit
     def _pass_kernel(logits_ptr, stride_row, out_ptr, ws, wsf, n_rows, vocab, ROUND: tl.constexpr,
-                     CANDIDATES: tl.constexpr, REDO: tl.constexpr, ROUNDS: tl.constexpr, BLOCK: tl.constexpr):
+                     CANDIDATES: tl.constexpr, redo, ROUNDS: tl.constexpr, BLOCK: tl.constexpr,
+                     INTERLEAVE: tl.constexpr):
         """Blocks of rows, one per step of each program: in the first round zeros over the output block (every
-        row: those left to the caller are overwritten by it); the index of each logit above the row's t
-        appended to its candidate list (an atomic slot each: nothing block-wide, which measured slower). The
-        zeros and the logits do not wait for t."""
+        row: those left to the caller are overwritten by it); then the block's logits above the row's t go to
+        its candidate list. A block with at most k of them appends each (an atomic slot each: nothing
+        block-wide, which measured slower); a block with more appends only its own k largest (value, then
+        lowest index; by repeated maximum), since a row's k largest are among its blocks' k largest: a row
+        whose large logits crowd into a few id ranges (a script's tokens, a sorted row) fills its list with a
+        few blocks' worth of them, not with all of them. The zeros and the logits do not wait for t."""
         blocks = tl.cdiv(vocab, BLOCK)
-        n = _work_count(ws, n_rows, ROUND, CANDIDATES, REDO, ROUNDS)
+        n = _work_count(ws, n_rows, ROUND, CANDIDATES, redo, ROUNDS)
         lanes = tl.arange(0, BLOCK)
         for item in range(tl.program_id(0), n * blocks, tl.num_programs(0)):
-            row = _work(ws, n_rows, item // blocks, ROUND, CANDIDATES, REDO)
-            offs = (item % blocks) * BLOCK + lanes
+            if INTERLEAVE:  # programs running side by side work on other rows: their atomics hit other counters
+                slot, block = item % n, item // n
+            else:
+                slot, block = item // blocks, item % blocks
+            row = _work(ws, n_rows, slot, ROUND, CANDIDATES, redo)
+            offs = block * BLOCK + lanes
             inside = offs < vocab
             if ROUND == 0:
                 tl.store(out_ptr + tl.cast(row, tl.int64) * vocab + offs, tl.zeros([BLOCK], tl.float32), mask=inside)
             t = tl.load(wsf + _T * n_rows + row)
+            k = tl.load(ws + _K * n_rows + row)
             x = tl.load(logits_ptr + tl.cast(row, tl.int64) * stride_row + offs, mask=inside,
                         other=float("-inf")).to(tl.float32)
             gt = x > t
             cand = ws + _FIELDS * n_rows + tl.cast(row, tl.int64) * CANDIDATES
-            pos = tl.atomic_add(ws + _COUNT * n_rows + row + lanes * 0, 1, mask=gt, sem="relaxed")
-            tl.store(cand + pos, offs, mask=gt & (pos < CANDIDATES))
+            count = ws + _COUNT * n_rows + row
+            if tl.sum(gt.to(tl.int32), axis=0) <= k:
+                pos = tl.atomic_add(count + lanes * 0, 1, mask=gt, sem="relaxed")
+                tl.store(cand + pos, offs, mask=gt & (pos < CANDIDATES))
+            else:  # a crowded block: its k largest only
+                base = tl.atomic_add(count, k, sem="relaxed")
+                keys = tl.where(gt, _key(x, offs), -(2**63))
+                prev = tl.full([], 2**63 - 1, tl.int64)
+                for i in range(k):
+                    m = tl.max(tl.where(keys < prev, keys, -(2**63)), axis=0)
+                    at = base + i
+                    if at < CANDIDATES:
+                        tl.store(cand + at, (0xFFFFFFFF - (m & 0xFFFFFFFF)).to(tl.int32))
+                    prev = m
 
     @triton.jit
     def _write_probs(keys, k, temperature, top_p, dst, FAST_K: tl.constexpr):
@@ -251,16 +291,16 @@ if triton is not None:
     @triton.jit
     def _finish_kernel(logits_ptr, stride_row, out_ptr, ws, wsf, n_rows, vocab, ROUND: tl.constexpr,
                        LAST: tl.constexpr, SAMPLES: tl.constexpr, CHUNK: tl.constexpr, PIECE: tl.constexpr,
-                       CANDIDATES: tl.constexpr, NARROW: tl.constexpr, FAST_K: tl.constexpr, REDO: tl.constexpr,
+                       CANDIDATES: tl.constexpr, NARROW: tl.constexpr, FAST_K: tl.constexpr, redo,
                        ROUNDS: tl.constexpr, TIE_BLOCK: tl.constexpr, TIE_SPAN: tl.constexpr):
         """Rows of round ROUND, one per step of each program: the row's probabilities from its candidates
         (status 1); or another rank, its threshold and a place on the next round's list (status 0); or, past
         the last round, the list's room or the ranks left to try, status 2 (the caller's). Counts the rows
         left to the caller."""
-        counters = _counters(ws, n_rows, CANDIDATES, REDO, ROUNDS)
-        n = _work_count(ws, n_rows, ROUND, CANDIDATES, REDO, ROUNDS)
+        counters = _counters(ws, n_rows, CANDIDATES, redo, ROUNDS)
+        n = _work_count(ws, n_rows, ROUND, CANDIDATES, redo, ROUNDS)
         for slot in range(tl.program_id(0), n, tl.num_programs(0)):
-            row = _work(ws, n_rows, slot, ROUND, CANDIDATES, REDO)
+            row = _work(ws, n_rows, slot, ROUND, CANDIDATES, redo)
             status = tl.load(ws + _STATUS * n_rows + row)
             if ROUND == 0:
                 if status == 3:  # not taken: left to the caller
@@ -295,28 +335,29 @@ if triton is not None:
                         _select(cand, src, n_gt + need, k, temperature, top_p, dst, CANDIDATES, FAST_K)
                     tl.store(ws + _STATUS * n_rows + row, 1)
                 else:
-                    # missed: a higher rank (lower t) when too few logits were >= t, a lower one when too many
-                    # were above it; bracketed by the ranks already tried (lo: too few, hi: too many)
+                    # missed: a higher rank (lower t) when too few logits were >= t: at least k + 1, since k + 1
+                    # distinct samples above t mean k logits above it, whatever the row; a lower one when the
+                    # list overflowed; bracketed by the ranks already tried (lo: too few, hi: too many)
                     over = n_gt > CANDIDATES
                     rank = tl.load(ws + _RANK * n_rows + row)
                     lo = tl.load(ws + _LO * n_rows + row)
                     hi = tl.load(ws + _HI * n_rows + row)
                     lo = tl.where(over, lo, rank)
                     hi = tl.where(over, rank, hi)
-                    guess = tl.where(over, rank // 2, tl.minimum(rank * 2, SAMPLES))
+                    guess = tl.where(over, rank // 2, tl.minimum(tl.maximum(rank * 2, k + 1), SAMPLES))
                     rank = tl.where((lo > 0) & (hi > 0), (lo + hi) // 2, guess)
                     stuck = (rank <= lo) | ((hi > 0) & (rank >= hi)) | (rank < 1) | (~over & (lo >= SAMPLES))
-                    place = REDO
+                    place = redo
                     if not LAST:
                         if not stuck:
                             place = tl.atomic_add(counters + ROUND, 1)
-                    if place < REDO:
+                    if place < redo:
                         tl.store(ws + _RANK * n_rows + row, rank)
                         tl.store(ws + _LO * n_rows + row, lo)
                         tl.store(ws + _HI * n_rows + row, hi)
                         tl.store(wsf + _T * n_rows + row, _threshold(src, vocab, rank, SAMPLES, CHUNK, PIECE))
                         tl.store(ws + _COUNT * n_rows + row, 0)
-                        tl.store(_lists(ws, n_rows, CANDIDATES) + ROUND * REDO + place, row)
+                        tl.store(_lists(ws, n_rows, CANDIDATES) + ROUND * redo + place, row)
                     else:
                         tl.store(ws + _STATUS * n_rows + row, 2)
                         tl.atomic_add(counters + ROUNDS, 1)
@@ -326,13 +367,22 @@ def available() -> bool:
     return triton is not None
 
 
-def samples_for(vocab: int) -> int:
-    """SAMPLES, or fewer for a small vocabulary: a power of two, at most a quarter of the row (one logit for a
-    vocabulary below 8). The runs of CHUNK contiguous samples shrink with it (run: min(CHUNK, samples))."""
-    s = SAMPLES
-    while s > 1 and s * 4 > vocab:
+SAMPLE_SHARE = 8  # a row's samples are at most 1 / SAMPLE_SHARE of it (a small vocabulary samples fewer)
+RUNS = 16  # at least this many places are sampled (runs of up to CHUNK contiguous logits)
+
+
+def samples_for(vocab: int, share: int = SAMPLE_SHARE, most: int = SAMPLES) -> int:
+    """`most` samples (SAMPLES), or fewer for a small vocabulary: a power of two, at most 1 / share of the row
+    (one logit for a tiny vocabulary): the fixed per-row work shrinks with the row."""
+    s = most
+    while s > 1 and s * share > vocab:
         s //= 2
     return s
+
+
+def run_length(samples: int, chunk: int = CHUNK) -> int:
+    """Contiguous logits per sampled place: CHUNK, fewer when that would leave fewer than RUNS places."""
+    return max(1, min(chunk, samples // RUNS))
 
 
 @functools.lru_cache(maxsize=8)
@@ -342,10 +392,12 @@ def _multiprocessors(device: torch.device) -> int:
 
 def launch_config() -> dict[str, int]:
     """Block sizes and warps of the kernels, and the sampling layout (measured on an H200): the pass takes
-    blocks of PASS_BLOCK logits, the start kernel holds a row's samples (runs of CHUNK) in registers, the
-    finish kernel ranks NARROW keys (CANDIDATES when more)."""
-    return {"PASS_BLOCK": 2048, "PASS_WARPS": 4, "START_WARPS": 8, "FINISH_WARPS": 2, "NARROW": 256,
-            "CHUNK": CHUNK}
+    blocks of PASS_BLOCK logits, the start kernel holds a row's samples (at most 1 / SAMPLE_SHARE of the row,
+    runs of up to CHUNK) in registers, the finish kernel ranks NARROW keys (CANDIDATES when more).
+    FIRST_ABOVE > 0 makes the first threshold leave that many samples above it instead of k (tests: a first
+    threshold that misses, on purpose)."""
+    return {"PASS_BLOCK": 1024, "PASS_WARPS": 4, "START_WARPS": 8, "FINISH_WARPS": 2, "NARROW": 256,
+            "CHUNK": CHUNK, "SAMPLE_SHARE": SAMPLE_SHARE, "SAMPLES": SAMPLES, "INTERLEAVE_BLOCKS": 64, "FIRST_RANK": 0}
 
 
 def run(logits: Tensor, temperature: Tensor, top_k: Tensor, top_p: Tensor, config: dict[str, int] | None = None
@@ -371,25 +423,28 @@ def _launch(logits: Tensor, temperature: Tensor, top_k: Tensor, top_p: Tensor, c
         logits = logits.contiguous()
     cfg = launch_config() if config is None else {**launch_config(), **config}
     device = logits.device
-    samples = samples_for(vocab)
+    samples = samples_for(vocab, cfg["SAMPLE_SHARE"], cfg["SAMPLES"])
     if device.type == "cuda":
         pass_block, retry_programs = cfg["PASS_BLOCK"], _multiprocessors(device) * 4
     else:  # the Triton interpreter (TRITON_INTERPRET=1), for tests on a CPU: few, small programs
         pass_block, retry_programs = min(cfg["PASS_BLOCK"], 2048), 4
-    counters_at = (len(FIELDS) + CANDIDATES) * n + ROUNDS * REDO  # the layout of _lists and _counters
+    redo = min(REDO, n)  # the room of a retry list (REDO caps it only in tests)
+    counters_at = (len(FIELDS) + CANDIDATES) * n + ROUNDS * redo  # the layout of _lists and _counters
     ws = torch.empty(counters_at + ROUNDS + 1, dtype=torch.int32, device=device)
     wsf = ws.view(torch.float32)
-    common = {"CANDIDATES": CANDIDATES, "REDO": REDO, "ROUNDS": ROUNDS}
-    stride, chunk = logits.stride(0), min(cfg["CHUNK"], samples)
+    common = {"CANDIDATES": CANDIDATES, "redo": redo, "ROUNDS": ROUNDS}
+    stride, chunk = logits.stride(0), run_length(samples, cfg["CHUNK"])
     _start_kernel[(n,)](logits, stride, temperature, top_k, top_p, rank_table(vocab, samples, str(device)), ws, wsf,
-                        n, vocab, GREEDY=GREEDY_TEMPERATURE, FAST_K=FAST_K, SAMPLES=samples, CHUNK=chunk,
-                        num_warps=cfg["START_WARPS"], **common)
+                        n, vocab, cfg["FIRST_RANK"], redo, GREEDY=GREEDY_TEMPERATURE, FAST_K=FAST_K, SAMPLES=samples,
+                        CHUNK=chunk, CANDIDATES=CANDIDATES, ROUNDS=ROUNDS, num_warps=cfg["START_WARPS"])
     out = torch.empty(n, vocab, dtype=torch.float32, device=device)
     blocks = triton.cdiv(vocab, pass_block)
+    interleave = int(blocks <= cfg["INTERLEAVE_BLOCKS"])
     for r in range(ROUNDS):
         _pass_kernel[(n * blocks if r == 0 else retry_programs,)](
-            logits, stride, out, ws, wsf, n, vocab, ROUND=r, BLOCK=pass_block, num_warps=cfg["PASS_WARPS"], **common)
-        _finish_kernel[(n if r == 0 else min(REDO, retry_programs),)](
+            logits, stride, out, ws, wsf, n, vocab, ROUND=r, BLOCK=pass_block, INTERLEAVE=interleave,
+            num_warps=cfg["PASS_WARPS"], **common)
+        _finish_kernel[(n if r == 0 else min(redo, retry_programs),)](
             logits, stride, out, ws, wsf, n, vocab, ROUND=r, LAST=r == ROUNDS - 1, SAMPLES=samples, CHUNK=chunk,
             PIECE=min(PIECE, samples), NARROW=min(cfg["NARROW"], CANDIDATES), FAST_K=FAST_K, TIE_BLOCK=TIE_BLOCK,
             TIE_SPAN=TIE_SPAN, num_warps=cfg["FINISH_WARPS"], **common)

