@@ -37,7 +37,7 @@ $(SGSTAMP): pyproject.toml requirements/sglang-cpu.txt requirements/sglang-nodep
 	flock .install.lock $(SGPY) -m pip install -q --no-warn-conflicts -e '.[dev,slurm]'
 	@touch $(SGSTAMP)
 
-.PHONY: logit-bank help venv sglang test test-main test-conformance test-fast test-sglang test-slurm bench report micro micro-h200 perf client-bench lint clean
+.PHONY: logit-bank help venv sglang test main-suite conformance-suite test-main test-conformance test-fast test-sglang test-slurm bench report micro micro-h200 perf client-bench lint clean
 
 help: ## list the targets
 	@grep -E '^[a-zA-Z0-9_-]+:.*## ' $(MAKEFILE_LIST) | awk -F':.*## ' '{printf "  make %-12s %s\n", $$1, $$2}'
@@ -47,16 +47,29 @@ venv: $(STAMP) ## create .venv and install the project (done by every target on 
 
 sglang: $(SGSTAMP) ## create .venv-sglang: SGLang 0.5.23 without kernels, for the conformance tests
 
+MAIN_TESTS := $(VPY) -m pytest -q $(XDIST) -m "not sglang and not slurm and not interpreter" --durations=10 $(ARGS)
+CONF_TESTS := $(SGENV) $(SGPY) -m pytest -q $(XDIST) -m "sglang or interpreter" --durations=10 $(ARGS)
+
 test: ## run the whole test suite, SGLang conformance included (what CI runs)
-	@echo ">> both environments are built side by side when missing; the .venv suite starts as soon as .venv is ready, the .venv-sglang suite after it; each prints its output when it ends"
-	@$(MAKE) --no-print-directory -k -j2 --output-sync=target test-main test-conformance
+	@echo ">> both environments are built side by side when missing; the .venv suite starts as soon as .venv is ready, the .venv-sglang suite after it (whether or not the first passed); each prints its output when it ends"
+	@rm -f .test-main.failed
+	@$(MAKE) --no-print-directory -k -j2 --output-sync=target main-suite conformance-suite; rc=$$?; \
+	if [ -e .test-main.failed ]; then rm -f .test-main.failed; echo ">> make test: the .venv suite FAILED (its output above)"; exit 1; fi; \
+	if [ $$rc -ne 0 ]; then echo ">> make test: FAILED (above)"; fi; exit $$rc
+
+# make test's halves: the first records its failure instead of failing, so that the second still runs after it
+# (the two suites at once oversubscribe two cores)
+main-suite: $(STAMP)
+	$(MAIN_TESTS) || touch .test-main.failed
+
+conformance-suite: $(SGSTAMP) | main-suite
+	$(CONF_TESTS)
 
 test-main: $(STAMP) ## the .venv suite alone (what is not SGLang conformance, SLURM or the Triton interpreter)
-	$(VPY) -m pytest -q $(XDIST) -m "not sglang and not slurm and not interpreter" --durations=10 $(ARGS)
+	$(MAIN_TESTS)
 
-# after test-main when both run (make test): the two suites at once oversubscribe two cores
-test-conformance: $(SGSTAMP) | $(if $(filter test-main,$(MAKECMDGOALS)),test-main) ## the .venv-sglang suite alone: SGLang conformance and the Triton-interpreter tests
-	$(SGENV) $(SGPY) -m pytest -q $(XDIST) -m "sglang or interpreter" --durations=10 $(ARGS)
+test-conformance: $(SGSTAMP) ## the .venv-sglang suite alone: SGLang conformance and the Triton-interpreter tests
+	$(CONF_TESTS)
 
 test-fast: $(STAMP) ## unit tests only (skip the end-to-end ones that start servers, and SGLang's)
 	$(VPY) -m pytest -q $(XDIST) -m "not slow and not sglang and not slurm and not interpreter" $(ARGS)
