@@ -14,6 +14,7 @@ from typing import Any
 import numpy as np
 import pandas as pd
 
+from analysis.code import CHECK_NAME, check_code
 from analysis.commands import ArmDiff, RunVariant, compare_arms, run_variants
 from analysis.load import NO_MANIFEST, NOT_RUN, Loaded
 
@@ -320,6 +321,7 @@ def run_audit(data: Loaded, arms: list[str], baseline: str, mismatches: list[Mis
         check_seeds(data, sel, plan),
         check_seeds_honoured(data),
         check_commands(arm_diffs, variants),
+        Check(CHECK_NAME, *check_code(data, baseline)),
         check_values(data, sel),
         check_server_fields(data, sel),
         check_histograms(data, sel),

@@ -4,7 +4,7 @@ Each arm's manifest `command` (argv) and `env` are compared with the baseline's 
 campaign, base seed and repeat (else the baseline's first run). The port number after `--port`, the
 run's own id inside a token, and the run's base seed as the value of a seed flag (`--random-seed N`)
 are not differences. A difference is *declared* when the campaign's arm
-declarations (`arms[].args`, `env`, `python`) account for it; anything else is undeclared and fails
+declarations (`arms[].args`, `env`, `python`, `source`: its PYTHONPATH) account for it; anything else is undeclared and fails
 the audit. Arms with no difference at all from the baseline form an A/A comparison.
 """
 
@@ -166,6 +166,8 @@ def _expected(decl: dict[str, dict[str, Any]], arm: str, baseline: str) -> tuple
         added.update(hunk.added)
     env_a, env_b = a.get("env") or {}, b.get("env") or {}
     keys = {k for k in set(env_a) | set(env_b) if _str_or_none(env_a.get(k)) != _str_or_none(env_b.get(k))}
+    if (a.get("source") or {}).get("snapshot") != (b.get("source") or {}).get("snapshot"):
+        keys.add("PYTHONPATH")  # an arm's source goes first on its server's PYTHONPATH
     return removed, added, keys
 
 

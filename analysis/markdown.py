@@ -24,6 +24,7 @@ from analysis.audit import (
     Audit,
     Check,
 )
+from analysis.code import describe, firsts, package_differences, run_codes
 from analysis.commands import normalise
 from analysis.compare import POWER_CHANGES, POWER_NOTE
 from analysis.metrics import MIN_PERCENTILE_VALUES
@@ -66,6 +67,7 @@ def render(report: Report) -> str:
         _per_category(report),
         _per_run(report),
         _figures(report),
+        _code_under_test(report),
         _setup(report),
         _method(report),
     ]
@@ -287,6 +289,36 @@ def _first_manifest(report: Report, arm: str) -> tuple[str, dict[str, Any]]:
         if r.run_id in camp.manifests:
             return r.run_id, camp.manifests[r.run_id]
     return "", {}
+
+
+def _code_under_test(report: Report) -> str:
+    """Per arm what its servers ran (asked of their own interpreters), the packages that differ between the
+    arms, and the diff stat between source arms' commits."""
+    codes = run_codes(report.data)
+    first = firsts(codes)
+    rows = []
+    for arm in report.arms:
+        runs = [r for r in codes if r.arm == arm]
+        code = first.get(arm)
+        src = runs[0].source if runs else None
+        source = (f"`{src.get('repo')}` ref `{src.get('ref')}` = `{str(src.get('commit'))[:12]}`" if src else
+                  "none (what its interpreter finds)")
+        versions = ", ".join(f"{k} {code[k]}" for k in ("sglang", "torch", "flashinfer", "triton") if code and code.get(k))
+        rows.append([arm, describe(code), source, (code or {}).get("executable") or "n/a", versions or "n/a",
+                     f"{len((code or {}).get('packages') or {})} (`{str((code or {}).get('packages_sha256'))[:12]}`)"])
+    out = ["## Code under test", "", "What each arm's server imported, read in the server's own interpreter and "
+           "environment just before it started (manifest `server_code`; the arm's first run):", "",
+           table(pd.DataFrame(rows, columns=["Arm", "Ran", "Source", "Interpreter", "Versions", "Packages"]))]
+    diffs = package_differences(first, report.baseline)
+    if diffs:
+        out += ["Packages that differ between the arms' interpreters:", "",
+                table(pd.DataFrame([[n, *(v.get(a, "n/a") for a in first)] for n, v in diffs],
+                                   columns=["Package", *first]))]
+    elif first:
+        out += ["The arms' interpreters hold the same packages (name and version).", ""]
+    for arm, stat in (report.data.campaigns[0].meta.get("source_diff_stat") or {}).items():
+        out += [f"`git diff --stat` from `{report.baseline}`'s commit to `{arm}`'s:", "", "```", stat, "```", ""]
+    return "\n".join(out)
 
 
 def _setup(report: Report) -> str:

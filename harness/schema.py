@@ -28,7 +28,8 @@ SCHEMA_VERSIONS = (1, 2)  # what the analysis reads
 
 # top-level config keys that do not change what is measured: a campaign resumes across them (a campaign
 # folder moved to another results_dir too), and a table over campaigns does not call them a swept value
-UNMEASURED_KEYS = ("campaign", "shard", "dry_run", "report", "strict_audit", "load_sample_s", "results_dir")
+UNMEASURED_KEYS = ("campaign", "shard", "dry_run", "report", "strict_audit", "load_sample_s", "results_dir",
+                  "source_cache")
 
 
 # ---------------------------------------------------------------------- the plan
@@ -114,7 +115,8 @@ class HarnessVersion:
 
 @dataclass(frozen=True)
 class Versions:
-    """Read in the runner's own interpreter; None for what is not installed."""
+    """Read in the runner's own interpreter; None for what is not installed. What the server ran is
+    `Manifest.server_code`, read in the server's."""
 
     harness: HarnessVersion
     python: str
@@ -123,6 +125,46 @@ class Versions:
     flashinfer: str | None
     triton: str | None
     cuda: str | None  # the CUDA version torch was built with; None for a CPU build
+
+
+@dataclass(frozen=True)
+class CheckoutState:
+    """The git checkout, or the snapshot of a commit the harness made (an arm's `source`), that holds the code a
+    server imports."""
+
+    kind: str  # git | snapshot
+    root: str  # the checkout's (or snapshot's) top folder
+    repo: str | None  # git: the checkout itself; snapshot: the repository its commit was taken from
+    commit: str | None
+    branch: str | None  # None: a detached HEAD, or a snapshot
+    dirty: bool | None  # tracked changes or untracked files git does not ignore; a snapshot is never dirty
+    diff_sha256: str | None  # SHA-256 of `git diff HEAD --binary` (tracked changes); None when there are none
+    untracked: list[str]  # untracked files git does not ignore (the first 50)
+
+
+@dataclass(frozen=True)
+class ServerCode:
+    """The code a run's server ran, read by harness/server/provenance_probe.py in the server's own interpreter,
+    environment and working directory, just before the server started. None for what is not installed."""
+
+    python: str
+    executable: str
+    torch: str | None
+    torch_cuda: str | None  # the CUDA version torch was built with; None for a CPU build
+    sglang: str | None
+    sgl_kernel: str | None  # sgl-kernel or sglang-kernel
+    flashinfer: str | None
+    triton: str | None
+    transformers: str | None
+    module: str  # the served module (`python -m MODULE`)
+    module_file: str | None
+    module_origin: str  # the folder its top package is imported from
+    distribution: str | None  # the installed distribution that provides that package, if any
+    distribution_version: str | None
+    direct_url: dict[str, Any] | None  # that distribution's direct_url.json (VCS commit, editable path)
+    checkout: CheckoutState | None  # the checkout or snapshot holding module_origin; None: an installed package
+    packages: dict[str, str]  # every distribution the interpreter sees, normalised name -> version
+    packages_sha256: str  # of the sorted `name==version` lines
 
 
 @dataclass(frozen=True)
@@ -240,6 +282,7 @@ class Manifest:
     env_full: dict[str, str]  # the server's whole environment, redacted
     env_full_sha256: str
     versions: Versions
+    server_code: ServerCode | None  # None: schema-2 manifests written before 2026-12-02
     gpu_info: GpuInfo | None  # None without a working nvidia-smi
     host: HostInfo
     dataset: DatasetRef
@@ -269,6 +312,17 @@ class Manifest:
 
 
 @dataclass(frozen=True)
+class SourceDoc:
+    """An arm's code from a git ref (experiment.arms[i].source), resolved once per campaign."""
+
+    repo: str  # the repository, an absolute path
+    ref: str  # as given: a commit, branch, tag, or WORKTREE (the checkout's uncommitted state)
+    commit: str  # what ref resolved to (WORKTREE: a commit object of the working tree; the checkout untouched)
+    package_dir: str  # the folder of the snapshot that goes first on the server's PYTHONPATH
+    snapshot: str  # the snapshot of that commit the server runs from (a cache folder keyed by commit)
+
+
+@dataclass(frozen=True)
 class ArmDoc:
     """An arm as declared (redacted)."""
 
@@ -277,6 +331,7 @@ class ArmDoc:
     env: dict[str, str]
     python: str | None
     seed_stream: int
+    source: SourceDoc | None = None  # None: the interpreter's own install of the server's module
 
 
 @dataclass(frozen=True)
@@ -326,6 +381,8 @@ class CampaignDoc:
     workload: WorkloadDoc
     plan: list[PlannedRun]
     order_run: list[OrderEntry] = field(default_factory=list)
+    # per arm with a source, `git diff --stat` from the baseline arm's commit to its own (one repository)
+    source_diff_stat: dict[str, str] = field(default_factory=dict)
 
 
 # ---------------------------------------------------------------------- JSON

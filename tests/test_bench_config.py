@@ -57,8 +57,9 @@ def test_every_experiment_composes_and_dry_runs(name):
     for run in plan:
         assert run.run_id in text
     assert "nothing was launched" in text
-    # the arms differ in argv (or interpreter), except in the A/A experiment
-    assert ("(same argv)" in text) == (name == "embedded_aa")
+    # the arms differ in argv (or interpreter, or code), except in the A/A experiment
+    assert ("(same argv)" in text) == (name in ("embedded_aa", "embedded_code_ab"))
+    assert "code under test" in text
     if cfg.server.backend == "sglang":
         assert "argv preflight SKIPPED (server.preflight=skip): the commands were NOT checked" in text
     else:

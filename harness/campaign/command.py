@@ -27,6 +27,7 @@ from harness.campaign.overrides import OverrideError, check_overrides
 from harness.campaign.plan import planned_launches
 from harness.campaign.report import write_report
 from harness.campaign.runner import run_campaign, summary
+from harness.campaign.sources import resolve_sources
 from harness.campaign.stopping import Stopped, StopSignals, hold_sync
 from harness.campaign.sweep import SweepJob
 from harness.hydra_setup import CONFIG_DIR, HYDRA_VERSION_BASE
@@ -57,14 +58,15 @@ def run(cfg_node: DictConfig, console: Console, stops: StopSignals,
     cfg = to_typed(cfg_node)
     if cfg.campaign is None and sweep is not None:
         cfg.campaign = sweep.campaign_id(cfg.client.concurrency)
+    sources = resolve_sources(cfg)  # each arm's git ref, once: a commit and its snapshot
     if cfg.dry_run:
-        return print_dry_run(cfg, console), None
-    code = preflight_before_launch(cfg.server, planned_launches(cfg), console)  # before anything is loaded
+        return print_dry_run(cfg, console, sources), None
+    code = preflight_before_launch(cfg.server, planned_launches(cfg, sources), console)  # before anything is loaded
     if code:
         return code, None
     config_dict = cast(dict[str, Any], OmegaConf.to_container(cfg_node, resolve=True))  # of a DictConfig
     workload = load_workload(cfg.workload)
-    campaign = build_campaign(cfg, config_dict, workload, console, stops)
+    campaign = build_campaign(cfg, config_dict, workload, console, stops, sources)
     part = f" (shard {cfg.shard}: {len(campaign.todo)} of them)" if cfg.shard is not None else ""
     console.print(f"[bold]{cfg.experiment.name}[/]: {len(campaign.plan)} runs{part} x {len(workload.items)} requests "
                   f"({workload.name}, sha256 {workload.sha256[:12]}) -> {campaign.root}")

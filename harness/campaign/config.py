@@ -61,6 +61,10 @@ class ExperimentConfig:
     gpus: list[int] = field(default_factory=lambda: [0, 1])
     # a run with more errored, aborted or timed-out requests (warmup included) than this is failed
     max_failed_requests: int = 0
+    # the audit's "Each arm ran the code it names": the distributions that may differ between the arms'
+    # interpreters (e.g. [sglang] for two installs of SGLang), and whether a run from a dirty checkout is declared
+    packages_may_differ: list[str] = field(default_factory=list)
+    dirty_declared: bool = False
 
     def arm(self, name: str) -> ArmConfig:
         """The arm called `name` (the plan only holds declared names)."""
@@ -113,6 +117,8 @@ class BenchConfig:
     report: bool = True  # write the analysis report at the end
     strict_audit: bool = True  # exit 1 when the report's audit fails; false: the report still says so, exit 0
     load_sample_s: float = 1.0  # length of the machine-load samples taken before and after each run
+    # where arms' source snapshots are kept, one folder per commit; None: $XDG_CACHE_HOME (~/.cache)/specbench/sources
+    source_cache: str | None = None
 
     def validate(self) -> BenchConfig:
         self.experiment.validate()

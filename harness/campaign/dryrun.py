@@ -14,7 +14,8 @@ from rich.table import Table
 
 from harness.campaign.config import BenchConfig
 from harness.campaign.plan import check_shard, planned_launches, slots
-from harness.schema import PlannedRun
+from harness.schema import PlannedRun, ServerCode, SourceDoc
+from harness.server.provenance import ProvenanceError, probe_server_code
 from harness.server.sglang_preflight import print_verdict, run_preflight
 from harness.server.spec import PlannedLaunch
 
@@ -50,10 +51,49 @@ def stream_diff(cfg: BenchConfig, arm: str) -> str:
     return "(same seed stream)" if base == other else f"seed_stream {base} -> {other}"
 
 
-def print_dry_run(cfg: BenchConfig, console: Console) -> int:
+def code_line(code: ServerCode) -> str:
+    """What a server will import, in one line."""
+    where = code.checkout
+    if where is None:
+        held = f"installed {code.distribution or 'package'} {code.distribution_version or ''}".rstrip()
+    elif where.kind == "snapshot":
+        held = f"snapshot of {where.repo} at {where.commit}"
+    else:
+        state = (f"dirty: diff {(where.diff_sha256 or 'none')[:12]}, {len(where.untracked)} untracked"
+                 if where.dirty else "clean")
+        held = f"git {where.commit} ({where.branch or 'detached'}, {state})"
+    versions = " ".join(f"{k}={getattr(code, k)}" for k in ("torch", "sglang", "sgl_kernel", "flashinfer", "triton")
+                        if getattr(code, k))
+    return (f"{code.module} from {code.module_origin}: {held}; python {code.python} {versions}; "
+            f"{len(code.packages)} packages (sha256 {code.packages_sha256[:12]})")
+
+
+def print_server_code(launches: list[PlannedLaunch], sources: dict[str, SourceDoc], console: Console) -> None:
+    """Each arm's source and the code its server will import (asked of its interpreter). One that cannot say
+    is a warning here (a dry run may be made where the servers' installs are not, as with server.preflight=skip);
+    a real run fails there."""
+    console.print("\n[bold]code under test[/] (each arm's interpreter asked, as its server will start):")
+    firsts: dict[str, PlannedLaunch] = {}
+    for launch in launches:
+        firsts.setdefault(launch.run.arm, launch)
+    for launch in firsts.values():
+        arm = launch.run.arm
+        if (src := sources.get(arm)) is not None:
+            console.print(f"  {arm}: source {src.repo} ref {src.ref} = {src.commit}, snapshot {src.snapshot}/"
+                          f"{src.package_dir}", highlight=False, soft_wrap=True)
+        try:
+            console.print(f"  {arm}: {escape(code_line(probe_server_code(launch.spec)))}", highlight=False,
+                          soft_wrap=True)
+        except ProvenanceError as exc:
+            console.print(f"  [bold yellow]{arm}: {escape(str(exc))}[/] (a real run of this arm fails here)",
+                          highlight=False, soft_wrap=True)
+
+
+def print_dry_run(cfg: BenchConfig, console: Console, sources: dict[str, SourceDoc] | None = None) -> int:
     """Print the plan; the exit code: non-zero when the argv preflight refused or could not check a command."""
     exp = cfg.experiment
-    launches = planned_launches(cfg)
+    sources = sources or {}
+    launches = planned_launches(cfg, sources)
     plan = [launch.run for launch in launches]
     report = run_preflight(cfg.server, launches, console)
     console.print(f"[bold]dry run[/] of experiment [bold]{exp.name}[/]: {len(plan)} runs, "
@@ -83,6 +123,7 @@ def print_dry_run(cfg: BenchConfig, console: Console) -> int:
             console.print(f"  preflight: {escape(report.outcome_of(run.run_id).line())}", highlight=False, soft_wrap=True)
     console.print()
     console.print(difference_table(cfg, [launch for launch in launches if launch.run.slot == 0]))
+    print_server_code([launch for launch in launches if launch.run.slot == 0], sources, console)
     code = print_verdict(report, console) if report is not None else 0
     console.print("nothing was launched (dry_run=true)")
     return code

@@ -23,6 +23,7 @@ from rich.console import Console
 
 from harness.campaign.config import BenchConfig
 from harness.campaign.plan import check_request_seeds, check_shard, make_plan
+from harness.campaign.sources import diff_stats, moved_refs
 from harness.campaign.stopping import StopSignals
 from harness.host.machine import CpuPin
 from harness.schema import (
@@ -33,6 +34,7 @@ from harness.schema import (
     ItemDoc,
     OrderEntry,
     PlannedRun,
+    SourceDoc,
     WorkloadDoc,
     read_json,
     to_json,
@@ -56,6 +58,7 @@ class Campaign:
     pin: CpuPin = field(default_factory=lambda: CpuPin([]))  # the runner's own pinning (client.cpus)
     shard: int | None = None  # run only this slot of the plan (None: every slot)
     stops: StopSignals | None = None  # the command's stop-signal handler, when it has one (a run's error names the signal)
+    sources: dict[str, SourceDoc] = field(default_factory=dict)  # arm -> its resolved source (arms that have one)
     _locks: list[Any] = field(default_factory=list, repr=False)
 
     @property
@@ -74,7 +77,8 @@ class Campaign:
             created=datetime.now(UTC).isoformat(timespec="seconds"),
             config=self.config_dict,
             arms=[ArmDoc(name=a.name, args=redact_argv([str(t) for t in a.args]), env=redact(dict(a.env)),
-                         python=a.python, seed_stream=a.seed_stream) for a in exp.arms],
+                         python=a.python, seed_stream=a.seed_stream, source=self.sources.get(a.name))
+                  for a in exp.arms],
             baseline=exp.baseline,
             declared_difference=exp.declared_difference,
             concurrency=cfg.client.concurrency,
@@ -82,6 +86,7 @@ class Campaign:
             max_new_tokens=cfg.sampling.max_new_tokens,
             workload=workload_doc(self.workload),
             plan=list(self.plan),
+            source_diff_stat=diff_stats(self.sources, exp.baseline),
         )
 
     @property
@@ -110,6 +115,10 @@ class Campaign:
             raise ConfigError(
                 f"campaign {self.root} was created with a different config (differs at: {', '.join(diffs[:10])}); "
                 "resume it with the same overrides, or start a new campaign (leave out `campaign=`)")
+        if moved := moved_refs(old.get("arms") or [], self.sources):
+            raise ConfigError(f"campaign {self.root}: an arm's source ref now names another commit ({'; '.join(moved)}); "
+                              "a campaign compares one commit per arm: give the recorded commit as the ref, or start "
+                              "a new campaign (leave out `campaign=`)")
         self.console.print(f"[bold]{'joining' if self.shard is not None else 'resuming'}[/] campaign {self.root}")
 
     def close(self) -> None:
@@ -210,7 +219,9 @@ def workload_doc(workload: Workload) -> WorkloadDoc:
 
 # keys added to the config after campaigns were made: absent from an older campaign's stored config,
 # they mean what these values mean (so such a campaign still resumes)
-ADDED_KEYS: dict[str, Any] = {"server.cpus": [], "client.cpus": [], "experiment.arms.seed_stream": 0}
+ADDED_KEYS: dict[str, Any] = {"server.cpus": [], "client.cpus": [], "experiment.arms.seed_stream": 0,
+                              "experiment.arms.source": {"repo": "", "ref": "", "package_dir": "."}, "experiment.packages_may_differ": [],
+                              "experiment.dirty_declared": False}
 # keys removed since (nothing read them): an older campaign's value is dropped before comparing
 REMOVED_KEYS = ("experiment.fresh_server_per_run",)
 
@@ -259,7 +270,7 @@ def campaign_root(cfg: BenchConfig) -> Path:
 
 
 def build_campaign(cfg: BenchConfig, config_dict: dict, workload: Workload, console: Console,
-                   stops: StopSignals | None = None) -> Campaign:
+                   stops: StopSignals | None = None, sources: dict[str, SourceDoc] | None = None) -> Campaign:
     """The campaign of a config; ConfigError (nothing launched) when a planned request seed is out of range
     or the shard does not exist."""
     check_request_seeds(cfg, workload)
@@ -267,4 +278,4 @@ def build_campaign(cfg: BenchConfig, config_dict: dict, workload: Workload, cons
     check_shard(cfg.shard, plan)
     return Campaign(cfg=cfg, config_dict=redact_config(config_dict), workload=workload, plan=plan,
                     root=campaign_root(cfg), console=console, pin=CpuPin(list(cfg.client.cpus)), shard=cfg.shard,
-                    stops=stops)
+                    stops=stops, sources=dict(sources or {}))

@@ -34,7 +34,7 @@ def start_manifest(c: Campaign, run: PlannedRun, spec: LaunchSpec) -> Manifest:
         base_seed=run.base_seed, repeat=run.repeat, gpu=run.gpu,
         command=redact_argv(spec.argv), env=redact(spec.env_overrides), env_full=server_env(spec.env_overrides),
         env_full_sha256=env_sha256(spec.env_overrides),
-        versions=envinfo.versions(),
+        versions=envinfo.versions(), server_code=None,  # the runner asks the server's interpreter next
         gpu_info=envinfo.gpu_info(), host=envinfo.host_info(),
         dataset=DatasetRef(id=c.workload.dataset_id, revision=c.workload.revision, sha256=c.workload.sha256),
         model_path=cfg.server.model_path,

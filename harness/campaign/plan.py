@@ -11,7 +11,7 @@ from pathlib import Path
 
 from harness.campaign.config import BenchConfig, ExperimentConfig, request_seed
 from harness.client.requests import RequestSpec
-from harness.schema import PlannedRun
+from harness.schema import PlannedRun, SourceDoc
 from harness.server.spec import PORT_PLACEHOLDER, PlannedLaunch, build_spec, token_sources
 from harness.validation import ConfigError
 from workloads.base import Workload
@@ -58,15 +58,16 @@ def check_shard(shard: int | None, plan: list[PlannedRun]) -> None:
                           f"shard={count - 1}, one per (base seed, repeat); e.g. -m shard='range(0,{count})'")
 
 
-def planned_launches(cfg: BenchConfig) -> list[PlannedLaunch]:
+def planned_launches(cfg: BenchConfig, sources: dict[str, SourceDoc] | None = None) -> list[PlannedLaunch]:
     """Every planned run with the command that will start its server (port PORT_PLACEHOLDER unless
-    server.port is fixed; log path relative) and the config key of each of its flags."""
+    server.port is fixed; log path relative) and the config key of each of its flags; `sources`: the
+    resolved source of each arm that has one (harness.campaign.sources)."""
     arms = cfg.experiment.arms
     out = []
     for run in make_plan(cfg.experiment):
         index = next(i for i, a in enumerate(arms) if a.name == run.arm)
         spec = build_spec(cfg.server, arms[index], port=cfg.server.port or PORT_PLACEHOLDER, base_seed=run.base_seed,
-                          gpu=run.gpu, log_path=Path("server.log"))
+                          gpu=run.gpu, log_path=Path("server.log"), source=(sources or {}).get(run.arm))
         out.append(PlannedLaunch(run, spec, token_sources(cfg.server, arms[index], index)))
     return out
 

@@ -30,6 +30,7 @@ from harness.schema import LogCheckReport, Manifest, PlannedRun, Scoring, to_jso
 from harness.server.control import flush_cache, get_json, responds
 from harness.server.logs import check_log, describe_failed_checks
 from harness.server.process import Server, ServerError, free_port
+from harness.server.provenance import ProvenanceError, probe_server_code
 from harness.server.spec import LaunchSpec, build_spec
 
 
@@ -224,11 +225,13 @@ async def measure_and_score(c: Campaign, run: PlannedRun, progress: Progress, ga
         c.console.print(f"[yellow]{run.run_id}: an unfinished earlier attempt was set aside in {moved}[/]")
     port = c.cfg.server.port or free_port(c.cfg.server.host)
     spec = build_spec(c.cfg.server, c.cfg.experiment.arm(run.arm), port=port, base_seed=run.base_seed,
-                      gpu=run.gpu, log_path=c.run_dir(run.run_id) / "server.log")
+                      gpu=run.gpu, log_path=c.run_dir(run.run_id) / "server.log", source=c.sources.get(run.arm))
     ctx = RunContext(c, run, spec, start_manifest(c, run, spec), progress)
     ctx.save()
     checks = LogCheckReport()
     try:
+        ctx.manifest.server_code = await asyncio.to_thread(probe_server_code, spec)
+        ctx.save()
         ctx.manifest.machine.before = await machine.sample(c.cfg.load_sample_s)
         async with Server(spec) as server:
             await hold("startup")
@@ -248,7 +251,7 @@ async def measure_and_score(c: Campaign, run: PlannedRun, progress: Progress, ga
         await gate.wait()
         await score_run(ctx)
         ctx.manifest.status = "finished"
-    except (ServerError, RunFailed, OSError, aiohttp.ClientError) as exc:  # the run fails, the campaign goes on
+    except (ServerError, RunFailed, ProvenanceError, OSError, aiohttp.ClientError) as exc:  # the run fails, the campaign goes on
         ctx.manifest.status, ctx.manifest.error = "failed", str(exc)
         c.console.print(f"[bold red]{run.run_id} failed:[/] {exc}")
     except asyncio.CancelledError:  # a stop signal (harness.campaign.stopping): the server is already stopped

@@ -61,6 +61,33 @@ class ServerConfig:
         check_range("server.stop_timeout_s", self.stop_timeout_s, 0, low_open=True)
 
 
+WORKTREE = "WORKTREE"  # a source ref: the repository's checkout as it is now, uncommitted changes included
+
+
+@dataclass
+class SourceConfig:
+    """An arm's server code from a git ref: the commit is materialised once into a cache folder (never the
+    user's checkout) and `<snapshot>/<package_dir>` goes first on the server's PYTHONPATH. No ref: none (the
+    arm runs what its interpreter has installed)."""
+
+    repo: str = ""  # a git repository (a path; relative to the working directory)
+    ref: str = ""  # a commit, branch or tag, or WORKTREE (the checkout's current, uncommitted state); "" = no source
+    package_dir: str = "."  # the folder holding the served package: `python` for SGLang, `.` for this project
+
+    def __post_init__(self) -> None:
+        if self.package_dir.startswith("/") or ".." in self.package_dir.split("/"):
+            raise ConfigError(f"source.package_dir={self.package_dir!r} must be a folder inside the repository "
+                              "(e.g. python for SGLang, . for this project)")
+        if bool(self.repo) != bool(self.ref):
+            given, missing = ("repo", "ref") if self.repo else ("ref", "repo")
+            raise ConfigError(f"an arm's source has a {given} ({self.repo or self.ref!r}) but no {missing}: set "
+                              f"experiment.arms.N.source.{missing}=... too (both, or neither for no source)")
+
+    @property
+    def given(self) -> bool:
+        return bool(self.ref)
+
+
 @dataclass
 class ArmConfig:
     """One server arm: a name and what differs from the common server config."""
@@ -69,6 +96,7 @@ class ArmConfig:
     args: list[str] = field(default_factory=list)
     env: dict[str, str] = field(default_factory=dict)
     python: str | None = None  # a different interpreter / install (before vs after builds)
+    source: SourceConfig = field(default_factory=SourceConfig)  # the server's code from a git ref (its interpreter's)
     log_checks: LogChecks = field(default_factory=LogChecks)
     # request seed = base seed + seed offset + seed_stream * 2**32: arms with different streams draw
     # different seeds (an A/A run that measures sampling noise); 0 = the plain base seed + offset

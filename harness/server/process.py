@@ -102,7 +102,7 @@ class Server:
         env = {**os.environ, **self.spec.env_overrides, "PYTHONUNBUFFERED": "1"}
         self.proc = subprocess.Popen(
             self.spec.argv, stdout=self._log, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL, env=env,
-            start_new_session=True, preexec_fn=functools.partial(_prepare_child, list(self.spec.cpus)),
+            cwd=self.spec.cwd, start_new_session=True, preexec_fn=functools.partial(_prepare_child, list(self.spec.cpus)),
         )
 
     def started(self) -> subprocess.Popen:

@@ -7,11 +7,12 @@ came from (the config key), as the dry run shows it and the SGLang preflight che
 
 from __future__ import annotations
 
+import os
 import sys
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from harness.schema import PlannedRun
+from harness.schema import PlannedRun, SourceDoc
 from harness.server.config import ArmConfig, LogChecks, ServerConfig
 
 PORT_PLACEHOLDER = 0  # the port of a planned launch: the real one is picked when the run starts
@@ -30,6 +31,8 @@ class LaunchSpec:
     ready_timeout_s: float
     stop_timeout_s: float
     cpus: list[int] = field(default_factory=list)  # pin the server to these CPUs; [] = no pinning
+    cwd: Path | None = None  # the server's working directory: a source arm's snapshot; None = the runner's
+    module: str = "harness.engine"  # the served module (`python -m MODULE`)
 
     @property
     def base_url(self) -> str:
@@ -41,8 +44,9 @@ def merge_log_checks(*checks: LogChecks) -> LogChecks:
 
 
 def build_spec(server: ServerConfig, arm: ArmConfig, *, port: int, base_seed: int | None, gpu: int | None,
-               log_path: Path) -> LaunchSpec:
-    """The exact command and environment of one run of one arm."""
+               log_path: Path, source: SourceDoc | None = None) -> LaunchSpec:
+    """The exact command and environment of one run of one arm; an arm with a source runs from its snapshot
+    (first on PYTHONPATH, and the working directory, which `python -m` puts first on sys.path)."""
     python = arm.python or server.python or sys.executable
     argv = [python, "-m", server.module, "--model-path", server.model_path,
             "--host", server.host, "--port", str(port)]
@@ -54,10 +58,14 @@ def build_spec(server: ServerConfig, arm: ArmConfig, *, port: int, base_seed: in
     env = {**{k: str(v) for k, v in server.env.items()}, **{k: str(v) for k, v in arm.env.items()}}
     if gpu is not None:
         env["CUDA_VISIBLE_DEVICES"] = str(gpu)
+    if source is not None:
+        first = str(Path(source.snapshot) / source.package_dir)
+        rest = env.get("PYTHONPATH", os.environ.get("PYTHONPATH", ""))
+        env["PYTHONPATH"] = os.pathsep.join(p for p in (first, rest) if p)
     return LaunchSpec(argv=argv, env_overrides=env, host=server.host, port=port, log_path=log_path,
                       log_checks=merge_log_checks(server.log_checks, arm.log_checks),
                       ready_timeout_s=server.ready_timeout_s, stop_timeout_s=server.stop_timeout_s,
-                      cpus=list(server.cpus))
+                      cpus=list(server.cpus), cwd=Path(source.snapshot) if source else None, module=server.module)
 
 
 @dataclass(frozen=True)

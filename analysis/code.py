@@ -1,0 +1,163 @@
+"""Code under test: what each run's server imported (manifest `server_code`, read in the server's own
+interpreter), checked against what its arm names (campaign.json `arms[].source`), and the installed
+packages compared between the arms.
+
+The audit's check "Each arm ran the code it names, and only that differs" fails when
+- a source arm's server imported its module from outside its snapshot, or from another commit than the
+  campaign resolved for it (a tampered or mixed-up manifest included);
+- the runs of one arm imported different code (another origin, commit, diff or package list);
+- the arms' interpreters differ in an installed distribution that `experiment.packages_may_differ` does not
+  name (e.g. two installs that also differ in torch);
+- some runs recorded what their server ran and others did not.
+A run from a checkout with uncommitted changes is a warning naming its diff hash, unless the experiment
+declares it (`experiment.dirty_declared`). Campaigns written before server_code existed are `info`.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from analysis.load import Loaded
+
+FAIL, WARN, OK, INFO = "fail", "warn", "ok", "info"
+CHECK_NAME = "Each arm ran the code it names, and only that differs"
+
+
+@dataclass(frozen=True)
+class RunCode:
+    campaign: str
+    run_id: str
+    arm: str
+    code: dict[str, Any] | None  # the manifest's server_code
+    source: dict[str, Any] | None  # the arm's declared source (campaign.json)
+    may_differ: frozenset[str]
+    dirty_declared: bool
+
+
+def run_codes(data: Loaded) -> list[RunCode]:
+    """Every planned run with a manifest, in plan order."""
+    out = []
+    runs = data.runs[data.runs["planned"] & data.runs["found"]]
+    for r in runs.itertuples():
+        camp = next(c for c in data.campaigns if c.label == r.campaign)
+        man = camp.manifests.get(r.run_id)
+        if not man:
+            continue
+        decl = next((a for a in camp.arms if str(a.get("name")) == r.arm), {})
+        exp = (camp.meta.get("config") or {}).get("experiment") or {}
+        out.append(RunCode(r.campaign, r.run_id, str(r.arm), man.get("server_code"), decl.get("source"),
+                           frozenset(norm(p) for p in exp.get("packages_may_differ") or []),
+                           bool(exp.get("dirty_declared"))))
+    return out
+
+
+def norm(name: str) -> str:
+    return "-".join(name.replace("_", "-").replace(".", "-").lower().split("-"))
+
+
+def fingerprint(code: dict[str, Any]) -> tuple:
+    """What must not change between the runs of one arm."""
+    where = code.get("checkout") or {}
+    return (code.get("module_origin"), where.get("commit"), where.get("diff_sha256"), code.get("packages_sha256"))
+
+
+def inside(path: str | None, folder: Path) -> bool:
+    if not path:
+        return False
+    try:
+        Path(path).resolve().relative_to(folder.resolve())
+    except ValueError:
+        return False
+    return True
+
+
+def source_problems(run: RunCode) -> list[str]:
+    """Why a source arm's run did not run its source's code (empty: it did)."""
+    src, code = run.source, run.code
+    if not src or not code:
+        return []
+    home = Path(str(src.get("snapshot"))) / str(src.get("package_dir") or ".")
+    out = []
+    if not inside(code.get("module_origin"), home):
+        out.append(f"{run.run_id}: the server imported {code.get('module')} from {code.get('module_origin')}, outside "
+                   f"its arm's source {home}")
+    commit = (code.get("checkout") or {}).get("commit")
+    if commit != src.get("commit"):
+        out.append(f"{run.run_id}: the server's code is at commit {commit}, but arm {run.arm}'s source "
+                   f"{src.get('ref')!r} resolved to {src.get('commit')}")
+    return out
+
+
+def package_differences(first: dict[str, dict[str, Any]], baseline: str) -> list[tuple[str, dict[str, str]]]:
+    """(package, {arm: version or '(absent)'}) for every distribution whose version is not the same in every
+    arm's first run."""
+    lists = {arm: code.get("packages") or {} for arm, code in first.items()}
+    names = sorted(set().union(*lists.values())) if lists else []
+    out = []
+    for name in names:
+        versions = {arm: pkgs.get(name, "(absent)") for arm, pkgs in lists.items()}
+        if len(set(versions.values())) > 1:
+            out.append((name, versions))
+    return out
+
+
+def firsts(codes: list[RunCode]) -> dict[str, dict[str, Any]]:
+    """Each arm's first recorded server_code."""
+    out: dict[str, dict[str, Any]] = {}
+    for run in codes:
+        if run.code:
+            out.setdefault(run.arm, run.code)
+    return out
+
+
+def check_code(data: Loaded, baseline: str) -> tuple[str, str, tuple[str, ...]]:
+    """(status, summary, details) of the check named CHECK_NAME."""
+    codes = run_codes(data)
+    recorded = [r for r in codes if r.code]
+    if not recorded:
+        return INFO, "no manifest records server_code (written before 2026-12-02): the code under test is unknown", ()
+    details = [f"{r.run_id}: no server_code in its manifest" for r in codes if not r.code]
+    for run in recorded:
+        details += source_problems(run)
+    seen: dict[str, tuple[str, tuple]] = {}
+    for run in recorded:
+        first = seen.setdefault(run.arm, (run.run_id, fingerprint(run.code or {})))
+        if fingerprint(run.code or {}) != first[1]:
+            details.append(f"{run.run_id}: arm {run.arm}'s runs imported different code (origin, commit, diff or "
+                           f"packages differ from {first[0]}'s)")
+    may_differ = frozenset().union(*(r.may_differ for r in recorded))
+    diffs = package_differences(firsts(recorded), baseline)
+    undeclared = [(n, v) for n, v in diffs if n not in may_differ]
+    details += [f"package {n} differs between the arms' interpreters: "
+                + ", ".join(f"{a} {ver}" for a, ver in v.items())
+                + " (not in experiment.packages_may_differ)" for n, v in undeclared]
+    dirty = [r for r in recorded if ((r.code or {}).get("checkout") or {}).get("dirty")]
+    dirty_lines = [f"{r.run_id}: ran from a dirty checkout {(r.code or {})['checkout'].get('root')} (diff sha256 "
+                   f"{(r.code or {})['checkout'].get('diff_sha256')}, {len((r.code or {})['checkout'].get('untracked') or [])} "
+                   "untracked file(s))" for r in dirty if not r.dirty_declared]
+    sources = sum(1 for r in recorded if r.source)
+    summary = (f"{len(recorded)} of {len(codes)} runs recorded their server's code; {sources} from an arm's source; "
+               f"{len(diffs)} package(s) differ between arms ({len(diffs) - len(undeclared)} declared)")
+    if details:
+        return FAIL, summary, tuple(details + dirty_lines)
+    if dirty_lines:
+        return WARN, summary + f"; {len(dirty)} run(s) from a dirty checkout", tuple(dirty_lines)
+    return OK, summary, ()
+
+
+def describe(code: dict[str, Any] | None) -> str:
+    """What a server ran, in a table cell."""
+    if not code:
+        return "(not recorded)"
+    where = code.get("checkout")
+    if where is None:
+        version = code.get("distribution_version") or code.get("sglang") or "?"
+        held = f"installed {code.get('distribution') or 'package'} {version}"
+    elif where.get("kind") == "snapshot":
+        held = f"snapshot of `{str(where.get('commit'))[:12]}`"
+    else:
+        dirty = f", dirty (diff {str(where.get('diff_sha256') or 'none')[:12]})" if where.get("dirty") else ""
+        held = f"git `{str(where.get('commit'))[:12]}` ({where.get('branch') or 'detached'}{dirty})"
+    return f"`{code.get('module')}`: {held}"

@@ -1,0 +1,158 @@
+"""Says what code a server will run: executed by the server's own interpreter, with the server's environment
+and working directory, just before the server starts (harness.server.provenance runs it).
+
+Standard library only, and nothing of the served module is executed but its top package's `__init__` where
+Python needs it to find a submodule: the interpreter may be another install than the harness's. Reads the
+served module's name from argv[1] and prints one JSON line after RESULT_MARK: the Python, the versions of the
+packages that decide what a speculative-decoding server computes, where the module is imported from (as
+`python -m MODULE` would import it: the working directory first), the git state of the checkout or the
+harness snapshot that holds it, the owning distribution's direct_url.json, and every installed distribution.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import importlib.metadata
+import importlib.util
+import json
+import os
+import platform
+import re
+import subprocess
+import sys
+from pathlib import Path
+
+RESULT_MARK = "SPECBENCH-PROVENANCE "
+SNAPSHOT_MARK = ".specbench-source.json"  # written by harness.campaign.sources into every snapshot it makes
+MAX_UNTRACKED = 50
+# name in the manifest -> distributions that provide it, first found wins
+TRACKED = {
+    "torch": ("torch",), "sglang": ("sglang",), "sgl_kernel": ("sgl-kernel", "sglang-kernel"),
+    "flashinfer": ("flashinfer-python", "flashinfer"), "triton": ("triton", "pytorch-triton"),
+    "transformers": ("transformers",),
+}
+
+
+def norm(name: str) -> str:
+    return re.sub(r"[-_.]+", "-", name).lower()
+
+
+def packages() -> dict[str, str]:
+    """Every distribution this interpreter sees (site-packages and PYTHONPATH), name -> version; where two
+    hold one name the first on sys.path wins, as it does for imports."""
+    out: dict[str, str] = {}
+    for dist in importlib.metadata.distributions():
+        name = dist.metadata["Name"]
+        if name:
+            out.setdefault(norm(name), dist.version)
+    return dict(sorted(out.items()))
+
+
+def torch_cuda(pkgs: dict[str, str]) -> str | None:
+    """torch.version.cuda, read from torch's version file (importing torch costs seconds)."""
+    if "torch" not in pkgs:
+        return None
+    spec = importlib.util.find_spec("torch")
+    if spec is None or not spec.submodule_search_locations:
+        return None
+    text = (Path(next(iter(spec.submodule_search_locations))) / "version.py").read_text()
+    found = re.search(r"^cuda\s*(?::\s*[^=]+)?=\s*['\"]([^'\"]+)['\"]", text, re.MULTILINE)
+    return found.group(1) if found else None
+
+
+def git(root: Path, *args: str) -> str | None:
+    try:
+        proc = subprocess.run(["git", "-C", str(root), *args], capture_output=True, text=True, timeout=30, check=False)
+    except (OSError, subprocess.SubprocessError):
+        return None
+    return proc.stdout if proc.returncode == 0 else None
+
+
+def checkout(origin: Path) -> dict | None:
+    """The git checkout or harness snapshot holding `origin`, or None."""
+    for folder in (origin, *origin.parents):
+        mark = folder / SNAPSHOT_MARK
+        if mark.is_file():
+            made = json.loads(mark.read_text())
+            return {"kind": "snapshot", "root": str(folder), "repo": made.get("repo"), "commit": made.get("commit"),
+                    "branch": None, "dirty": False, "diff_sha256": None, "untracked": []}
+        if (folder / ".git").exists():
+            # a venv inside a checkout is not that checkout's code: git ignores it
+            ignored = git(folder, "check-ignore", "-q", str(origin)) is not None
+            return None if ignored else git_checkout(folder)
+    return None
+
+
+def git_checkout(root: Path) -> dict:
+    head = (git(root, "rev-parse", "HEAD") or "").strip() or None
+    branch = (git(root, "rev-parse", "--abbrev-ref", "HEAD") or "").strip() or None
+    diff = git(root, "diff", "HEAD", "--binary")
+    untracked = (git(root, "ls-files", "--others", "--exclude-standard") or "").splitlines()
+    dirty = None if diff is None else bool(diff or untracked)
+    return {"kind": "git", "root": str(root), "repo": str(root), "commit": head,
+            "branch": None if branch == "HEAD" else branch, "dirty": dirty,
+            "diff_sha256": hashlib.sha256(diff.encode()).hexdigest() if diff else None,
+            "untracked": untracked[:MAX_UNTRACKED]}
+
+
+def within(path: Path, folder: Path) -> bool:
+    return path == folder or folder in path.parents
+
+
+def provides(dist: importlib.metadata.Distribution, origin: Path) -> bool:
+    """Whether the files at `origin` are the distribution's own: under its install folder, or under the
+    folder of its editable install (a package of that name imported from elsewhere is not)."""
+    if within(origin, Path(str(dist.locate_file(""))).resolve()):
+        return True
+    direct = json.loads(dist.read_text("direct_url.json") or "{}")
+    url = str(direct.get("url") or "")
+    editable = bool((direct.get("dir_info") or {}).get("editable"))
+    return editable and url.startswith("file://") and within(origin, Path(url.removeprefix("file://")).resolve())
+
+
+def owner(top: str, origin: Path) -> importlib.metadata.Distribution | None:
+    """The installed distribution that provides the top-level package `top` as imported from `origin`."""
+    for name in importlib.metadata.packages_distributions().get(top, []):
+        try:
+            dist = importlib.metadata.distribution(name)
+        except importlib.metadata.PackageNotFoundError:
+            continue
+        if provides(dist, origin):
+            return dist
+    return None
+
+
+def module_facts(module: str) -> dict:
+    """Where `python -m module` imports the module from, and what holds it."""
+    spec = importlib.util.find_spec(module)
+    if spec is None:
+        raise ModuleNotFoundError(f"no module named {module!r} in {sys.executable}")
+    top = module.split(".")[0]
+    top_spec = importlib.util.find_spec(top)
+    locations = list(top_spec.submodule_search_locations or []) if top_spec else []
+    where = locations[0] if locations else (top_spec.origin if top_spec else None) or spec.origin or "."
+    origin = Path(where).resolve()
+    dist = owner(top, origin)
+    direct = dist.read_text("direct_url.json") if dist is not None else None
+    return {"module": module, "module_file": spec.origin, "module_origin": str(origin),
+            "distribution": norm(dist.metadata["Name"]) if dist is not None else None,
+            "distribution_version": dist.version if dist is not None else None,
+            "direct_url": json.loads(direct) if direct else None, "checkout": checkout(origin)}
+
+
+def main() -> None:
+    module = sys.argv[1]
+    sys.path[0] = os.getcwd()  # as `python -m MODULE` starts: the working directory, not this script's folder
+    try:
+        pkgs = packages()
+        answer = {"python": platform.python_version(), "executable": sys.executable,
+                  **{key: next((pkgs[norm(d)] for d in dists if norm(d) in pkgs), None) for key, dists in TRACKED.items()},
+                  "torch_cuda": torch_cuda(pkgs), **module_facts(module), "packages": pkgs,
+                  "packages_sha256": hashlib.sha256("\n".join(f"{k}=={v}" for k, v in pkgs.items()).encode()).hexdigest()}
+    except Exception as exc:  # noqa: BLE001  (any failure is the answer, named)
+        answer = {"error": f"{type(exc).__name__}: {exc}"}
+    print(RESULT_MARK + json.dumps(answer), flush=True)
+
+
+if __name__ == "__main__":
+    main()
