@@ -29,6 +29,7 @@ from analysis.stats import (
     pair_log_ratios,
     paired_change,
     pairs_needed,
+    sd_interval,
 )
 
 # quantities summed per item for each partition, and the ratio metrics built from them
@@ -256,11 +257,17 @@ def power_table(m: Metrics) -> pd.DataFrame:
         for metric, (num, den) in POWER_METRICS.items():
             d = pair_log_ratios(_pair_array(pairs, num, den))
             sd = float(np.std(d, ddof=1)) if len(d) >= MIN_PAIRS_FOR_SD else float("nan")
-            row = {"arm": arm, "metric": metric, "pairs": len(d), "sd_log_ratio": sd}
+            sd_lo, sd_hi = sd_interval(sd, len(d))
+            row = {"arm": arm, "metric": metric, "pairs": len(d), "sd_log_ratio": sd, "sd_lo": sd_lo, "sd_hi": sd_hi}
             for change in POWER_CHANGES:
-                row[f"pairs_for_{round(change * 100)}pct"] = pairs_needed(change, sd) if np.isfinite(sd) else None
+                key = f"pairs_for_{round(change * 100)}pct"
+                known = np.isfinite(sd)
+                row[key] = pairs_needed(change, sd) if known else None
+                row[f"{key}_lo"] = pairs_needed(change, sd_lo) if known else None
+                row[f"{key}_hi"] = pairs_needed(change, sd_hi) if known else None
             rows.append(row)
-    columns = ["arm", "metric", "pairs", "sd_log_ratio", *[f"pairs_for_{round(c * 100)}pct" for c in POWER_CHANGES]]
+    columns = ["arm", "metric", "pairs", "sd_log_ratio", "sd_lo", "sd_hi",
+               *[f"pairs_for_{round(c * 100)}pct{tail}" for c in POWER_CHANGES for tail in ("", "_lo", "_hi")]]
     return pd.DataFrame(rows, columns=columns)
 
 

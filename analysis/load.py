@@ -65,7 +65,7 @@ INT_FIELDS = _parsed_of(int)
 FLOAT_FIELDS = (*AS_FLOAT, *_parsed_of(float))
 BOOL_FIELDS = (*_parsed_of(bool), "correct")  # `correct`: schema 1 records only (schema 2: scores.jsonl)
 LIST_FIELDS = _parsed_of(list)  # schema 2: per-chunk arrival offsets (us) and output tokens
-META_FLOAT_FIELDS = ("spec_accept_length",)
+META_FLOAT_FIELDS = ("spec_accept_length", "spec_num_proposed_drafts")
 META_HIST_FIELDS = ("spec_correct_drafts_histogram", "spec_accept_histogram")  # new name, old alias
 
 META_TYPE = pa.struct(

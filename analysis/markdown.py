@@ -30,7 +30,7 @@ from analysis.compare import POWER_CHANGES, POWER_NOTE
 from analysis.metrics import MIN_PERCENTILE_VALUES
 from analysis.model import Report
 from analysis.stats import MIN_ITEMS, MIN_PAIRS, MIN_PAIRS_FOR_SD
-from analysis.tables import fmt_change, fmt_pct
+from analysis.tables import fmt_change, fmt_pairs, fmt_pct
 
 MAX_DETAILS = 25
 _BADGE = {FAIL: "**FAIL**", WARN: "warn", OK: "ok", "info": "info"}
@@ -64,6 +64,7 @@ def render(report: Report) -> str:
         _noise_floor(report),
         _power(report),
         _per_seed(report),
+        _acceptance(report),
         _per_category(report),
         _per_run(report),
         _figures(report),
@@ -152,7 +153,7 @@ def _pooled(report: Report) -> str:
 
 def _latency_origin(report: Report) -> str:
     if report.metrics.open_loop:
-        return ("Open loop (requests arrive at a fixed rate): TTFT and end-to-end latency count from each "
+        return ("Open loop (Poisson arrivals at client.request_rate, from a seeded generator): TTFT and end-to-end latency count from each "
                 "request's scheduled arrival (t_scheduled), so they include the client-side queueing time "
                 "(t_sent - t_scheduled), shown separately.")
     return "Closed loop (a request is sent when a slot frees): TTFT and end-to-end latency count from t_sent."
@@ -226,21 +227,22 @@ def _power(report: Report) -> str:
              "acceptance_length": "Acceptance length (per run)"}
     for r in p.itertuples():
         sd = "n/a" if r.sd_log_ratio != r.sd_log_ratio else f"{r.sd_log_ratio * 100:.2f}%"
-        counts = [_pairs_cell(getattr(r, f"pairs_for_{round(c * 100)}pct"), r.sd_log_ratio) for c in POWER_CHANGES]
+        counts = [_pairs_cell(r, f"pairs_for_{round(c * 100)}pct") for c in POWER_CHANGES]
         rows.append((f"{names[r.metric]} ({r.arm} vs {report.baseline})", str(r.pairs), sd, *counts))
     cols = ["Metric", "Pairs", "SD of log pair ratio", *[f"Pairs for {fmt_pct(c)}" for c in POWER_CHANGES]]
     aa = any(d.identical for d in report.audit.arm_diffs)
     source = ("this A/A campaign's pairs: the run-to-run noise" if aa else
               "this campaign's pairs (run-to-run noise plus any pair-to-pair variation of the effect)")
     note = (f"Run pairs needed to detect a change of 1%, 2% and 5% at 80% power ({POWER_NOTE}), from the SD of the "
-            f"per-pair log ratios of {source}; the SD needs at least {MIN_PAIRS_FOR_SD} pairs.\n")
+            f"per-pair log ratios of {source}; the SD needs at least {MIN_PAIRS_FOR_SD} pairs. An SD from few pairs is itself "
+            "uncertain: in parentheses, the pairs needed at the two ends of the SD's 95% chi-square interval.\n")
     return "\n".join(["## Power", "", note, table(pd.DataFrame(rows, columns=cols))])
 
 
-def _pairs_cell(n: Any, sd: float) -> str:
-    if sd != sd:
+def _pairs_cell(r: Any, key: str) -> str:
+    if r.sd_log_ratio != r.sd_log_ratio:
         return "n/a"
-    return "more than 100,000" if n is None or n != n else f"{int(n):,}"
+    return fmt_pairs(getattr(r, key), getattr(r, f"{key}_lo"), getattr(r, f"{key}_hi"))
 
 
 def _per_seed(report: Report) -> str:
@@ -251,6 +253,80 @@ def _per_seed(report: Report) -> str:
         out.append(f"Per-seed throughput changes rest on {', '.join(map(str, few))} run pair(s) per seed: too few "
                    "for an interval or any p-value below 0.05; read them as descriptive.\n")
     return "\n".join(out)
+
+
+THEORY = (
+    "Sun et al. (ICLR 2025, arXiv 2403.10444) prove that block verification's expected number of accepted "
+    "drafts per verify step (the sum of the position rates) is never below token-wise verification's, with the "
+    "output distributed as the target's either way; the theorem bounds that sum, not each position. On their "
+    "toy example (p = (1/3, 2/3), q = (2/3, 1/3), gamma 2; tests/test_acceptance.py enumerates it) the profiles "
+    "are token-wise (2/3, 4/9), block (2/3, 5/9): equal at position 1, higher at position 2, 10/9 vs 11/9 in all. "
+    "With greedy (point-mass) drafts the two verifiers accept equally in expectation: the profiles must agree "
+    "within noise.")
+
+
+def _acceptance(report: Report) -> str:
+    acc = report.acceptance
+    if acc is None:
+        return ("## Acceptance per draft position\n\nNo used request carries a `spec_correct_drafts_histogram` "
+                "(meta_info): the per-position acceptance cannot be computed from these records.\n")
+    others = [a for a in report.arms if a != report.baseline]
+    rows = []
+    for i in range(acc.gamma):
+        rows.append([f"Position {i + 1}", *(f"{acc.rates[a][i]:.4f}" for a in report.arms),
+                     *(fmt_change(acc.changes[a][i]) for a in others)])
+    rows.append(["Draft acceptance rate", *(f"{acc.draft_rate[a]:.4f}" for a in report.arms), *[""] * len(others)])
+    rows.append(["Accepted drafts per step, mean", *(f"{acc.mean_accepted[a]:.4f}" for a in report.arms),
+                 *[""] * len(others)])
+    cols = ["Rate", *report.arms, *[f"Change {a} vs {report.baseline} [95% CI]" for a in others]]
+    out = ["## Acceptance per draft position", "",
+           f"Rate of position i = verify steps that accepted at least i of the {acc.gamma} drafts / verify steps "
+           "(from `spec_correct_drafts_histogram`); draft acceptance rate = accepted drafts / proposed drafts "
+           f"({acc.gamma} per step). Changes: 95% paired bootstrap over items, as for acceptance length.", "",
+           table(pd.DataFrame(rows, columns=cols))]
+    hist = [[str(k), *(_share(acc.histogram[a], k) for a in report.arms)] for k in range(acc.gamma + 1)]
+    out += ["Verify steps by accepted drafts (share of the arm's steps):", "",
+            table(pd.DataFrame(hist, columns=["Accepted drafts", *report.arms]))]
+    dist = [[a, str(acc.requests[a]), *(f"{acc.request_al[a][k]:.4f}" for k in ("mean", "p10", "p50", "p90"))]
+            for a in report.arms]
+    out += ["Per-request acceptance length (completion tokens / verify steps):", "",
+            table(pd.DataFrame(dist, columns=["Arm", "Requests", "Mean", "p10", "p50", "p90"]))]
+    if len(acc.seeds):
+        seeds = [[str(seed), arm, *(f"{r:.4f}" for r in sub["rate"])]
+                 for (seed, arm), sub in acc.seeds.groupby(["base_seed", "arm"], sort=False)]
+        out += ["Per seed:", "", table(pd.DataFrame(seeds, columns=["Seed", "Arm",
+                                                                     *[f"i={i}" for i in range(1, acc.gamma + 1)]]))]
+    notes = []
+    if acc.without:
+        notes.append(f"{acc.without} used request(s) without a histogram are left out of this section.")
+    if _differ_in_block(report):
+        notes.append(THEORY)
+        notes.append(_profile_verdict(report))
+    return "\n".join(out) + _bullets(notes, limit=100)
+
+
+def _share(hist: Any, k: int) -> str:
+    total = int(hist.sum())
+    return f"{int(hist[k]):,} ({hist[k] / total:.1%})" if total else "n/a"
+
+
+def _differ_in_block(report: Report) -> bool:
+    return any("--speculative-use-block-verification" in str(h) for d in report.audit.arm_diffs for h in d.hunks)
+
+
+def _profile_verdict(report: Report) -> str:
+    """Position by position, where the arms' rates differ beyond their intervals."""
+    acc = report.acceptance
+    assert acc is not None
+    parts = []
+    for arm, changes in acc.changes.items():
+        up = [i + 1 for i, c in enumerate(changes) if c.has_interval and c.lo > 0]
+        down = [i + 1 for i, c in enumerate(changes) if c.has_interval and c.hi < 0]
+        none = sum(not c.has_interval for c in changes)
+        said = (f"`{arm}` vs `{report.baseline}`: higher at position(s) {up or 'none'}, lower at {down or 'none'}, "
+                f"the rest within their 95% intervals")
+        parts.append(said + (f" ({none} position(s) without an interval)" if none else ""))
+    return "This campaign: " + "; ".join(parts) + "."
 
 
 def _per_category(report: Report) -> str:
@@ -282,7 +358,7 @@ def _figures(report: Report) -> str:
 # setup
 
 
-def _first_manifest(report: Report, arm: str) -> tuple[str, dict[str, Any]]:
+def first_manifest(report: Report, arm: str) -> tuple[str, dict[str, Any]]:
     runs = report.data.runs
     for r in runs[(runs["arm"] == arm) & runs["planned"]].itertuples():
         camp = next(c for c in report.data.campaigns if c.label == r.campaign)
@@ -325,14 +401,14 @@ def _setup(report: Report) -> str:
     return "\n".join(["## Setup", "", _commands(report), _versions(report), _workload(report), _run_order(report)])
 
 
-def _shell(tokens: list[str]) -> str:
+def shell(tokens: list[str]) -> str:
     masks = ("<port>", "<base_seed>")
     return " ".join(t if t in masks or t.endswith(tuple(f"={m}" for m in masks)) else shlex.quote(t) for t in tokens)
 
 
 def _commands(report: Report) -> str:
-    run_id, man = _first_manifest(report, report.baseline)
-    cmd = _shell(normalise(man.get("command") or [], run_id, man.get("base_seed"))) if man else "(no manifest)"
+    run_id, man = first_manifest(report, report.baseline)
+    cmd = shell(normalise(man.get("command") or [], run_id, man.get("base_seed"))) if man else "(no manifest)"
     out = ["### Commands", "", f"Baseline `{report.baseline}` (run `{run_id}`; port, run id and base seed masked):", "",
            "```", cmd, "```", ""]
     env = man.get("env") or {}
@@ -351,7 +427,7 @@ def _commands(report: Report) -> str:
     return "\n".join(out)
 
 
-_VERSION_FIELDS = (
+VERSION_FIELDS = (
     ("harness", lambda m: _harness(m)), ("python", lambda m: _v(m, "python")), ("torch", lambda m: _v(m, "torch")),
     ("sglang", lambda m: _v(m, "sglang")), ("flashinfer", lambda m: _v(m, "flashinfer")),
     ("CUDA", lambda m: _v(m, "cuda")), ("GPU", lambda m: (m.get("gpu_info") or {}).get("name")),
@@ -378,16 +454,16 @@ def _harness(man: dict[str, Any]) -> str | None:
 
 def _versions(report: Report) -> str:
     rows = []
-    for label, get in _VERSION_FIELDS:
+    for label, get in VERSION_FIELDS:
         row = [label]
         for arm in report.arms:
-            values = sorted({"n/a" if get(m) is None else str(get(m)) for m in _arm_manifests(report, arm)})
+            values = sorted({"n/a" if get(m) is None else str(get(m)) for m in arm_manifests(report, arm)})
             row.append(", ".join(values) if values else "n/a")
         rows.append(row)
     return "### Versions and hardware\n\n" + table(pd.DataFrame(rows, columns=["", *report.arms]))
 
 
-def _arm_manifests(report: Report, arm: str) -> list[dict[str, Any]]:
+def arm_manifests(report: Report, arm: str) -> list[dict[str, Any]]:
     runs = report.data.runs
     out = []
     for r in runs[(runs["arm"] == arm) & runs["planned"]].itertuples():
@@ -476,7 +552,8 @@ def _method(report: Report) -> str:
         "n times (SGLang bench_serving's rule).",
         f"Percentiles (linear interpolation) pool all used requests of an arm (ITL: all tokens); one from fewer "
         f"than {MIN_PERCENTILE_VALUES} values is marked (n=...). The paired comparison uses each run's own "
-        "percentiles.",
+        "percentiles (the geometric mean of their pair ratios), so its cell also gives the change between the "
+        "pooled columns: the two can differ (the pooled column mixes runs, the pairs do not).",
         f"Per-run changes: the geometric mean over run pairs of B/A, minus 1. From {MIN_PAIRS} pairs, a 95% "
         "t-interval on the per-pair log ratios, exp(mean +- t(0.975, n-1) sd / sqrt(n)) - 1, which contains the "
         f"estimate by construction, and an exact two-sided sign-flip p-value. Below {MIN_PAIRS} pairs only the "
@@ -487,7 +564,10 @@ def _method(report: Report) -> str:
         "the bootstrap of a ratio of sums falls well short of its 95% coverage.",
         "Boxed score, cap hits and errors count over the planned requests (a missing request counts as not "
         "correct); the cap is recomputed from finish_reason and max_new_tokens.",
-        "Change = B/A - 1. A change is 'not significant' when its 95% interval covers zero (or, for per-run "
-        "metrics, when the sign-flip p-value is not below 0.05).",
+        "Change = B/A - 1. One rule decides significance: a change is 'not significant' when its 95% interval "
+        "covers zero. For per-run metrics that is the two-sided paired t-test at 0.05 on the log pair ratios, the "
+        "test the Power table's pair counts assume; the exact sign-flip p-value is printed beside it as a "
+        "distribution-free check and does not decide (requiring both, as this report once did, has about 61% "
+        "power where the table says 80% at 6 pairs: all six pairs must agree in sign).",
     ]
     return "## Method\n\n" + _bullets(lines, limit=100)

@@ -8,6 +8,7 @@ from pathlib import Path
 
 import pandas as pd
 
+from analysis.acceptance import Acceptance
 from analysis.audit import Audit
 from analysis.compare import ChangeSet
 from analysis.load import Loaded
@@ -31,4 +32,6 @@ class Report:
     n_boot: int
     seed: int
     power: pd.DataFrame  # run pairs needed for a 1%, 2%, 5% change at 80% power (compare.power_table)
+    acceptance: Acceptance | None = None  # per draft position (None without correct-drafts histograms)
     markdown: str = ""
+    pr: str = ""  # pr.md: the short summary a pull request carries

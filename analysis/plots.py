@@ -8,30 +8,36 @@ import numpy as np
 from matplotlib.backends.backend_agg import FigureCanvasAgg
 from matplotlib.figure import Figure
 
+from analysis.acceptance import Acceptance
 from analysis.metrics import Metrics
 
 PER_SEED = "per_seed.png"
 HISTOGRAM = "accept_histogram.png"
+POSITIONS = "accept_by_position.png"
 
 
-def figure_specs(m: Metrics) -> dict[str, str]:
+def figure_specs(m: Metrics, acc: Acceptance | None = None) -> dict[str, str]:
     """File name -> caption, for the figures the data allow."""
     specs = {}
     if m.partitions["seed"].size:
         specs[PER_SEED] = "Acceptance length and output throughput per base seed, by arm"
     if not m.histogram.empty:
         specs[HISTOGRAM] = "Share of verify steps by number of correct drafts, by arm"
+    if acc is not None:
+        specs[POSITIONS] = "Acceptance rate per draft position (steps that accepted at least i drafts), by arm"
     return specs
 
 
-def render(m: Metrics, out_dir: Path) -> list[Path]:
+def render(m: Metrics, out_dir: Path, acc: Acceptance | None = None) -> list[Path]:
     out_dir.mkdir(parents=True, exist_ok=True)
     written = []
-    specs = figure_specs(m)
+    specs = figure_specs(m, acc)
     if PER_SEED in specs:
         written.append(_save(_per_seed(m), out_dir / PER_SEED))
     if HISTOGRAM in specs:
         written.append(_save(_histogram(m), out_dir / HISTOGRAM))
+    if acc is not None:
+        written.append(_save(_positions(acc), out_dir / POSITIONS))
     return written
 
 
@@ -86,6 +92,23 @@ def _histogram(m: Metrics) -> Figure:
     _grouped_bars(ax, [str(i) for i in h.index], share, "share of verify steps")
     ax.set_xlabel("correct drafts in the verify step")
     ax.set_title("spec_correct_drafts_histogram")
+    ax.legend()
+    fig.tight_layout()
+    return fig
+
+
+def _positions(acc: Acceptance) -> Figure:
+    fig = Figure(figsize=(8, 3.8))
+    ax = fig.subplots()
+    x = np.arange(1, acc.gamma + 1)
+    for arm, rates in acc.rates.items():
+        ax.plot(x, rates, marker="o", label=arm)
+    ax.set_xticks(x)
+    ax.set_ylim(0, 1.02)
+    ax.set_xlabel("draft position i")
+    ax.set_ylabel("share of verify steps accepting >= i drafts")
+    ax.set_title("Acceptance per draft position")
+    ax.grid(alpha=0.3)
     ax.legend()
     fig.tight_layout()
     return fig

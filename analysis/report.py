@@ -3,25 +3,26 @@
 Python API:
     report = build_report(["results/exp/campaign"])   # pure: reads files, writes nothing
     report.tables.pooled, report.tables.per_seed, report.audit.passed, report.markdown ...
-    write_report(report, out_dir)                      # report.md and figures/*.png
+    write_report(report, out_dir)                      # report.md, pr.md, summary.json, figures/*.png
     main(["results/exp/campaign"])                     # the CLI; returns the exit status
 """
 
 from __future__ import annotations
 
 import argparse
+import json
 import os
 import sys
 from pathlib import Path
 
-from analysis import markdown, plots
+from analysis import acceptance, markdown, plots, pr, summary
 from analysis.audit import Mismatch, metadata_mismatches, run_audit
 from analysis.compare import POWER_CHANGES, compare, power_table
 from analysis.load import InputError, load
 from analysis.metrics import arm_order, compute
 from analysis.model import Report
 from analysis.stats import MIN_PAIRS_FOR_SD
-from analysis.tables import build
+from analysis.tables import build, fmt_pairs
 
 DEFAULT_BOOTSTRAP = 2000
 DEFAULT_SEED = 0
@@ -61,12 +62,14 @@ def build_report(
     metrics = compute(data, audit, arms, baseline)
     comparison = compare(metrics, n_boot, seed)
     tables = build(metrics, comparison, data.campaigns[0].meta.get("max_new_tokens"), len(data.campaigns) > 1)
+    positions = acceptance.compute(data, audit.selection.used, metrics, n_boot, seed)
     report = Report(
         inputs=[Path(p) for p in paths], data=data, arms=arms, baseline=baseline, audit=audit,
-        metrics=metrics, comparison=comparison, tables=tables, figures=plots.figure_specs(metrics),
-        n_boot=n_boot, seed=seed, power=power_table(metrics),
+        metrics=metrics, comparison=comparison, tables=tables, figures=plots.figure_specs(metrics, positions),
+        n_boot=n_boot, seed=seed, power=power_table(metrics), acceptance=positions,
     )
     report.markdown = markdown.render(report)
+    report.pr = pr.render(report)
     return report
 
 
@@ -78,12 +81,14 @@ def default_out_dir(paths: list[str | Path]) -> Path:
 
 
 def write_report(report: Report, out_dir: str | Path) -> list[Path]:
-    """Write report.md and figures/*.png under `out_dir`; returns the files written."""
+    """Write report.md, pr.md, summary.json and figures/*.png under `out_dir`; returns the files written."""
     out = Path(out_dir)
     out.mkdir(parents=True, exist_ok=True)
-    md = out / "report.md"
+    md, short, doc = out / "report.md", out / "pr.md", out / "summary.json"
     md.write_text(report.markdown)
-    return [md, *plots.render(report.metrics, out / "figures")]
+    short.write_text(report.pr)
+    doc.write_text(json.dumps(summary.summary(report), indent=2, sort_keys=False) + "\n")
+    return [md, short, doc, *plots.render(report.metrics, out / "figures", report.acceptance)]
 
 
 def parser() -> argparse.ArgumentParser:
@@ -91,7 +96,8 @@ def parser() -> argparse.ArgumentParser:
         prog="python -m analysis.report",
         description=(
             "Audit and compare the arms of speculative-decoding campaigns from their raw records, and write "
-            "report.md (with figures/*.png) next to the campaign. RESULTS_DIR is a campaign directory (it holds "
+            "report.md (with figures/*.png), pr.md (the short summary for a pull request) and summary.json (the "
+            "figures as data, docs/summary.md) next to the campaign. RESULTS_DIR is a campaign directory (it holds "
             "campaign.json) or a directory holding campaigns; campaigns of the same experiment are merged when "
             "their checked metadata (GPU model, model path, dataset SHA256, harness version, arms) match."
         ),
@@ -107,6 +113,8 @@ def parser() -> argparse.ArgumentParser:
     p.add_argument("--allow-mismatch", action="store_true",
                    help="compare runs even when their checked metadata differ (the audit flags it)")
     p.add_argument("--out", metavar="PATH", help="write report.md and figures/ here instead of next to the campaign")
+    p.add_argument("--pr", action="store_true",
+                   help="print pr.md (the short summary a pull request carries) to standard output; write nothing")
     p.add_argument("--bootstrap", type=int, default=DEFAULT_BOOTSTRAP, metavar="N",
                    help=f"bootstrap resamples for the 95%% intervals (default {DEFAULT_BOOTSTRAP})")
     p.add_argument("--seed", type=int, default=DEFAULT_SEED, metavar="S",
@@ -128,6 +136,10 @@ def run_cli(argv: list[str] | None = None) -> tuple[int, Report | None]:
     except (InputError, MismatchError) as err:
         print(f"analysis.report: {err}", file=sys.stderr)
         return EXIT_REFUSED, None
+    if args.pr:
+        print(report.pr, end="")
+        failed = args.strict and not report.audit.passed
+        return (EXIT_AUDIT_FAILED if failed else EXIT_OK), report
     out_dir = Path(args.out) if args.out else default_out_dir(args.results_dirs)
     try:
         written = write_report(report, out_dir)
@@ -137,6 +149,7 @@ def run_cli(argv: list[str] | None = None) -> tuple[int, Report | None]:
         return EXIT_REFUSED, None
     figures = [p for p in written if p.suffix == ".png"]
     print(f"wrote {written[0]}" + (f" and {len(figures)} figure(s) in {figures[0].parent}" if figures else ""))
+    print(f"wrote {written[1]} (the summary for a pull request) and {written[2]} (the figures as data)")
     if report.audit.passed:
         print("audit: passed")
         return EXIT_OK, report
@@ -154,9 +167,9 @@ def power_lines(report: Report) -> list[str]:
             out.append(f"{head}: {r.pairs} run pair(s); at least {MIN_PAIRS_FOR_SD} are needed to estimate the "
                        "run-to-run SD")
             continue
-        counts = [getattr(r, f"pairs_for_{round(c * 100)}pct") for c in POWER_CHANGES]
-        shown = ", ".join(f"{round(c * 100)}%: {'>100,000' if n is None or n != n else int(n)}"  # NaN: not found
-                          for c, n in zip(POWER_CHANGES, counts, strict=True))
+        keys = [f"pairs_for_{round(c * 100)}pct" for c in POWER_CHANGES]
+        shown = ", ".join(f"{round(c * 100)}%: {fmt_pairs(getattr(r, k), getattr(r, f'{k}_lo'), getattr(r, f'{k}_hi'))}"
+                          for c, k in zip(POWER_CHANGES, keys, strict=True))
         out.append(f"{head}: SD of log pair ratio {r.sd_log_ratio * 100:.2f}% from {r.pairs} pairs; "
                    f"run pairs for 80% power: {shown}")
     return out

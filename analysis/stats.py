@@ -81,9 +81,15 @@ class Change:
 
     @property
     def significant(self) -> bool:
-        if self.covers_zero:
-            return False
-        return self.p_value is None or self.p_value < ALPHA
+        """The report's one rule: the 95% interval excludes zero. For run pairs that is the two-sided paired
+        t-test at ALPHA, the test the Power table's pair counts assume; the sign-flip p-value is shown beside
+        it as a distribution-free check and does not decide."""
+        return not self.covers_zero
+
+    @property
+    def sign_flip_disagrees(self) -> bool:
+        """Run pairs: the t-interval and the exact sign-flip test reach different verdicts at ALPHA."""
+        return self.has_interval and self.p_value is not None and (self.p_value < ALPHA) == self.covers_zero
 
 
 def percentile_interval(samples: np.ndarray, level: float = LEVEL) -> tuple[float, float]:
@@ -219,6 +225,16 @@ def t_test_power(n: int, effect: float, sd: float, alpha: float = ALPHA) -> floa
     return float(sps.nct.sf(crit, n - 1, nc) + sps.nct.cdf(-crit, n - 1, nc))
 
 
+def sd_interval(sd: float, n: int, level: float = LEVEL) -> tuple[float, float]:
+    """The chi-square interval of a normal SD estimated from n values (n - 1 degrees of freedom)."""
+    if n < 2 or not math.isfinite(sd):
+        return math.nan, math.nan
+    tail = (1 - level) / 2
+    dof = n - 1
+    return (sd * math.sqrt(dof / float(sps.chi2.ppf(1 - tail, dof))),
+            sd * math.sqrt(dof / float(sps.chi2.ppf(tail, dof))))
+
+
 def pairs_needed(change: float, sd: float, power: float = POWER, alpha: float = ALPHA,
                  floor: int = MIN_PAIRS, cap: int = MAX_PAIRS_SHOWN) -> int | None:
     """The fewest run pairs (never below `floor`) at which a paired t-test on log ratios detects a
@@ -229,11 +245,17 @@ def pairs_needed(change: float, sd: float, power: float = POWER, alpha: float = 
     if sd == 0:
         return floor
     z = float(sps.norm.ppf(1 - alpha / 2) + sps.norm.ppf(power))
-    n = max(floor, 2, int((z * sd / effect) ** 2) - 1)  # the normal approximation, a little low for t
-    if n > cap:
+    lo = max(floor, 2, int((z * sd / effect) ** 2) - 1)  # the normal approximation: never above the answer
+    if lo > cap:
         return None
-    while t_test_power(n, effect, sd, alpha) < power:
-        n += 1 if n < 1000 else max(1, n // 200)
-        if n > cap:
+    if t_test_power(lo, effect, sd, alpha) >= power:
+        return lo
+    hi = lo  # power grows with n: double until it is reached, then bisect to the fewest pairs
+    while t_test_power(hi, effect, sd, alpha) < power:
+        lo, hi = hi, hi * 2
+        if lo > cap:
             return None
-    return n
+    while hi - lo > 1:  # power(lo) < target <= power(hi)
+        mid = (lo + hi) // 2
+        lo, hi = (lo, mid) if t_test_power(mid, effect, sd, alpha) >= power else (mid, hi)
+    return hi if hi <= cap else None

@@ -100,7 +100,7 @@ def fmt_change(c: Change | None) -> str:
 def _run_pairs_tail(c: Change) -> str:
     pairs = f"{c.n} pair" + ("s" if c.n != 1 else "")
     if c.has_interval:
-        text = f" [{fmt_pct(c.lo)}, {fmt_pct(c.hi)}] p={c.p_value:.3g}" + ("" if c.exact else " (random flips)")
+        text = f" [{fmt_pct(c.lo)}, {fmt_pct(c.hi)}] sign-flip p={c.p_value:.3g}" + ("" if c.exact else " (random flips)")
         text += "" if c.significant else " not significant"
     elif c.n >= 2:
         text = f" (range of pair ratios [{fmt_pct(c.range_lo)}, {fmt_pct(c.range_hi)}], {pairs}, no interval)"
@@ -109,6 +109,18 @@ def _run_pairs_tail(c: Change) -> str:
     if c.flagged:
         text += f"; {c.flagged} of {c.n} pairs under foreign load"
     return text
+
+
+def fmt_pairs(n: Any, lo: Any = None, hi: Any = None) -> str:
+    """Run pairs needed, with the range that the SD's own 95% interval gives (an SD from few pairs is
+    itself uncertain: from 3 pairs, by a factor of about 0.3 to 40 in pairs)."""
+    def one(x: Any) -> str:
+        return "more than 100,000" if x is None or x != x else f"{int(x):,}"
+
+    text = one(n)
+    if lo is None and hi is None:
+        return text
+    return f"{text} (95%: {one(lo)} to {one(hi)})"
 
 
 def fmt_count(k: int, n: int, applicable: bool = True) -> str:
@@ -122,7 +134,7 @@ def fmt_count(k: int, n: int, applicable: bool = True) -> str:
 def build(m: Metrics, comp: ChangeSet, max_new_tokens: object, multi_campaign: bool) -> Tables:
     names = labels(max_new_tokens)
     pooled = pooled_numeric(m)
-    footnotes = _footnotes(m, comp)
+    footnotes = _footnotes(m, comp, pooled)
     per_seed = per_seed_numeric(m)
     per_cat = per_category_numeric(m) if "category" in m.partitions else None
     return Tables(
@@ -187,6 +199,11 @@ def _shown_metrics(m: Metrics) -> list[str]:
     return shown + (list(QUEUE_METRICS) if m.open_loop else [])
 
 
+def marked_cells(m: Metrics, pooled: pd.DataFrame) -> bool:
+    """Whether any shown percentile cell is marked (n=...): a percentile from too few values."""
+    return any("(n=" in value_cell(m, pooled, metric, a) for metric in _shown_metrics(m) for a in m.arms)
+
+
 def value_cell(m: Metrics, pooled: pd.DataFrame, metric: str, arm: str) -> str:
     """A pooled value; a percentile over fewer than MIN_PERCENTILE_VALUES values says how many."""
     text = fmt_num(pooled.at[metric, arm], DECIMALS[metric])
@@ -206,6 +223,10 @@ def pooled_display(m: Metrics, comp: ChangeSet, pooled: pd.DataFrame, names: dic
         values = [value_cell(m, pooled, metric, a) for a in m.arms]
         changes = [fmt_change(comp.get("pooled", "all", metric, a)) if metric not in QUEUE_METRICS else "-"
                    for a in others]
+        if _family(metric):  # a percentile: the change is over per-run percentiles; show the columns' too
+            base = pooled.at[metric, m.baseline]
+            changes = [f"{text}; pooled columns {fmt_pct(pooled.at[metric, a] / base - 1) if base else 'n/a'}"
+                       for text, a in zip(changes, others, strict=True)]
         rows.append([names[metric], *values, *changes])
     for key, num in (("score", "correct"), ("cap_hits", "cap_hits"), ("errors", "errors"), ("used", "used")):
         values = [_count_cell(pooled, key, num, a) for a in m.arms]
@@ -222,7 +243,7 @@ def _arm_title(m: Metrics, arm: str) -> str:
     return f"{arm} (baseline)" if arm == m.baseline else arm
 
 
-def _footnotes(m: Metrics, comp: ChangeSet) -> list[str]:
+def _footnotes(m: Metrics, comp: ChangeSet, pooled: pd.DataFrame) -> list[str]:
     notes = []
     for arm in m.arms:
         c = comp.get("pooled", "all", "throughput", arm)
@@ -244,8 +265,7 @@ def _footnotes(m: Metrics, comp: ChangeSet) -> list[str]:
         notes.append(f"**{len(flagged)} of {len(m.runs)} runs were taken under foreign load** (see the audit check "
                      "'Runs taken on a quiet machine' and the per-run 'Foreign CPU' column): the throughput and "
                      "latency changes of pairs holding them may measure that other work, not the arms.")
-    small = [a for a in m.arms if (m.pooled_counts[a] < MIN_PERCENTILE_VALUES).any()]
-    if small:
+    if marked_cells(m, pooled):
         notes.append(f"A percentile marked (n=...) comes from fewer than {MIN_PERCENTILE_VALUES} values and is "
                      "a rough estimate (a p99 over fewer than 100 values is close to the maximum).")
     return notes

@@ -259,3 +259,33 @@ def test_markdown_shows_the_undeclared_differences(mismatched):
     assert "- after `--max-running-requests`: `8` -> `16`" in md
     assert "- env `SGLANG_RAGGED_VERIFY_MODE`: (unset) -> `dynamic` (UNDECLARED)" in md
     assert "--port <port>" in md and "31000" not in md
+
+
+def test_a_percentile_change_shows_the_change_between_its_columns(clean):
+    """The change of a latency percentile is over per-run percentiles; its cell also gives the pooled
+    columns' own change, so that a reader can trace both."""
+    from analysis.tables import fmt_pct, labels  # noqa: PLC0415
+
+    shown = clean.tables.pooled_display.set_index("Metric")
+    pooled = clean.tables.pooled
+    names = labels(clean.data.campaigns[0].meta.get("max_new_tokens"))
+    differ = 0
+    for metric in ("ttft_p50", "ttft_p99", "e2e_p50", "e2e_p90", "tpot_p50"):
+        cell = shown.at[names[metric], "Change block vs token [95% CI]"]
+        columns = pooled.at[metric, "block"] / pooled.at[metric, "token"] - 1
+        assert cell.endswith(f"; pooled columns {fmt_pct(columns)}"), (metric, cell)
+        differ += abs(columns) > 1e-3
+    assert differ  # some percentile's columns do differ
+    assert "; pooled columns" not in shown.at["Acceptance length (includes bonus)", "Change block vs token [95% CI]"]
+
+
+def test_the_few_values_footnote_only_when_a_shown_cell_is_marked(clean):
+    from dataclasses import replace  # noqa: PLC0415
+
+    from analysis.tables import marked_cells  # noqa: PLC0415
+
+    m = clean.metrics
+    assert marked_cells(m, clean.tables.pooled)  # 4 requests per arm: every percentile is marked
+    counts = m.pooled_counts.copy()
+    counts.loc[["ttft", "e2e", "tpot"]] = 1000  # enough values; ITL (0 values, schema 1) and queueing are not shown
+    assert not marked_cells(replace(m, pooled_counts=counts), clean.tables.pooled)

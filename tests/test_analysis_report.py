@@ -37,7 +37,7 @@ def test_cli_writes_report_and_figures_next_to_the_campaign(tmp_path, capsys):
     out = capsys.readouterr().out
     assert f"wrote {camp / 'report.md'}" in out and "audit: passed" in out
     assert (camp / "report.md").read_text().startswith("# A/B report: golden")
-    assert sorted(p.name for p in (camp / "figures").iterdir()) == ["accept_histogram.png", "per_seed.png"]
+    assert sorted(p.name for p in (camp / "figures").iterdir()) == ["accept_by_position.png", "accept_histogram.png", "per_seed.png"]
 
 
 def test_cli_exit_status_strict_and_refusals(tmp_path, capsys):

@@ -197,6 +197,7 @@ def test_six_pairs_give_intervals_and_the_power_table(tmp_path):
     assert "## Power" in squash(report.markdown)
     lines = power_lines(report)
     assert lines[0].startswith(f"power, throughput (block vs token): SD of log pair ratio {sd * 100:.2f}% from 6 pairs")
+    assert "(95%: " in lines[0] and "(95%:" in squash(report.markdown)  # the SD's own uncertainty, shown
 
 
 def test_schema_2_report_is_byte_identical_and_schema_1_still_reads(tmp_path):

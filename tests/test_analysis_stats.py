@@ -16,9 +16,11 @@ from analysis.stats import (
     paired_change,
     pairs_needed,
     percentile_interval,
+    sd_interval,
     sign_flip_pvalue,
     t_test_power,
 )
+from analysis.tables import fmt_pairs
 
 
 def test_bootstrap_sums_equal_brute_force_resampling():
@@ -76,14 +78,44 @@ def test_too_few_pairs_for_p_below_five_percent(n, too_few):
     c = Change(0.1, 0.05, 0.15, n, "run pairs", p_value=2.0 ** (1 - n))
     assert c.min_p == pytest.approx(2.0 ** (1 - n))
     assert c.too_few_pairs is too_few
-    assert c.significant is (not too_few)
+    assert c.significant  # the interval decides; the sign-flip p only says whether it agrees
+    assert c.sign_flip_disagrees is too_few
 
 
 def test_verdicts():
     assert Change(0.02, 0.01, 0.03, 30, "items").significant
     assert not Change(0.02, -0.01, 0.03, 30, "items").significant  # interval covers zero
     assert not Change(0.02, math.nan, math.nan, 1, "items").significant  # no interval
-    assert not Change(0.02, 0.01, 0.03, 8, "run pairs", p_value=0.07).significant  # p not below 0.05
+    assert Change(0.02, 0.01, 0.03, 8, "run pairs", p_value=0.07).significant  # the t-interval decides
+    assert Change(0.02, 0.01, 0.03, 8, "run pairs", p_value=0.07).sign_flip_disagrees
+    assert not Change(0.02, -0.01, 0.03, 8, "run pairs", p_value=0.03).significant
+
+
+def simulated_power(n: int, effect: float, sd: float, sims: int, both: bool) -> float:
+    """Share of simulated campaigns (n normal log pair ratios) the report calls significant; `both`: the old
+    rule (t-interval excludes zero AND exact sign-flip p < 0.05)."""
+    rng = np.random.default_rng(11)
+    hits = 0
+    for _ in range(sims):
+        d = rng.normal(effect, sd, n)
+        pairs = np.column_stack([np.exp(d), np.ones(n), np.ones(n), np.ones(n)])
+        c = paired_change(pairs, rng)
+        hits += c.significant and (not both or c.p_value < 0.05)
+    return hits / sims
+
+
+def test_the_significance_rule_has_the_power_the_power_table_states():
+    """At the pairs the Power table gives for a 5% change (80% power), the report's rule rejects in 80% of
+    simulated campaigns (within 4 standard errors of 2,000 draws); the old two-test rule fell short (about
+    61%: at 6 pairs the sign-flip test needs all six pairs to agree in sign)."""
+    sd = 0.034  # 80.02% power at 6 pairs
+    n = pairs_needed(0.05, sd)
+    assert n == MIN_PAIRS
+    sims, effect = 2000, math.log1p(0.05)
+    want = t_test_power(n, effect, sd)
+    got = simulated_power(n, effect, sd, sims, both=False)
+    assert abs(got - want) < 4 * math.sqrt(want * (1 - want) / sims), (got, want)
+    assert simulated_power(n, effect, sd, sims, both=True) < want - 0.1
 
 
 def test_paired_change_of_identical_arms_is_zero_and_not_significant():
@@ -139,6 +171,28 @@ def test_pairs_needed_match_the_textbook_paired_t_test_table(effect_size, pairs)
     sd = math.log1p(0.02) / effect_size
     assert pairs_needed(0.02, sd) == pairs
     assert t_test_power(pairs, math.log1p(0.02), sd) >= 0.8 > t_test_power(pairs - 1, math.log1p(0.02), sd)
+
+
+@pytest.mark.parametrize("sd", [0.0412, 0.0925, 0.1337, 0.2718, 0.5])
+def test_pairs_needed_is_the_fewest_also_above_a_thousand_pairs(sd):
+    """Exact at any size (the old search stepped by n // 200 above 1,000 pairs and overshot, e.g. 2,669
+    printed where 2,660 was the fewest): scipy's power reaches 80% at n and not at n - 1."""
+    for change in (0.01, 0.02, 0.05):
+        n = pairs_needed(change, sd)
+        if n is None or n == MIN_PAIRS:
+            continue
+        effect = math.log1p(change)
+        assert t_test_power(n, effect, sd) >= 0.8 > t_test_power(n - 1, effect, sd), (change, sd, n)
+    assert pairs_needed(0.01, 0.1337) > 1000  # the range the old search got wrong
+
+
+def test_an_sd_from_three_pairs_leaves_pairs_needed_uncertain_by_0_3_to_40():
+    lo, hi = sd_interval(1.0, 3)  # chi-square with 2 degrees of freedom
+    assert lo == pytest.approx(math.sqrt(2 / sps.chi2.ppf(0.975, 2))) and hi == pytest.approx(math.sqrt(2 / sps.chi2.ppf(0.025, 2)))
+    assert lo**2 == pytest.approx(0.271, abs=1e-3) and hi**2 == pytest.approx(39.5, abs=0.1)
+    n, n_lo, n_hi = (pairs_needed(0.02, 0.05 * x) for x in (1.0, lo, hi))
+    assert n_lo < n < n_hi  # fmt_pairs shows all three: the report never prints the middle one alone
+    assert fmt_pairs(n, n_lo, n_hi) == f"{n:,} (95%: {n_lo:,} to {n_hi:,})"
 
 
 def test_power_by_hand_from_the_noncentral_t():

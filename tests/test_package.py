@@ -75,6 +75,9 @@ def test_the_default_campaign_and_its_report_run_from_an_empty_folder(installed,
     again = script(installed, "specbench-report", str(root), "--out", str(tmp_path / "again"), cwd=tmp_path)
     assert again.returncode == 0, again.stderr
     assert (tmp_path / "again" / "report.md").read_bytes() == (root / "report.md").read_bytes()
+    for name in ("pr.md", "summary.json"):  # written beside report.md, their paths printed, reproducible
+        assert str(root.relative_to(tmp_path) / name) in proc.stdout.replace("\n", "")
+        assert (tmp_path / "again" / name).read_bytes() == (root / name).read_bytes()
 
 
 def test_a_user_experiment_through_config_dir(installed, tmp_path):

@@ -175,6 +175,10 @@ def check_report_against_records(root: Path) -> None:
     report_md = squash((root / "report.md").read_text())
     assert "Audit: PASSED" in report_md and (root / "figures").is_dir()
     pooled = build_report([root]).tables.pooled
+    summary = json.loads((root / "summary.json").read_text())
+    pr_md = (root / "pr.md").read_text()
+    assert "Acceptance per draft position" in pr_md and "## Acceptance per draft position" in report_md
+    assert len(pr_md.splitlines()) < 60 and max(map(len, pr_md.splitlines())) <= 160
     records = [r for f in root.glob("runs/*/records.jsonl") for r in read_jsonl(f) if not r["warmup"]]
     for arm in ("token", "block"):
         mine = [r for r in records if r["arm"] == arm]
@@ -183,6 +187,14 @@ def check_report_against_records(root: Path) -> None:
         assert pooled.loc["acceptance_length", arm] == pytest.approx(al, rel=1e-12)
         assert pooled.loc["correct_drafts_per_step", arm] == pytest.approx(drafts, rel=1e-12)
         assert f"{al:.4f}" in report_md
+        assert summary["pooled"]["acceptance_length"]["values"][arm] == pytest.approx(al, rel=1e-12)
+        assert f"| {al:.4f}" in pr_md  # pr.md: the same pooled figure
+        rates = summary["acceptance_by_position"]["arms"][arm]["rate_by_position"]
+        steps = [0] * (len(rates) + 1)
+        for r in mine:
+            for k, n in enumerate(r["meta_info"]["spec_correct_drafts_histogram"]):
+                steps[k] += n
+        assert rates == pytest.approx([sum(steps[i:]) / sum(steps) for i in range(1, len(steps))], rel=1e-12)
         tokens = windows = 0.0
         for run_id in {r["run_id"] for r in mine}:
             run = [r for r in mine if r["run_id"] == run_id]
@@ -337,5 +349,5 @@ def test_open_loop_campaign_times_from_the_scheduled_arrival(tmp_path):
             assert abs(rec["t_scheduled"] - (start + offset)) < 1e-9
             assert rec["t_sent"] >= rec["t_scheduled"] - 1e-6
     report = squash((root / "report.md").read_text())
-    assert "Open loop (requests arrive at a fixed rate)" in report
+    assert "Open loop (Poisson arrivals at client.request_rate, from a seeded generator)" in report
     assert "| Client queueing time, mean (ms) |" in report and "| Client queueing time p99 (ms) |" in report

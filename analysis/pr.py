@@ -1,0 +1,182 @@
+"""pr.md: what a pull request carries, in the seed write-ups' shape (../shared/reference/): a title line,
+the audit in one line, the pooled table in the seeds' rows, the per-seed table, setup and protocol
+bullets, and a link to report.md.
+
+Every number is a cell of the report's own tables (analysis.tables), never recomputed; every line is at
+most MAX_LINE characters (long bullets wrap; a markdown paragraph joins them again).
+"""
+
+from __future__ import annotations
+
+import json
+import textwrap
+from dataclasses import replace
+from typing import Any
+
+import pandas as pd
+
+from analysis.code import describe, firsts, package_differences, run_codes
+from analysis.commands import normalise
+from analysis.markdown import VERSION_FIELDS, arm_manifests, first_manifest, shell, table
+from analysis.model import Report
+from analysis.stats import Change
+from analysis.tables import fmt_change, labels
+
+MAX_LINE = 160
+# the seeds' pooled rows: metric key of the report's pooled table -> the label pr.md shows
+POOLED_ROWS = {
+    "acceptance_length": "Acceptance length (includes bonus)",
+    "correct_drafts_per_step": "Correct drafts per verify step",
+    "throughput": "Output throughput (tokens/s)",
+    "decode_tps": "Decode throughput, measured (tokens/s)",
+}
+COUNT_ROWS = {"score": ("correct", "Boxed score over entire response"), "cap_hits": ("cap_hits", "Responses hitting the cap")}
+METRIC_LINES = (
+    "acceptance length = completion tokens / verify steps, summed over requests (first token and bonus included); "
+    "correct drafts per verify step = accepted drafts / verify steps; position i = steps accepting at least i drafts / steps",
+    "output throughput = output tokens / measured window (first request sent to last ended), summed over runs; "
+    "decode throughput = tokens after each first chunk / time while any stream decodes",
+    "intervals: 95%; paired bootstrap over items (AL, drafts per step, positions), t-interval over run pairs (throughputs)",
+)
+
+
+def render(report: Report) -> str:
+    lines = [_title(report), "", _audit_line(report), "", *_pooled(report), "", *_per_seed(report), "",
+             *_positions(report),
+             "### Setup", "", *_setup(report), "", "### Protocol", "", *_protocol(report), "",
+             "Full report (audit details, per run, latency, acceptance per position, figures): [report.md](report.md)"]
+    return "\n".join(_wrap(lines)).rstrip() + "\n"
+
+
+def _wrap(lines: list[str]) -> list[str]:
+    """Bullets and prose longer than MAX_LINE wrapped; table rows are kept whole."""
+    out = []
+    for line in lines:
+        if len(line) <= MAX_LINE or line.startswith("|"):
+            out.append(line)
+            continue
+        indent = "  " if line.startswith("- ") else ""
+        out += textwrap.wrap(line, MAX_LINE, subsequent_indent=indent, break_long_words=False, break_on_hyphens=False)
+    return out
+
+
+def _title(report: Report) -> str:
+    first = report.data.campaigns[0]
+    others = ", ".join(f"`{a}`" for a in report.arms if a != report.baseline)
+    diff = first.meta.get("declared_difference") or "no declared difference"
+    return f"## {first.experiment}: {others} vs `{report.baseline}` ({diff})"
+
+
+def _audit_line(report: Report) -> str:
+    audit = report.audit
+    warned = [c.name for c in audit.checks if c.status == "warn"]
+    tail = f"; warnings: {'; '.join(warned)}" if warned else ""
+    if audit.passed:
+        return f"**Audit: passed** ({len(audit.checks)} checks over the raw records{tail})."
+    failed = "; ".join(c.name for c in audit.failed)
+    return f"**Audit: FAILED** ({len(audit.failed)} of {len(audit.checks)} checks: {failed}{tail}); do not trust these figures."
+
+
+def _pooled(report: Report) -> list[str]:
+    others = [a for a in report.arms if a != report.baseline]
+    shown = report.tables.pooled_display
+    pooled = report.tables.pooled
+    rows = []
+    for metric, label in POOLED_ROWS.items():
+        full = _labelled(report, metric)
+        values = shown[shown["Metric"] == full].iloc[0].tolist()[1:1 + len(report.arms)]
+        rows.append([label, *values, *(_change(report.comparison.get("pooled", "all", metric, a)) for a in others)])
+    for key, (num, label) in COUNT_ROWS.items():
+        cells = [f"{int(pooled.at[num, a])}/{int(pooled.at['planned', a])}"
+                 if key != "score" or pooled.at["scored", a] > 0 else "n/a" for a in report.arms]
+        rows.append([label, *cells, *[""] * len(others)])
+    cols = ["Metric", *report.arms, *[f"{a} vs {report.baseline} [95% CI]" for a in others]]
+    out = table(pd.DataFrame(rows, columns=cols)).rstrip("\n").split("\n")
+    changes = {a: report.comparison.get("pooled", "all", "throughput", a) for a in others}
+    flagged = [f"{c.flagged} of {c.n} `{a}` vs `{report.baseline}` run pairs" for a, c in changes.items() if c and c.flagged]
+    if flagged:
+        out += ["", f"**Foreign load** in {'; '.join(flagged)} (report.md, 'Runs taken on a quiet machine'): "
+                "their throughput changes may measure other work."]
+    return out
+
+
+def _change(c: Change | None) -> str:
+    """The report's change cell, its foreign-load tail left to the line under the table."""
+    return fmt_change(replace(c, flagged=0) if c is not None else None)
+
+
+def _labelled(report: Report, metric: str) -> str:
+    return labels(report.data.campaigns[0].meta.get("max_new_tokens"))[metric]
+
+
+def _per_seed(report: Report) -> list[str]:
+    shown = report.tables.per_seed_display
+    if shown.empty:
+        return ["(no per-seed table: no base seeds)"]
+    keep = ["Seed", *[f"{a} AL" for a in report.arms], *[f"{a} tok/s" for a in report.arms],
+            *[f"{a} correct" for a in report.arms]]
+    return table(shown[keep]).rstrip("\n").split("\n")
+
+
+def _positions(report: Report) -> list[str]:
+    """Acceptance per draft position: each arm's rate and the change with its interval (none without
+    histograms)."""
+    acc = report.acceptance
+    if acc is None:
+        return []
+    others = [a for a in report.arms if a != report.baseline]
+    rows = [[str(i + 1), *(f"{acc.rates[a][i]:.4f}" for a in report.arms), *(fmt_change(acc.changes[a][i]) for a in others)]
+            for i in range(acc.gamma)]
+    cols = ["Draft position", *report.arms, *[f"{a} vs {report.baseline} [95% CI]" for a in others]]
+    head = "Acceptance per draft position (verify steps that accepted at least i drafts / verify steps):"
+    return [head, "", *table(pd.DataFrame(rows, columns=cols)).rstrip("\n").split("\n"), ""]
+
+
+def _setup(report: Report) -> list[str]:
+    fields = dict(VERSION_FIELDS)
+    hardware = []
+    for label in ("GPU", "host CPU", "cores", "platform"):
+        values = sorted({str(fields[label](m)) for a in report.arms for m in arm_manifests(report, a)
+                         if fields[label](m) is not None})
+        if values:
+            hardware.append(f"{label} {', '.join(values)}")
+    out = [f"- hardware: {'; '.join(hardware) or 'not recorded'}"]
+    run_id, man = first_manifest(report, report.baseline)
+    if man:
+        out.append(f"- model: `{man.get('model_path')}`")
+        out.append(f"- server (`{report.baseline}`, port and seed masked): `{shell(normalise(man.get('command') or [], run_id, man.get('base_seed')))}`")
+    sources = {a.get("name"): a.get("source") for c in report.data.campaigns for a in c.arms}
+    for d in report.audit.arm_diffs:
+        same = ("the same command; the code differs (below)" if sources.get(d.arm) != sources.get(d.baseline)
+                else "identical (A/A)")
+        what = "; ".join([str(h) for h in d.hunks] + [f"env {e}" for e in d.env]) or same
+        status = "as declared" if d.clean else "UNDECLARED differences"
+        out.append(f"- `{d.arm}` vs `{d.baseline}` ({status}): {d.note or what}")
+    codes = firsts(run_codes(report.data))
+    for arm in report.arms:
+        if arm in codes:
+            out.append(f"- code of `{arm}`: {describe(codes[arm])}")
+    differ = package_differences(codes, report.baseline)
+    if codes:
+        out.append(f"- packages that differ between the arms' interpreters: {', '.join(n for n, _ in differ) or 'none'}")
+    return out
+
+
+def _protocol(report: Report) -> list[str]:
+    c = report.data.campaigns[0]
+    w = c.meta.get("workload") or {}
+    cfg: dict[str, Any] = c.meta.get("config") or {}
+    exp = cfg.get("experiment") or {}
+    warm = exp.get("warmup") or {}
+    out = [f"- workload `{w.get('name')}` (`{w.get('dataset_id')}`), {len(c.items)} items, SHA-256 `{w.get('sha256')}`"]
+    if cfg.get("sampling") is not None:
+        out.append(f"- sampling `{json.dumps(cfg['sampling'], sort_keys=True)}`")
+    order = " (the arms' order alternates by seed)" if exp.get("order") == "alternate" else ""
+    seeds = ("each request seeded: base seed + its item's offset" if exp.get("seeded_requests", True)
+             else "requests not seeded")
+    flush = ", then the cache flushed" if warm.get("flush_cache") else ""
+    out.append(f"- base seeds {exp.get('base_seeds')}, repeats {exp.get('repeats')}, order `{exp.get('order')}`{order}; "
+               f"{seeds}; concurrency {c.meta.get('concurrency')}; warmup {warm.get('requests')} requests of "
+               f"{warm.get('max_new_tokens')} tokens per run{flush}")
+    out += [f"- {line}" for line in METRIC_LINES]
+    return out
