@@ -19,6 +19,7 @@ import time
 from pathlib import Path
 
 import numpy as np
+import pyarrow.json as pa_json
 
 from analysis import report as report_mod
 from analysis.load import load
@@ -43,7 +44,7 @@ def _campaign_json(n_items: int, seeds: list[int], repeats: int, max_new: int) -
             order = ARMS if (s_i + rep) % 2 == 0 else ARMS[::-1]
             for arm in order:
                 plan.append({"run_id": f"r{index:03d}-{arm}-s{seed}-r{rep}", "arm": arm, "base_seed": seed,
-                             "repeat": rep, "index": index, "gpu": 0})
+                             "repeat": rep, "index": index, "gpu": None})
                 index += 1
     return {
         "schema_version": 2, "campaign_id": "bench", "experiment": "bench_report", "created": "2026-01-01T00:00:00Z",
@@ -67,7 +68,7 @@ def _manifest(run: dict, port: int) -> dict:
     extra = ["--speculative-use-block-verification"] if run["arm"] == "block" else []
     return {
         "schema_version": 2, "campaign_id": "bench", "run_id": run["run_id"], "arm": run["arm"],
-        "base_seed": run["base_seed"], "repeat": run["repeat"], "gpu": 0, "status": "finished", "error": None,
+        "base_seed": run["base_seed"], "repeat": run["repeat"], "gpu": None, "status": "finished", "error": None,
         "command": ["python", "-m", "harness.engine", "--model-path", "tiny", "--port", str(port),
                     "--speculative-algorithm", "DFLASH", *extra, "--enable-deterministic-inference"],
         "env": {}, "env_full_sha256": "x", "server_info": {"internal_states": [{"avg_spec_accept_length": 3.0}]},
@@ -181,6 +182,15 @@ def _time_report(camp: Path, out: Path, n_boot: int) -> tuple[float, float, int]
     return time.perf_counter() - t0, _cpu_seconds() - c0, rc
 
 
+def _time_bare_read(camp: Path) -> float:
+    """Seconds for pyarrow.json.read_json of every records.jsonl (types inferred, nothing else): the floor
+    a JSON reader of these files starts from."""
+    t0 = time.perf_counter()
+    for path in sorted(camp.glob("runs/*/records.jsonl")):
+        pa_json.read_json(path)
+    return time.perf_counter() - t0
+
+
 def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(prog="python -m analysis.bench_report", description=__doc__.splitlines()[0])
     p.add_argument("--records", type=int, default=1_000_000, help="measured records to generate (default 1M)")
@@ -201,13 +211,19 @@ def main(argv: list[str] | None = None) -> int:
         os.sync()  # no write-back of the fresh files during the timed runs
         print(f"generated {camp} ({size / 2**20:.0f} MiB of records) in {time.perf_counter() - t0:.1f} s")
         n = len(load([camp]).records)  # also warms the page cache
-        runs = [_time_report(camp, root / "out", args.bootstrap) for _ in range(args.times)]
+        runs, bare = [], []
+        for _ in range(args.times):  # interleaved, so that both see the same machine
+            bare.append(_time_bare_read(camp))
+            runs.append(_time_report(camp, root / "out", args.bootstrap))
     walls = sorted(r[0] for r in runs)
     cpu = float(np.median([r[1] for r in runs]))
     print(f"{n} record lines ({size / n:.0f} bytes each); full report (read, audit, metrics, {args.bootstrap} "
           f"bootstrap resamples, markdown, figures): median {float(np.median(walls)):.2f} s wall "
           f"(min {walls[0]:.2f}, max {walls[-1]:.2f}), {cpu:.2f} s CPU, on {_cores()} core(s) "
           f"({platform.processor() or platform.machine()}); exit status {runs[-1][2]}")
+    floor = float(np.median(bare))
+    print(f"bare pyarrow.json.read_json of the same files, in the same run: median {floor:.2f} s; the report takes "
+          f"{float(np.median(walls)) / floor:.2f}x that")
     print(f"load average {os.getloadavg()[0]:.2f} (other processes on the machine inflate the wall time)")
     return 0 if all(r[2] == 0 for r in runs) else 1
 

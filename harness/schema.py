@@ -15,6 +15,7 @@ Unix time.
 from __future__ import annotations
 
 import dataclasses
+import functools
 import json
 import os
 import types
@@ -429,6 +430,7 @@ def base_type(tp: Any) -> Any:
     return typing.get_origin(tp) or tp
 
 
+@functools.cache  # a reader checks every item and plan row of a campaign: one type walk per class
 def json_types(cls: type) -> dict[str, tuple[type, ...]]:
     """For each field of a schema class, the JSON value types it may hold (None is always allowed; a JSON
     number may be written as an int where a float is declared; a nested schema class is a JSON object)."""
@@ -441,6 +443,7 @@ def json_types(cls: type) -> dict[str, tuple[type, ...]]:
     return out
 
 
+@functools.cache
 def nested(cls: type) -> dict[str, tuple[type, bool]]:
     """The fields of `cls` that hold schema objects: name -> (their class, whether it is a list of them)."""
     out: dict[str, tuple[type, bool]] = {}
