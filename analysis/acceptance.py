@@ -77,7 +77,7 @@ def compute(data: Loaded, used: np.ndarray, m: Metrics, n_boot: int, seed: int) 
     for a, name in enumerate(names):
         mine = arm == a
         h = hist[mine].sum(axis=0)
-        s = max(int(h.sum()), 0)
+        s = int(h.sum())
         out_hist[name] = h
         rates[name] = ge[mine].sum(axis=0) / s if s else np.full(gamma, np.nan)
         accepted = float(h @ np.arange(gamma + 1))
@@ -95,7 +95,7 @@ def compute(data: Loaded, used: np.ndarray, m: Metrics, n_boot: int, seed: int) 
 
 def _changes(ge: np.ndarray, steps: np.ndarray, arm: np.ndarray, item: np.ndarray, group: np.ndarray, m: Metrics,
              n_boot: int, seed: int) -> tuple[dict[str, list[Change]], pd.DataFrame]:
-    """Paired item-bootstrap changes of each position's rate: pooled (group -1) and per seed group."""
+    """Paired item-bootstrap changes of each position's rate: pooled (column block 0) and per seed (1..)."""
     n_arms, gamma = len(m.arms), ge.shape[1]
     n_items = int(item.max()) + 1
     labels = list(m.partitions["seed"].labels) if "seed" in m.partitions else []
