@@ -159,15 +159,18 @@ def _latency_origin(report: Report) -> str:
     return "Closed loop (a request is sent when a slot frees): TTFT and end-to-end latency count from t_sent."
 
 
-def _greedy_note(report: Report) -> str:
-    """A note when an arm runs greedy (point-mass) drafts and the arms differ in block verification."""
+def _greedy_drafts(report: Report) -> bool:
+    """Whether a run drafts greedily (point masses): `--draft-mode greedy`, or DSPARK's greedy switch."""
     commands = [man.get("command") or [] for c in report.data.campaigns for man in c.manifests.values()]
     greedy = any(any(a == "--draft-mode" and b == "greedy" for a, b in zip(cmd, cmd[1:], strict=False))
                  for cmd in commands)
-    greedy |= any(str((man.get("env") or {}).get("SGLANG_DSPARK_USE_GREEDY_DRAFT")) == "1"
-                  for c in report.data.campaigns for man in c.manifests.values())
-    block = any("--speculative-use-block-verification" in str(h) for d in report.audit.arm_diffs for h in d.hunks)
-    if not (greedy and block):
+    return greedy or any(str((man.get("env") or {}).get("SGLANG_DSPARK_USE_GREEDY_DRAFT")) == "1"
+                         for c in report.data.campaigns for man in c.manifests.values())
+
+
+def _greedy_note(report: Report) -> str:
+    """A note when an arm runs greedy (point-mass) drafts and the arms differ in block verification."""
+    if not (_greedy_drafts(report) and _differ_in_block(report)):
         return ""
     return ("Greedy drafts: with point-mass proposals, block and token-wise verification are equal in "
             "expectation (the same acceptance length on average); they need not accept the same prefixes "
@@ -326,7 +329,19 @@ def _profile_verdict(report: Report) -> str:
         said = (f"`{arm}` vs `{report.baseline}`: higher at position(s) {up or 'none'}, lower at {down or 'none'}, "
                 f"the rest within their 95% intervals")
         parts.append(said + (f" ({none} position(s) without an interval)" if none else ""))
-    return "This campaign: " + "; ".join(parts) + "."
+    out = "This campaign: " + "; ".join(parts) + "."
+    if _greedy_drafts(report):
+        changes = [c for arm_changes in acc.changes.values() for c in arm_changes]
+        differ = [i % acc.gamma + 1 for i, c in enumerate(changes) if c.has_interval and (c.lo > 0 or c.hi < 0)]
+        if not any(c.has_interval for c in changes):
+            return out + (" Greedy drafts: no position has an interval (too few items), so this campaign cannot "
+                          "show whether the profiles agree as the theory requires.")
+        out += (f" Greedy drafts: the profiles DIFFER at position(s) {sorted(set(differ))} beyond their intervals, "
+                "which the theory does not allow in expectation (5% of intervals miss by chance; rerun with more "
+                "items, then check the verifiers)" if differ else
+                " Greedy drafts: the profiles agree within their intervals at every position, as the theory requires")
+        out += "."
+    return out
 
 
 def _per_category(report: Report) -> str:

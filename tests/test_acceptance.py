@@ -141,3 +141,27 @@ def test_the_theory_statement_holds_on_the_toy_example():
         for i, want in enumerate(toy_profile(block), start=1):
             got, exact = float((n >= i).double().mean()), float(want)
             assert abs(got - exact) < 4 * math.sqrt(exact * (1 - exact) / rows), (block, i, got, exact)
+
+
+def test_greedy_drafts_get_a_verdict_on_the_profiles(tmp_path):
+    """With greedy drafts the theory says the profiles agree: the report says whether they do, position by
+    position, or that it cannot tell (no interval)."""
+    from dataclasses import replace  # noqa: PLC0415
+
+    from analysis.markdown import render  # noqa: PLC0415
+    from analysis.stats import Change  # noqa: PLC0415
+
+    camp = Path(shutil.copytree(GOLDEN, tmp_path / "golden" / "golden-c1"))
+    for path in camp.glob("runs/*/manifest.json"):
+        man = json.loads(path.read_text())
+        man["command"] += ["--draft-mode", "greedy"]
+        path.write_text(json.dumps(man))
+    report = build_report([camp])
+    assert "Greedy drafts: no position has an interval (too few items)" in report.markdown
+    acc = report.acceptance
+    agree = [Change(0.01, -0.02, 0.04, 30, "items") for _ in range(acc.gamma)]
+    differ = [*agree[:2], Change(0.2, 0.1, 0.3, 30, "items"), *agree[3:]]
+    said = render(replace(report, acceptance=replace(acc, changes={"block": agree})))
+    assert "the profiles agree within their intervals at every position, as the theory requires" in said
+    said = render(replace(report, acceptance=replace(acc, changes={"block": differ})))
+    assert "Greedy drafts: the profiles DIFFER at position(s) [3] beyond their intervals" in said
