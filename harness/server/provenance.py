@@ -4,12 +4,10 @@ The answer is the manifest's `server_code`."""
 
 from __future__ import annotations
 
-import json
-import os
-import subprocess
 from pathlib import Path
 
 from harness.schema import CheckoutState, ServerCode
+from harness.server.ask import AskError, ask
 from harness.server.provenance_probe import RESULT_MARK
 from harness.server.spec import LaunchSpec
 
@@ -25,18 +23,10 @@ def probe_server_code(spec: LaunchSpec, timeout_s: float = PROBE_TIMEOUT_S) -> S
     """ServerCode of the server `spec` starts; ProvenanceError naming the interpreter and why not."""
     python = spec.argv[0]
     try:
-        proc = subprocess.run([python, str(PROBE), spec.module], capture_output=True, text=True, timeout=timeout_s,
-                              env={**os.environ, **spec.env_overrides}, cwd=spec.cwd, check=False)
-    except (FileNotFoundError, PermissionError, NotADirectoryError) as exc:
-        raise ProvenanceError(f"the server interpreter {python} cannot be run ({exc.strerror or exc})") from None
-    except subprocess.TimeoutExpired:
-        raise ProvenanceError(f"the provenance probe in {python} did not answer within {timeout_s:.0f} s") from None
-    marked = [ln[len(RESULT_MARK):] for ln in proc.stdout.splitlines() if ln.startswith(RESULT_MARK)]
-    if not marked:
-        tail = "\n".join((proc.stderr or proc.stdout).strip().splitlines()[-8:])
-        raise ProvenanceError(f"the provenance probe in {python} exited with code {proc.returncode} without an "
-                              f"answer:\n{tail}")
-    answer = json.loads(marked[-1])
+        answer = ask(python, PROBE, [spec.module], mark=RESULT_MARK, env=spec.env_overrides, timeout_s=timeout_s,
+                     cwd=spec.cwd, what="the provenance probe")
+    except AskError as err:
+        raise ProvenanceError(str(err)) from None
     if "error" in answer:
         raise ProvenanceError(f"{python} cannot say where {spec.module} comes from: {answer['error']}")
     checkout = answer.pop("checkout")

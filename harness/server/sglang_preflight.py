@@ -14,9 +14,7 @@ anything is launched. `server.preflight=skip`: nothing is checked, and the dry r
 from __future__ import annotations
 
 import json
-import os
 import re
-import subprocess
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -24,6 +22,7 @@ from pathlib import Path
 from rich.console import Console
 from rich.markup import escape
 
+from harness.server.ask import AskError, ask
 from harness.server.config import ServerConfig
 from harness.server.spec import PlannedLaunch
 
@@ -183,17 +182,10 @@ def probe(python: str, env: dict[str, str], argvs: list[tuple[str, ...]], timeou
     """Run the probe in `python`; its answer ({"sglang_version", "results"}), or PreflightError saying why not."""
     request = json.dumps({"argvs": [list(a) for a in argvs]})
     try:
-        proc = subprocess.run([python, str(PROBE)], input=request, capture_output=True, text=True,
-                              timeout=timeout_s, env={**os.environ, **env, **PROBE_ENV}, check=False)
-    except (FileNotFoundError, PermissionError, NotADirectoryError) as exc:
-        raise PreflightError(f"the server interpreter {python} cannot be run ({exc.strerror or exc})") from None
-    except subprocess.TimeoutExpired:
-        raise PreflightError(f"{python} did not answer within {timeout_s:.0f}s") from None
-    marked = [ln[len(RESULT_MARK):] for ln in proc.stdout.splitlines() if ln.startswith(RESULT_MARK)]
-    if not marked:
-        tail = "\n".join((proc.stderr or proc.stdout).strip().splitlines()[-8:])
-        raise PreflightError(f"the probe in {python} exited with code {proc.returncode} without an answer:\n{tail}")
-    answer = json.loads(marked[-1])
+        answer = ask(python, PROBE, [], mark=RESULT_MARK, env={**env, **PROBE_ENV}, timeout_s=timeout_s,
+                     stdin=request)
+    except AskError as err:
+        raise PreflightError(str(err)) from None
     if "error" in answer:
         raise PreflightError(f"{answer['error']} (interpreter {python})")
     return answer
