@@ -321,7 +321,7 @@ def run_audit(data: Loaded, arms: list[str], baseline: str, mismatches: list[Mis
         check_seeds(data, sel, plan),
         check_seeds_honoured(data),
         check_commands(arm_diffs, variants),
-        Check(CHECK_NAME, *check_code(data, baseline)),
+        Check(CHECK_NAME, *check_code(data)),
         check_values(data, sel),
         check_server_fields(data, sel),
         check_histograms(data, sel),

@@ -15,6 +15,7 @@ declares it (`experiment.dirty_declared`). Campaigns written before server_code 
 
 from __future__ import annotations
 
+import re
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -54,7 +55,9 @@ def run_codes(data: Loaded) -> list[RunCode]:
 
 
 def norm(name: str) -> str:
-    return "-".join(name.replace("_", "-").replace(".", "-").lower().split("-"))
+    """A distribution name as the provenance probe writes it (PEP 503: runs of -_. as one -, lower case; the
+    probe keeps its own copy: it runs in the server's interpreter, which may hold no harness)."""
+    return re.sub(r"[-_.]+", "-", name).lower()
 
 
 def fingerprint(code: dict[str, Any]) -> tuple:
@@ -90,7 +93,7 @@ def source_problems(run: RunCode) -> list[str]:
     return out
 
 
-def package_differences(first: dict[str, dict[str, Any]], baseline: str) -> list[tuple[str, dict[str, str]]]:
+def package_differences(first: dict[str, dict[str, Any]]) -> list[tuple[str, dict[str, str]]]:
     """(package, {arm: version or '(absent)'}) for every distribution whose version is not the same in every
     arm's first run."""
     lists = {arm: code.get("packages") or {} for arm, code in first.items()}
@@ -112,7 +115,7 @@ def firsts(codes: list[RunCode]) -> dict[str, dict[str, Any]]:
     return out
 
 
-def check_code(data: Loaded, baseline: str) -> tuple[str, str, tuple[str, ...]]:
+def check_code(data: Loaded) -> tuple[str, str, tuple[str, ...]]:
     """(status, summary, details) of the check named CHECK_NAME."""
     codes = run_codes(data)
     recorded = [r for r in codes if r.code]
@@ -128,7 +131,7 @@ def check_code(data: Loaded, baseline: str) -> tuple[str, str, tuple[str, ...]]:
             details.append(f"{run.run_id}: arm {run.arm}'s runs imported different code (origin, commit, diff or "
                            f"packages differ from {first[0]}'s)")
     may_differ = frozenset().union(*(r.may_differ for r in recorded))
-    diffs = package_differences(firsts(recorded), baseline)
+    diffs = package_differences(firsts(recorded))
     undeclared = [(n, v) for n, v in diffs if n not in may_differ]
     details += [f"package {n} differs between the arms' interpreters: "
                 + ", ".join(f"{a} {ver}" for a, ver in v.items())

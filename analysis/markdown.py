@@ -400,7 +400,7 @@ def _code_under_test(report: Report) -> str:
     out = ["## Code under test", "", "What each arm's server imported, read in the server's own interpreter and "
            "environment just before it started (manifest `server_code`; the arm's first run):", "",
            table(pd.DataFrame(rows, columns=["Arm", "Ran", "Source", "Interpreter", "Versions", "Packages"]))]
-    diffs = package_differences(first, report.baseline)
+    diffs = package_differences(first)
     if diffs:
         out += ["Packages that differ between the arms' interpreters:", "",
                 table(pd.DataFrame([[n, *(v.get(a, "n/a") for a in first)] for n, v in diffs],

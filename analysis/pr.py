@@ -30,7 +30,7 @@ POOLED_ROWS = {
     "throughput": "Output throughput (tokens/s)",
     "decode_tps": "Decode throughput, measured (tokens/s)",
 }
-COUNT_ROWS = {"score": ("correct", "Boxed score over entire response"), "cap_hits": ("cap_hits", "Responses hitting the cap")}
+COUNT_ROWS = {"score": "Boxed score over entire response", "cap_hits": "Responses hitting the cap"}
 METRIC_LINES = (
     "acceptance length = completion tokens / verify steps, summed over requests (first token and bonus included); "
     "correct drafts per verify step = accepted drafts / verify steps; position i = steps accepting at least i drafts / steps",
@@ -79,17 +79,14 @@ def _audit_line(report: Report) -> str:
 
 def _pooled(report: Report) -> list[str]:
     others = [a for a in report.arms if a != report.baseline]
-    shown = report.tables.pooled_display
-    pooled = report.tables.pooled
+    shown = report.tables.pooled_display.set_index("Metric")
+    names = labels(report.data.campaigns[0].meta.get("max_new_tokens"))
     rows = []
-    for metric, label in POOLED_ROWS.items():
-        full = _labelled(report, metric)
-        values = shown[shown["Metric"] == full].iloc[0].tolist()[1:1 + len(report.arms)]
-        rows.append([label, *values, *(_change(report.comparison.get("pooled", "all", metric, a)) for a in others)])
-    for key, (num, label) in COUNT_ROWS.items():
-        cells = [f"{int(pooled.at[num, a])}/{int(pooled.at['planned', a])}"
-                 if key != "score" or pooled.at["scored", a] > 0 else "n/a" for a in report.arms]
-        rows.append([label, *cells, *[""] * len(others)])
+    for metric, label in {**POOLED_ROWS, **COUNT_ROWS}.items():
+        values = shown.loc[names[metric]].tolist()[: len(report.arms)]  # the report's own cells
+        cells = [_change(report.comparison.get("pooled", "all", metric, a)) if metric in POOLED_ROWS else ""
+                 for a in others]
+        rows.append([label, *values, *cells])
     cols = ["Metric", *report.arms, *[f"{a} vs {report.baseline} [95% CI]" for a in others]]
     out = table(pd.DataFrame(rows, columns=cols)).rstrip("\n").split("\n")
     changes = {a: report.comparison.get("pooled", "all", "throughput", a) for a in others}
@@ -103,10 +100,6 @@ def _pooled(report: Report) -> list[str]:
 def _change(c: Change | None) -> str:
     """The report's change cell, its foreign-load tail left to the line under the table."""
     return fmt_change(replace(c, flagged=0) if c is not None else None)
-
-
-def _labelled(report: Report, metric: str) -> str:
-    return labels(report.data.campaigns[0].meta.get("max_new_tokens"))[metric]
 
 
 def _per_seed(report: Report) -> list[str]:
@@ -156,7 +149,7 @@ def _setup(report: Report) -> list[str]:
     for arm in report.arms:
         if arm in codes:
             out.append(f"- code of `{arm}`: {describe(codes[arm])}")
-    differ = package_differences(codes, report.baseline)
+    differ = package_differences(codes)
     if codes:
         out.append(f"- packages that differ between the arms' interpreters: {', '.join(n for n, _ in differ) or 'none'}")
     return out
