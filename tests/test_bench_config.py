@@ -223,7 +223,9 @@ def test_plan_alternates_arm_order_by_seed():
 # ---------------------------------------------------------------------- the argv preflight (without SGLang)
 
 FAKE_PROBE = """#!{python}
-import json, sys
+import json, os, sys
+if len(sys.argv) > 1 and sys.argv[1].endswith("provenance_probe.py"):  # the code-under-test probe: the real one,
+    os.execv("{python}", ["{python}", sys.argv[1], "json"])  # asked about a module this interpreter has
 argvs = json.load(sys.stdin)["argvs"]
 def stages(argv):
     bad = [a for a in argv if "blok" in a]

@@ -300,3 +300,16 @@ def test_two_installs_that_differ_in_a_package_fail_the_audit_and_the_report_sho
                                           for d in check.details), check
     report = (root / "report.md").read_text()
     assert "Packages that differ between the arms' interpreters" in report and "|onlyinb|(absent)|2.0|" in squash(report)
+
+
+def test_a_dry_run_fails_when_an_arms_code_cannot_be_read(run_bench):
+    """The dry run asks each arm's interpreter as the real run will; one that cannot answer is a non-zero
+    exit (the real run would fail before its server starts), unless server.preflight=skip says the dry run
+    is made where the servers' installs are not."""
+    proc = run_bench("experiment=embedded_aa", "server.module=no_such_module.server", "dry_run=true")
+    said = squash(proc.stdout)
+    assert proc.returncode == 2 and squash("code under test unknown for arm(s)") in said, proc.stdout[-2000:]
+    assert "no_such_module" in said
+    proc = run_bench("experiment=embedded_aa", "server.module=no_such_module.server", "dry_run=true",
+                     "server.preflight=skip")
+    assert proc.returncode == 0 and squash("not counted in the exit code") in squash(proc.stdout), proc.stdout[-2000:]

@@ -16,7 +16,7 @@ from harness.campaign.config import BenchConfig
 from harness.campaign.plan import check_shard, planned_launches, slots
 from harness.schema import PlannedRun, ServerCode, SourceDoc
 from harness.server.provenance import ProvenanceError, probe_server_code
-from harness.server.sglang_preflight import print_verdict, run_preflight
+from harness.server.sglang_preflight import EXIT_CODE, print_verdict, run_preflight
 from harness.server.spec import PlannedLaunch
 
 
@@ -68,14 +68,14 @@ def code_line(code: ServerCode) -> str:
             f"{len(code.packages)} packages (sha256 {code.packages_sha256[:12]})")
 
 
-def print_server_code(launches: list[PlannedLaunch], sources: dict[str, SourceDoc], console: Console) -> None:
-    """Each arm's source and the code its server will import (asked of its interpreter). One that cannot say
-    is a warning here (a dry run may be made where the servers' installs are not, as with server.preflight=skip);
-    a real run fails there."""
+def print_server_code(launches: list[PlannedLaunch], sources: dict[str, SourceDoc], console: Console) -> list[str]:
+    """Each arm's source and the code its server will import (asked of its interpreter); the arms whose
+    interpreter could not say (a real run of them fails before its server starts)."""
     console.print("\n[bold]code under test[/] (each arm's interpreter asked, as its server will start):")
     firsts: dict[str, PlannedLaunch] = {}
     for launch in launches:
         firsts.setdefault(launch.run.arm, launch)
+    failed = []
     for launch in firsts.values():
         arm = launch.run.arm
         if (src := sources.get(arm)) is not None:
@@ -85,12 +85,15 @@ def print_server_code(launches: list[PlannedLaunch], sources: dict[str, SourceDo
             console.print(f"  {arm}: {escape(code_line(probe_server_code(launch.spec)))}", highlight=False,
                           soft_wrap=True)
         except ProvenanceError as exc:
-            console.print(f"  [bold yellow]{arm}: {escape(str(exc))}[/] (a real run of this arm fails here)",
+            failed.append(arm)
+            console.print(f"  [bold red]{arm}: {escape(str(exc))}[/] (a real run of this arm fails here)",
                           highlight=False, soft_wrap=True)
+    return failed
 
 
 def print_dry_run(cfg: BenchConfig, console: Console, sources: dict[str, SourceDoc] | None = None) -> int:
-    """Print the plan; the exit code: non-zero when the argv preflight refused or could not check a command."""
+    """Print the plan; the exit code: non-zero when the argv preflight refused or could not check a command, or
+    (unless server.preflight=skip) an arm's interpreter could not say what code its server would run."""
     exp = cfg.experiment
     sources = sources or {}
     launches = planned_launches(cfg, sources)
@@ -123,8 +126,16 @@ def print_dry_run(cfg: BenchConfig, console: Console, sources: dict[str, SourceD
             console.print(f"  preflight: {escape(report.outcome_of(run.run_id).line())}", highlight=False, soft_wrap=True)
     console.print()
     console.print(difference_table(cfg, [launch for launch in launches if launch.run.slot == 0]))
-    print_server_code([launch for launch in launches if launch.run.slot == 0], sources, console)
+    unreadable = print_server_code([launch for launch in launches if launch.run.slot == 0], sources, console)
     code = print_verdict(report, console) if report is not None else 0
+    if unreadable and cfg.server.preflight == "skip":  # made where the servers' installs are not: said, not counted
+        console.print(f"[bold yellow]code under test unknown for arm(s) {', '.join(unreadable)}[/] (server.preflight=skip: "
+                      "not counted in the exit code)", highlight=False)
+    elif unreadable:
+        console.print(f"[bold red]code under test unknown for arm(s) {', '.join(unreadable)}[/]: their runs would fail "
+                      f"before their servers start; exit {EXIT_CODE} (server.preflight=skip for a dry run made "
+                      "elsewhere)", highlight=False)
+        code = code or EXIT_CODE
     console.print("nothing was launched (dry_run=true)")
     return code
 
