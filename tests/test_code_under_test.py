@@ -167,6 +167,21 @@ def test_the_probe_reads_the_servers_own_environment(tmp_path):
         probe_server_code(missing)
 
 
+def test_the_probe_finds_a_servers_module_without_running_its_packages_init(tmp_path):
+    """SGLang's `__init__` imports torch and transformers (11 s of CPU): the probe finds `pkg.sub.server`
+    through its parents' search paths without executing them; a namespace package on the way still works."""
+    (tmp_path / "pkg" / "sub").mkdir(parents=True)
+    (tmp_path / "pkg" / "__init__.py").write_text("raise SystemExit('pkg/__init__.py was executed')\n")
+    (tmp_path / "pkg" / "sub" / "__init__.py").write_text("raise SystemExit('pkg/sub/__init__.py was executed')\n")
+    (tmp_path / "pkg" / "sub" / "server.py").write_text("")
+    (tmp_path / "nspkg" / "inner").mkdir(parents=True)  # no __init__.py anywhere: namespace packages
+    (tmp_path / "nspkg" / "inner" / "server.py").write_text("")
+    for module, file in (("pkg.sub.server", "pkg/sub/server.py"), ("nspkg.inner.server", "nspkg/inner/server.py")):
+        spec = build_spec(ServerConfig(model_path="x", module=module), ArmConfig(name="a", env={"PYTHONPATH": str(tmp_path)}),
+                          port=1, base_seed=None, gpu=None, log_path=tmp_path / "l")
+        assert probe_server_code(spec).module_file == str(tmp_path / file)
+
+
 def test_worktree_is_the_checkout_as_it_is_without_touching_it(tmp_path):
     repo = make_repo(tmp_path)
     head = git(repo, "rev-parse", "HEAD")

@@ -1,8 +1,9 @@
 """Says what code a server will run: executed by the server's own interpreter, with the server's environment
 and working directory, just before the server starts (harness.server.provenance runs it).
 
-Standard library only, and nothing of the served module is executed but its top package's `__init__` where
-Python needs it to find a submodule: the interpreter may be another install than the harness's. Reads the
+Standard library only, and nothing of the served module or its packages is executed (the `__init__` of a
+package only where its `__path__` is not where the files are): the interpreter may be another install than
+the harness's. Reads the
 served module's name from argv[1] and prints one JSON line after RESULT_MARK: the Python, the versions of the
 packages that decide what a speculative-decoding server computes, where the module is imported from (as
 `python -m MODULE` would import it: the working directory first), the git state of the checkout or the
@@ -12,6 +13,7 @@ harness snapshot that holds it, the owning distribution's direct_url.json, and e
 from __future__ import annotations
 
 import hashlib
+import importlib.machinery
 import importlib.metadata
 import importlib.util
 import json
@@ -122,9 +124,29 @@ def owner(top: str, origin: Path) -> importlib.metadata.Distribution | None:
     return None
 
 
+def find_spec(module: str) -> importlib.machinery.ModuleSpec | None:
+    """The spec `python -m module` would import, found without executing the parent packages' `__init__`
+    (SGLang's takes 11 s of CPU: it imports torch and transformers): each submodule is looked up on its
+    parent's search path, as the import system does. Only where that finds nothing (a package whose
+    `__init__` extends its own `__path__`, a namespace package on the way) are the parents imported."""
+    parts = module.split(".")
+    spec = importlib.util.find_spec(parts[0])
+    try:
+        for depth in range(2, len(parts) + 1):
+            if spec is None or not spec.submodule_search_locations:
+                break
+            spec = importlib.machinery.PathFinder.find_spec(".".join(parts[:depth]), list(spec.submodule_search_locations))
+        else:
+            if spec is not None:
+                return spec
+    except (ImportError, KeyError):  # a namespace package on the way wants its parent imported
+        pass
+    return importlib.util.find_spec(module)
+
+
 def module_facts(module: str) -> dict:
     """Where `python -m module` imports the module from, and what holds it."""
-    spec = importlib.util.find_spec(module)
+    spec = find_spec(module)
     if spec is None:
         raise ModuleNotFoundError(f"no module named {module!r} in {sys.executable}")
     top = module.split(".")[0]
