@@ -324,6 +324,7 @@ def run_audit(data: Loaded, arms: list[str], baseline: str, mismatches: list[Mis
         Check(CHECK_NAME, *check_code(data)),
         check_values(data, sel),
         check_server_fields(data, sel),
+        check_verify_counts(data, sel),
         check_histograms(data, sel),
         check_hit_cap(data, sel),
         check_metadata(mismatches, allow_mismatch),
@@ -507,6 +508,28 @@ def check_server_fields(data: Loaded, sel: Selection) -> Check:
                f"completion_tokens/spec_verify_ct")
     return Check("Server's spec_accept_length matches the recomputed one", FAIL if bad.any() else OK, summary,
                  tuple(details))
+
+
+def check_verify_counts(data: Loaded, sel: Selection) -> Check:
+    """A run whose server command names a speculative algorithm must report its verify counts
+    (spec_verify_ct) with every request: without them its acceptance length is not measured, however well
+    the rest of the campaign went."""
+    name = "Speculative runs report their verify counts"
+    algo = data.runs["spec_algorithm"].to_numpy(dtype=object)
+    speculative = np.array([a is not None and str(a).upper() != "NONE" for a in algo], dtype=bool)
+    if not speculative.any():
+        return Check(name, INFO, "no run's server command names a --speculative-algorithm")
+    rec = data.records
+    run = rec["_run"].to_numpy()
+    missing = sel.used & speculative[run] & np.isnan(rec["spec_verify_ct"].to_numpy(float))
+    details = _rows(data, missing, lambda i: f"--speculative-algorithm {algo[run[i]]}, but meta_info carries no "
+                                             "spec_verify_ct")
+    checked = int((sel.used & speculative[run]).sum())
+    if missing.any():
+        return Check(name, FAIL, f"{int(missing.sum())} of {checked} requests of speculative runs carry no "
+                                 "spec_verify_ct: the server did not report what it verified, so acceptance length "
+                                 "and drafts per step are not measured", tuple(details))
+    return Check(name, OK, f"{checked} requests of speculative runs carry spec_verify_ct")
 
 
 def _rows(data: Loaded, mask: np.ndarray, say: Callable[[int], str], limit: int = 200) -> list[str]:

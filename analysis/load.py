@@ -518,7 +518,7 @@ _RUN_COLUMNS = (
     "harness_version", "harness_git_sha", "harness_dirty", "log_checks_passed",
     "schema_version", "seed_stream", "open_loop", "scores_path", "scorer",
     "machine_recorded", "cpu_other_frac", "steal_frac", "cpu_other_before", "cpu_other_after",
-    "hostname", "node_type", "manifest_gpu", "gpu_env",
+    "hostname", "node_type", "manifest_gpu", "gpu_env", "spec_algorithm",
 )
 
 
@@ -568,7 +568,21 @@ def _run_row(camp: CampaignDir, run_id: str, plan: dict[str, Any] | None) -> dic
         "node_type": node_type(man) if man else None,
         "manifest_gpu": man.get("gpu"),
         "gpu_env": (man.get("env") or {}).get("CUDA_VISIBLE_DEVICES"),
+        "spec_algorithm": flag_value(man.get("command"), "--speculative-algorithm"),
     }
+
+
+def flag_value(argv: Any, flag: str) -> str | None:
+    """The value of `flag` in a server's argv (`--flag VALUE` or `--flag=VALUE`; the last one wins, as in
+    argparse), or None."""
+    value = None
+    tokens = [str(t) for t in argv] if isinstance(argv, list) else []
+    for i, token in enumerate(tokens):
+        if token == flag and i + 1 < len(tokens):
+            value = tokens[i + 1]
+        elif token.startswith(flag + "="):
+            value = token[len(flag) + 1:]
+    return value
 
 
 def node_type(man: dict[str, Any]) -> str | None:

@@ -8,28 +8,39 @@ Examples:
   python -m harness.bench -m experiment=dflash_verify_probs_speedbench client.concurrency=64,128
   python -m harness.bench -m hydra/launcher=submitit_slurm hydra.launcher.partition=gpu shard='range(0,3)'
 
-This module only installs the stop-signal handlers (harness.campaign.stopping) before anything heavy is
-imported, so that Ctrl-C or SIGTERM during start-up is a clean stop too; the command itself is
+This module only installs the stop-signal handlers (harness.campaign.stopping, which imports nothing heavy)
+before anything else is imported, so that Ctrl-C or SIGTERM during start-up is a clean stop too, from the
+first line of main() on (a signal that comes earlier interrupts Python's own start-up, about the first
+30 ms, the way Python does it: a KeyboardInterrupt from its import machinery, or death by the signal); the command itself is
 harness.campaign.command, a multirun's jobs and its end are harness.campaign.sweep's.
 """
 
 from __future__ import annotations
 
+import signal
 import sys
-
-from harness.campaign.stopping import Stopped, StopSignals
 
 
 def main() -> None:
     """`python -m harness.bench` and the `specbench-bench` command."""
+    noted: list[int] = []  # a signal while the handlers' own module loads: noted, acted on just after
+    for sig in (signal.SIGINT, signal.SIGTERM):
+        signal.signal(sig, lambda signum, frame: noted.append(signum))
+    from harness.campaign.stopping import DONE, STARTING, STOPPED_WHERE, Stopped, StopSignals  # noqa: PLC0415
+
     stops = StopSignals.ensure()
     try:
+        if noted:
+            raise Stopped(noted[0])
         from harness.campaign import command  # noqa: PLC0415  (Hydra, the runner, the workloads: after the handlers)
 
         command.main(stops)
-    except Stopped as stop:
-        print(f"interrupted ({stop.name}) while starting; nothing was launched", file=sys.stderr)
+    except Stopped as stop:  # the command says what it stopped from the runs on; this is what is left
+        print(f"interrupted ({stop.name}) {STOPPED_WHERE.get(stops.phase, STOPPED_WHERE[STARTING])}", file=sys.stderr)
         sys.exit(stop.exit_code)
+    finally:  # the command has ended, whichever way: a signal from now on has nothing to stop
+        stops.phase = DONE
+        StopSignals.quiet()
 
 
 if __name__ == "__main__":

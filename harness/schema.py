@@ -396,11 +396,15 @@ def to_json(obj: Any) -> dict[str, Any]:
 
 def write_json(path: Path, obj: Any) -> None:
     """Atomically (re)write a JSON document (a temporary file per process: shards on a shared file system
-    never write through each other's)."""
+    never write through each other's). When the write fails the old document is left as it was."""
     path.parent.mkdir(parents=True, exist_ok=True)
     tmp = path.with_name(f"{path.name}.{os.getpid()}.tmp")
-    tmp.write_text(json.dumps(obj, indent=2, sort_keys=False, default=str) + "\n")
-    os.replace(tmp, path)
+    try:
+        tmp.write_text(json.dumps(obj, indent=2, sort_keys=False, default=str) + "\n")
+        os.replace(tmp, path)
+    except OSError:  # a full disk: the old document stays whole, the partial copy goes
+        tmp.unlink(missing_ok=True)
+        raise
 
 
 def read_json(path: Path) -> Any:

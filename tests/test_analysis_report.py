@@ -166,19 +166,42 @@ def test_wrong_request_seed_is_flagged(tmp_path):
     assert "request_seed 7, planned 102" in check.details[0]
 
 
-def test_plain_decoding_baseline_has_no_acceptance_length(tmp_path):
-    camp = copy_campaign(CLEAN, tmp_path / "golden" / "c1")
-    for records in camp.glob("runs/*-token-*/records.jsonl"):
+def without_verify_counts(camp: Path, arm: str) -> None:
+    """The records of `arm` as a server that reports no speculative counts writes them."""
+    for records in camp.glob(f"runs/*-{arm}-*/records.jsonl"):
         lines = [json.loads(line) for line in records.read_text().splitlines()]
         for rec in lines:
             rec.update(spec_verify_ct=None, spec_num_correct_drafts=None, meta_info=None)
         records.write_text("\n".join(json.dumps(r) for r in lines) + "\n")
+
+
+def test_plain_decoding_baseline_has_no_acceptance_length(tmp_path):
+    camp = copy_campaign(CLEAN, tmp_path / "golden" / "c1")
+    without_verify_counts(camp, "token")
+    for manifest in camp.glob("runs/*-token-*/manifest.json"):  # the baseline decodes without speculation
+        edit_json(manifest, lambda m: m.update(command=[{"DFLASH": "NONE"}.get(t, t) for t in m["command"]]))
     report = build_report([camp])
-    assert report.audit.passed, report.audit.failed
+    check = next(c for c in report.audit.checks if c.name == "Speculative runs report their verify counts")
+    assert check.status == "ok" and check.summary == "4 requests of speculative runs carry spec_verify_ct"
+    # (the commands check fails: this edited campaign does not declare NONE vs DFLASH as its difference)
+    assert [c.name for c in report.audit.failed] == ["Commands and environments differ only as declared"]
     assert report.tables.pooled.at["throughput", "token"] == pytest.approx(12.5)  # still measured
     assert "| Acceptance length (includes bonus) | n/a | 3.3810 | n/a |" in squash(report.markdown)
     assert report.metrics.histogram.columns.tolist() == ["token", "block"]
     assert report.metrics.histogram["token"].sum() == 0
+
+
+def test_a_speculative_arm_whose_server_reports_no_verify_counts_fails_the_audit(tmp_path):
+    """The token arm runs --speculative-algorithm DFLASH but its server sent no spec_* fields: its acceptance
+    length is not "n/a", it was not measured, and the audit says so."""
+    camp = copy_campaign(CLEAN, tmp_path / "golden" / "c1")
+    without_verify_counts(camp, "token")
+    report = build_report([camp])
+    assert [c.name for c in report.audit.failed] == ["Speculative runs report their verify counts"]
+    check = report.audit.failed[0]
+    assert check.summary.startswith("4 of 8 requests of speculative runs carry no spec_verify_ct")
+    assert len(check.details) == 4 and "--speculative-algorithm DFLASH, but meta_info carries no spec_verify_ct" in check.details[0]
+    assert "Audit: FAILED" in report.markdown
 
 
 def test_three_arms_are_each_compared_with_the_baseline(tmp_path):

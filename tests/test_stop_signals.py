@@ -7,7 +7,10 @@ The moments are held by the runner's fault-injection point (SPECBENCH_HOLD_AT=<p
 `specbench: holding at <phase>` and waits there), so the signal lands exactly there:
 plan (campaign folder made, no run started), startup (the first run's server started, not ready), warmup
 (its warmup requests in flight), measure (its measured requests in flight), scoring (its responses being
-scored), report (every run ended, the report about to be written)."""
+scored), report (every run ended, the report about to be written), end (every file written).
+
+Around those: a signal in the runner's first milliseconds (with SIGINT at its default, as in a terminal),
+two signals at the very end, and a runner SIGKILLed at the moment it forks its server (tests/spawn_race.py)."""
 
 from __future__ import annotations
 
@@ -33,10 +36,12 @@ def ignore_sigint() -> None:  # runs in the child before exec: the runner inheri
     signal.signal(signal.SIGINT, signal.SIG_IGN)
 
 
-def start_runner(tmp: Path, hold: str | None, *overrides: str) -> tuple[subprocess.Popen, Path]:
-    """The runner on a one-seed embedded_aa campaign (two runs), its output in tmp/out.log."""
+def start_runner(tmp: Path, hold: str | None, *overrides: str, hold_s: float | None = None) -> tuple[subprocess.Popen, Path]:
+    """The runner on a one-seed embedded_aa campaign (two runs), its output in tmp/out.log; held at `hold`
+    (for `hold_s` seconds, or until a signal ends it)."""
     log = tmp / "out.log"
-    env = {**os.environ, **({"SPECBENCH_HOLD_AT": hold} if hold else {})}
+    env = {**os.environ, **({"SPECBENCH_HOLD_AT": hold} if hold else {}),
+           **({"SPECBENCH_HOLD_S": str(hold_s)} if hold_s else {})}
     args = [sys.executable, "-m", "harness.bench", f"results_dir={tmp}", "campaign=stopped", "experiment=embedded_aa",
             "experiment.base_seeds=[3]", *SMALL, *overrides]
     with open(log, "w") as out:
@@ -169,6 +174,52 @@ def test_a_stop_signal_while_starting_is_one_line(tmp_path):
     out = log.read_text()
     assert code == 130 and "Traceback" not in out, out
     assert "interrupted (SIGINT)" in out and "nothing was launched" in out.replace("\n", " "), out
+
+
+def test_a_signal_in_the_first_milliseconds_is_a_clean_stop_once_the_runner_runs(tmp_path):
+    """SIGINT from 0 to 150 ms after the start, SIGINT at its default: 130 and one line once harness/bench.py's
+    main() has begun; before that Python's own start-up is what is interrupted (death by the signal, or a
+    KeyboardInterrupt through the interpreter's import machinery), never a traceback through the runner's code
+    but the first import lines of harness/bench.py."""
+    bench = Path(__file__).resolve().parents[1] / "harness" / "bench.py"
+    main_line = next(i for i, line in enumerate(bench.read_text().splitlines(), 1) if line.startswith("def main"))
+    outcomes = []
+    for ms in range(0, 160, 10):
+        args = [sys.executable, "-m", "harness.bench", f"results_dir={tmp_path}", "experiment=embedded_aa", *SMALL]
+        proc = subprocess.Popen(args, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+        time.sleep(ms / 1000)
+        proc.send_signal(signal.SIGINT)
+        out, _ = proc.communicate(timeout=120)
+        outcomes.append((ms, proc.returncode))
+        if proc.returncode == 130:
+            assert "Traceback" not in out and "interrupted (SIGINT)" in out, out
+            continue
+        assert proc.returncode in (-signal.SIGINT, 1), out
+        for line in out.splitlines():  # where the KeyboardInterrupt went through: Python's start-up only
+            if line.strip().startswith('File "') and "/harness/" in line:
+                assert line.strip().startswith(f'File "{bench}"'), out
+                assert int(line.split(", line ")[1].split(",")[0]) < main_line, out
+    assert outcomes[-1][1] == 130 and not (tmp_path / "embedded_aa").exists(), outcomes  # nothing was launched
+
+
+def test_two_signals_at_the_very_end_change_nothing(tmp_path, finished):
+    """Every file written (the hold at `end`): both signals are noted and ignored, the exit code is the
+    campaign's, and the interpreter's teardown prints nothing."""
+    shutil.copytree(finished / "embedded_aa", tmp_path / "embedded_aa")
+    proc, log = start_runner(tmp_path, "end", "report=false", hold_s=1.0)  # (ignored signals do not end a hold)
+    wait_for(lambda: held(log, "end") or proc.poll() is not None)
+    proc.send_signal(signal.SIGINT)
+    time.sleep(0.002)
+    code = stop(proc, signal.SIGINT)
+    out = log.read_text()
+    assert code == 0 and "Traceback" not in out and "Exception ignored" not in out, out
+
+
+def test_a_runner_killed_as_it_forks_its_server_leaves_no_server_behind(tmp_path, burners):
+    """100 runners, each SIGKILLed 0-4 ms after it starts forking its server, under CPU load."""
+    proc = subprocess.run([sys.executable, str(Path(__file__).with_name("spawn_race.py")), "100", str(tmp_path)],
+                          capture_output=True, text=True, timeout=300)
+    assert proc.returncode == 0 and proc.stdout.strip() == "left behind: 0", proc.stdout + proc.stderr
 
 
 def test_a_second_signal_while_stopping_does_not_break_the_stop(tmp_path):

@@ -28,7 +28,8 @@ from harness.campaign.plan import planned_launches
 from harness.campaign.report import write_report
 from harness.campaign.runner import run_campaign, summary
 from harness.campaign.sources import resolve_sources
-from harness.campaign.stopping import Stopped, StopSignals, hold_sync
+from harness.campaign.stopping import DONE, REPORT, STARTING, Stopped, StopSignals, hold_sync
+from harness.campaign.storage import StorageError
 from harness.campaign.sweep import SweepJob
 from harness.hydra_setup import CONFIG_DIR, HYDRA_VERSION_BASE
 from harness.server.sglang_preflight import preflight_before_launch
@@ -55,6 +56,7 @@ def run(cfg_node: DictConfig, console: Console, stops: StopSignals,
     A shard writes the campaign's report only when it completes the campaign outside a sweep (in a sweep,
     SweepSummary writes it once every job has ended). A Stopped before the runs start propagates (the
     caller says nothing was launched); during the runs and the report it is handled here."""
+    stops.phase = STARTING  # (a sweep's jobs run one after another in one process)
     cfg = to_typed(cfg_node)
     if cfg.campaign is None and sweep is not None:
         cfg.campaign = sweep.campaign_id(cfg.client.concurrency)
@@ -79,18 +81,32 @@ def run(cfg_node: DictConfig, console: Console, stops: StopSignals,
         console.print(f"[bold red]interrupted[/] ({stop.name}): the running run is marked failed, its server "
                       f"stopped; records so far are kept in {campaign.root}. Resume with {resume}", soft_wrap=True)
         return stop.exit_code, campaign.root
-    console.print(f"runs: {summary(statuses)}")
-    report_now = cfg.report and (cfg.shard is None or (sweep is None and campaign_complete(campaign)))
-    report_code = 0
+    except StorageError as exc:
+        console.print(f"[bold red]stopped:[/] {exc}. The campaign stopped at once (every later run would fail the "
+                      f"same way); what was written before is kept in {campaign.root}. Free space there (or make it "
+                      f"writable), then resume with {resume}", soft_wrap=True)
+        return 1, campaign.root
+    stops.phase = REPORT
     try:
-        if report_now:
-            hold_sync("report")
-            report_code = write_report(campaign.root, console, cfg.strict_audit)
+        code = after_runs(cfg, campaign, statuses, console, sweep, resume)
     except Stopped as stop:
         console.print(f"[bold red]interrupted[/] ({stop.name}) while writing the report: every run had ended "
                       f"({summary(statuses)}); the records are in {campaign.root}; "
                       f"`make report DIR={campaign.root}` writes the report", soft_wrap=True)
         return stop.exit_code, campaign.root
+    return code, campaign.root
+
+
+def after_runs(cfg: BenchConfig, campaign: Campaign, statuses: dict[str, str], console: Console,
+               sweep: SweepJob | None, resume: str) -> int:
+    """Every run has ended: the report (unless a shard's or a sweep's job leaves it for later), where things
+    are, and the exit code."""
+    console.print(f"runs: {summary(statuses)}")
+    report_now = cfg.report and (cfg.shard is None or (sweep is None and campaign_complete(campaign)))
+    report_code = 0
+    if report_now:
+        hold_sync("report")
+        report_code = write_report(campaign.root, console, cfg.strict_audit)
     if cfg.shard is not None and not report_now:
         console.print(f"shard {cfg.shard} done; the campaign's report, once every shard has finished: "
                       f"specbench-report {campaign.root}" + (" (the sweep writes it at its end)" if sweep else ""))
@@ -99,8 +115,8 @@ def run(cfg_node: DictConfig, console: Console, stops: StopSignals,
     if failed:
         console.print(f"[bold red]{len(failed)} run(s) failed[/]: {', '.join(failed)}; rerun with {resume} "
                       "to resume them")
-        return 1, campaign.root
-    return (1 if report_code else 0), campaign.root
+        return 1
+    return 1 if report_code else 0
 
 
 @hydra.main(version_base=HYDRA_VERSION_BASE, config_path=str(CONFIG_DIR), config_name="bench")
@@ -112,6 +128,9 @@ def hydra_main(cfg: DictConfig) -> None:
     stops = StopSignals.ensure()  # installed by harness.bench; a submitit job process installs its own here
     sweep = SweepJob.current()
     code, root = guarded_run(cfg, console, stops, sweep)
+    if sweep is None:
+        stops.phase = DONE  # every file is written: a signal from now on has nothing to stop
+        hold_sync("end")
     if sweep is not None:
         sweep.record(code, root, cfg.get("shard"))
         if stops.signum is not None:
@@ -132,9 +151,9 @@ def guarded_run(cfg: DictConfig, console: Console, stops: StopSignals,
                       f"({key}=...) or in the experiment file")
         code = 2
     except (ConfigError, WorkloadError, OmegaConfBaseException) as exc:
-        console.print(f"[bold red]error:[/] {exc}")
+        console.print(f"[bold red]error:[/] {exc}", soft_wrap=True)  # paths in one piece
         code = 2
-    except Stopped as stop:
+    except Stopped as stop:  # run() handles it from the runs on: this one came before
         console.print(f"[bold red]interrupted[/] ({stop.name}) before any run started; nothing was launched",
                       soft_wrap=True)
         code = stop.exit_code

@@ -9,6 +9,7 @@ from __future__ import annotations
 import contextlib
 import copy
 import fcntl
+import json
 import os
 import secrets
 import shutil
@@ -17,7 +18,7 @@ from collections.abc import Iterator
 from dataclasses import dataclass, field
 from datetime import UTC, datetime
 from pathlib import Path
-from typing import Any
+from typing import Any, cast
 
 from rich.console import Console
 
@@ -25,6 +26,7 @@ from harness.campaign.config import BenchConfig
 from harness.campaign.plan import check_request_seeds, check_shard, make_plan
 from harness.campaign.sources import diff_stats, moved_refs
 from harness.campaign.stopping import StopSignals
+from harness.campaign.storage import writing
 from harness.host.machine import CpuPin
 from harness.schema import (
     SCHEMA_VERSION,
@@ -40,7 +42,7 @@ from harness.schema import (
     to_json,
     write_json,
 )
-from harness.server.redact import redact, redact_argv
+from harness.server.redact import Secrets, redact, redact_argv
 from harness.validation import ConfigError
 from workloads.base import Workload
 
@@ -59,6 +61,7 @@ class Campaign:
     shard: int | None = None  # run only this slot of the plan (None: every slot)
     stops: StopSignals | None = None  # the command's stop-signal handler, when it has one (a run's error names the signal)
     sources: dict[str, SourceDoc] = field(default_factory=dict)  # arm -> its resolved source (arms that have one)
+    secrets: Secrets = field(default_factory=Secrets)  # masked in everything the campaign writes (campaign_secrets)
     _locks: list[Any] = field(default_factory=list, repr=False)
 
     @property
@@ -104,12 +107,13 @@ class Campaign:
             with campaign_file_lock(self.root):
                 path = self.root / "campaign.json"
                 if not path.exists():
-                    write_json(path, to_json(self.campaign_doc()))
+                    write_json(path, self.secrets.scrub_json(to_json(self.campaign_doc())))
                     return
-                old = read_json(path)
+                old = read_doc(path, STOP_CAMPAIGN)
         except OSError as exc:
             raise ConfigError(f"cannot write the campaign folder {self.root} ({exc.strerror or exc}); "
                               "choose a writable results_dir=...") from None
+        self.check_readable(old)
         diffs = config_differences(with_added_keys(old.get("config", {})), self.config_dict)
         if diffs:
             raise ConfigError(
@@ -121,6 +125,19 @@ class Campaign:
                               "a new campaign (leave out `campaign=`)")
         self.console.print(f"[bold]{'joining' if self.shard is not None else 'resuming'}[/] campaign {self.root}")
 
+    def check_readable(self, doc: dict[str, Any]) -> None:
+        """ConfigError (nothing changed) unless the existing campaign.json and the manifests of its runs can
+        be read as what they claim to be: a resume decides from them what to keep and what to redo."""
+        path = self.root / "campaign.json"
+        for key, kind in (("config", dict), ("order_run", list)):
+            if not isinstance(doc.get(key), kind):
+                raise ConfigError(f"{path} has no {key} {kind.__name__}: {STOP_CAMPAIGN}")
+        for run in self.plan:
+            manifest = self.run_dir(run.run_id) / "manifest.json"
+            if manifest.exists():
+                read_doc(manifest, STOP_RUN.format(run=run.run_id, run_dir=self.run_dir(run.run_id),
+                                                   attempts=self.root / "attempts"))
+
     def close(self) -> None:
         """Release the slot locks (the process's exit does it too)."""
         for handle in self._locks:
@@ -129,7 +146,7 @@ class Campaign:
 
     def run_status(self, run_id: str) -> str | None:
         path = self.run_dir(run_id) / "manifest.json"
-        return read_json(path).get("status") if path.exists() else None
+        return read_doc(path).get("status") if path.exists() else None
 
     def set_aside(self, run_id: str) -> Path | None:
         """Move an unfinished run's files to attempts/<run_id>.<n> so a rerun starts clean."""
@@ -139,17 +156,42 @@ class Campaign:
         n = 1
         while (dst := self.root / "attempts" / f"{run_id}.{n}").exists():
             n += 1
-        dst.parent.mkdir(parents=True, exist_ok=True)
-        shutil.move(str(src), str(dst))
+        with writing(dst):
+            dst.parent.mkdir(parents=True, exist_ok=True)
+            shutil.move(str(src), str(dst))
         return dst
 
     def log_order(self, run_id: str, status: str, t_start: float, t_end: float) -> None:
         path = self.root / "campaign.json"
-        with campaign_file_lock(self.root):  # shards append to the same list
+        with writing(path), campaign_file_lock(self.root):  # shards append to the same list
             doc = read_json(path)
             doc["order_run"].append(to_json(OrderEntry(run_id=run_id, status=status, t_start_unix=t_start,
                                                        t_end_unix=t_end, host=socket.gethostname())))
             write_json(path, doc)
+
+
+STOP_CAMPAIGN = ("the campaign cannot be resumed from it. Nothing was changed. Put back a good copy of the file, or move "
+                 "the campaign folder aside and start a new campaign (leave out campaign=)")
+STOP_RUN = ("the state of run {run} is unknown. Nothing was changed. Move {run_dir} into {attempts}/ (the run is then done "
+            "again), or start a new campaign (leave out campaign=)")
+
+
+def read_doc(path: Path, what_to_do: str = "move it aside, or start a new campaign (leave out campaign=)") -> dict[str, Any]:
+    """A campaign file that must hold a JSON object; ConfigError naming the file, what is wrong with it and
+    `what_to_do` when it is empty, not JSON or not an object."""
+    try:
+        text = path.read_text(encoding="utf-8")
+        problem = "is empty" if not text.strip() else None
+        doc = json.loads(text) if problem is None else None
+    except (json.JSONDecodeError, UnicodeDecodeError) as exc:
+        problem = f"is not valid JSON ({exc})"
+    except OSError as exc:
+        problem = f"cannot be read ({exc.strerror or exc})"
+    if problem is None and not isinstance(doc, dict):
+        problem = f"holds a {type(doc).__name__}, not an object"
+    if problem is not None:
+        raise ConfigError(f"{path} {problem}: {what_to_do}")
+    return cast(dict[str, Any], doc)
 
 
 def slot_lock_name(slot: int) -> str:
@@ -278,4 +320,11 @@ def build_campaign(cfg: BenchConfig, config_dict: dict, workload: Workload, cons
     check_shard(cfg.shard, plan)
     return Campaign(cfg=cfg, config_dict=redact_config(config_dict), workload=workload, plan=plan,
                     root=campaign_root(cfg), console=console, pin=CpuPin(list(cfg.client.cpus)), shard=cfg.shard,
-                    stops=stops, sources=dict(sources or {}))
+                    stops=stops, sources=dict(sources or {}), secrets=campaign_secrets(cfg))
+
+
+def campaign_secrets(cfg: BenchConfig) -> Secrets:
+    """The secret values of the runner's environment and of every server and arm setting (by name, by flag)."""
+    arms = cfg.experiment.arms
+    env = {**os.environ, **cfg.server.env, **{k: v for a in arms for k, v in a.env.items()}}
+    return Secrets.of(env, [[str(t) for t in cfg.server.args], *([str(t) for t in a.args] for a in arms)])

@@ -3,40 +3,63 @@ what the client saw, appended and flushed one by one, so a crash loses at most t
 
 from __future__ import annotations
 
+import contextlib
 import json
+import os
 from pathlib import Path
 from typing import Any
 
+from harness.campaign.storage import writing
 from harness.client.requests import Outcome, RequestSpec
 from harness.schema import SCHEMA_VERSION, Record, ScoreLine, to_json
 from workloads.scoring import Score, Scorer
 
 
 class RecordWriter:
-    """Appends one JSON line per request to records.jsonl and flushes it at once."""
+    """Appends one JSON line per request to records.jsonl, written through at once (a crash loses at most the
+    line being written). A write that fails is a StorageError naming the file (the campaign stops), and the
+    file is cut back to its last whole line: a full disk leaves no partial record behind."""
 
     def __init__(self, path: Path) -> None:
-        path.parent.mkdir(parents=True, exist_ok=True)
         self.path = path
-        self._file = open(path, "a", encoding="utf-8")  # noqa: SIM115  (closed in close())
+        with writing(path):
+            path.parent.mkdir(parents=True, exist_ok=True)
+            self._fd = os.open(path, os.O_WRONLY | os.O_APPEND | os.O_CREAT, 0o644)
         self.count = 0
 
     def append(self, line: Record | ScoreLine) -> None:
-        self._file.write(json.dumps(to_json(line), ensure_ascii=False, default=str) + "\n")
-        self._file.flush()
+        data = memoryview((json.dumps(to_json(line), ensure_ascii=False, default=str) + "\n").encode())
+        with writing(self.path):
+            start = os.fstat(self._fd).st_size
+            try:
+                while data:
+                    data = data[os.write(self._fd, data):]
+            except OSError:
+                with contextlib.suppress(OSError):
+                    os.ftruncate(self._fd, start)
+                raise
         self.count += 1
 
     def close(self) -> None:
-        self._file.close()
+        with contextlib.suppress(OSError):
+            os.close(self._fd)
 
 
 def finish_reason(out: Outcome) -> str:
     """stop | length | abort | error, from the final meta_info."""
     if out.error is not None:
         return "error"
-    reason = (out.meta_info or {}).get("finish_reason")
+    reason = out.meta_info.get("finish_reason") if isinstance(out.meta_info, dict) else None
     kind = reason.get("type") if isinstance(reason, dict) else reason
     return kind if kind in ("stop", "length", "abort") else "abort"
+
+
+def count(meta: dict[str, Any], key: str) -> int | None:
+    """A meta_info count as the record's typed field holds it: the integer, or None when it is absent or
+    malformed (the request then carries an error naming it, harness.client.requests.meta_problem; the
+    record's meta_info keeps what the server sent)."""
+    value = meta.get(key)
+    return value if isinstance(value, int) and not isinstance(value, bool) and value >= 0 else None
 
 
 def chunk_us(out: Outcome) -> list[int]:
@@ -50,9 +73,9 @@ def make_record(ids: dict[str, Any], request_index: int, spec: RequestSpec, out:
                 store_text: bool) -> Record:
     """One raw record (docs/records.md), unscored. `ids` holds campaign_id, run_id, arm, base_seed, repeat;
     `request_index` is the request's position in the run (warmup first, from 0)."""
-    meta = out.meta_info or {}
+    meta = out.meta_info if isinstance(out.meta_info, dict) else {}
     reason = finish_reason(out)
-    completion = meta.get("completion_tokens")
+    completion = count(meta, "completion_tokens")
     return Record(
         schema_version=SCHEMA_VERSION,
         **ids,
@@ -62,10 +85,10 @@ def make_record(ids: dict[str, Any], request_index: int, spec: RequestSpec, out:
         request_seed=spec.request_seed,
         category=spec.item.category,
         warmup=spec.warmup,
-        prompt_tokens=meta.get("prompt_tokens"),
+        prompt_tokens=count(meta, "prompt_tokens"),
         completion_tokens=completion,
-        spec_verify_ct=meta.get("spec_verify_ct"),
-        spec_num_correct_drafts=meta.get("spec_num_correct_drafts"),
+        spec_verify_ct=count(meta, "spec_verify_ct"),
+        spec_num_correct_drafts=count(meta, "spec_num_correct_drafts"),
         max_new_tokens=spec.max_new_tokens,
         finish_reason=reason,
         hit_cap=reason == "length" and completion is not None and completion >= spec.max_new_tokens,

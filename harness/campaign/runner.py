@@ -10,7 +10,9 @@ from __future__ import annotations
 
 import asyncio
 import time
+from collections.abc import Coroutine
 from dataclasses import dataclass, field
+from typing import Any
 
 import aiohttp
 from rich.panel import Panel
@@ -22,15 +24,17 @@ from harness.campaign.manifest import start_manifest
 from harness.campaign.plan import request_specs, slots
 from harness.campaign.records import RecordWriter, finish_reason, make_record, make_score
 from harness.campaign.stopping import hold
+from harness.campaign.storage import StorageError, save_json
 from harness.client.config import ClientConfig
 from harness.client.drive import drive
 from harness.client.requests import Outcome, RequestSpec
 from harness.host import machine
-from harness.schema import LogCheckReport, Manifest, PlannedRun, Scoring, to_json, write_json
+from harness.schema import LogCheckReport, Manifest, PlannedRun, Scoring, to_json
 from harness.server.control import flush_cache, get_json, responds
 from harness.server.logs import check_log, describe_failed_checks
 from harness.server.process import Server, ServerError, free_port
 from harness.server.provenance import ProvenanceError, probe_server_code
+from harness.server.redact import Secrets
 from harness.server.spec import LaunchSpec, build_spec
 
 
@@ -59,8 +63,20 @@ class RunContext:
     failures: list[str] = field(default_factory=list)  # "item: error" of each errored/aborted/timed-out request
     responses: list[Response] = field(default_factory=list)
 
+    @property
+    def secrets(self) -> Secrets:
+        """What is masked in everything of this run that the campaign writes or prints."""
+        return self.campaign.secrets + Secrets.of_server(self.spec.env_overrides, self.spec.argv)
+
     def save(self) -> None:
-        write_json(self.campaign.run_dir(self.planned.run_id) / "manifest.json", to_json(self.manifest))
+        """Write the manifest (atomically, secrets masked); a StorageError when it cannot be written."""
+        save_json(self.campaign.run_dir(self.planned.run_id) / "manifest.json",
+                  self.secrets.scrub_json(to_json(self.manifest)))
+
+    def fail(self, error: str) -> str:
+        """Mark the run failed with `error` (secrets masked); the masked message."""
+        self.manifest.status, self.manifest.error = "failed", self.secrets.scrub(error)
+        return self.manifest.error
 
 
 def incremental_stream(server_info: dict | None) -> bool:
@@ -114,8 +130,12 @@ async def drive_run(ctx: RunContext) -> None:
     task = ctx.progress.add_task(f"{run.run_id}", total=None)
     model = (ctx.manifest.model_info or {}).get("model_path") or cfg.server.model_path
 
+    secrets = ctx.secrets
+
     def on_done(spec: RequestSpec, out: Outcome) -> None:
         index = index_of[id(spec)]
+        if out.error is not None:  # a server's error reply may quote what it was started with
+            out.error = secrets.scrub(out.error)
         writer.append(make_record(ids, index, spec, out, cfg.client.store_output_text))
         ctx.responses.append(Response(index, spec, out.text, out.error is not None))
         if out.error is not None or finish_reason(out) == "abort":
@@ -227,9 +247,10 @@ async def measure_and_score(c: Campaign, run: PlannedRun, progress: Progress, ga
     spec = build_spec(c.cfg.server, c.cfg.experiment.arm(run.arm), port=port, base_seed=run.base_seed,
                       gpu=run.gpu, log_path=c.run_dir(run.run_id) / "server.log", source=c.sources.get(run.arm))
     ctx = RunContext(c, run, spec, start_manifest(c, run, spec), progress)
-    ctx.save()
     checks = LogCheckReport()
+    storage: StorageError | None = None
     try:
+        ctx.save()
         ctx.manifest.server_code = await asyncio.to_thread(probe_server_code, spec)
         ctx.save()
         ctx.manifest.machine.before = await machine.sample(c.cfg.load_sample_s)
@@ -251,23 +272,43 @@ async def measure_and_score(c: Campaign, run: PlannedRun, progress: Progress, ga
         await gate.wait()
         await score_run(ctx)
         ctx.manifest.status = "finished"
+    except StorageError as exc:  # the disk: every later run would fail the same way, the campaign stops
+        storage = exc
+        c.console.print(f"[bold red]{run.run_id} failed:[/] {ctx.fail(str(exc))}", soft_wrap=True)
     except (ServerError, RunFailed, ProvenanceError, OSError, aiohttp.ClientError) as exc:  # the run fails, the campaign goes on
-        ctx.manifest.status, ctx.manifest.error = "failed", str(exc)
-        c.console.print(f"[bold red]{run.run_id} failed:[/] {exc}")
+        c.console.print(f"[bold red]{run.run_id} failed:[/] {ctx.fail(str(exc))}", soft_wrap=True)
     except asyncio.CancelledError:  # a stop signal (harness.campaign.stopping): the server is already stopped
-        ctx.manifest.status, ctx.manifest.error = "failed", c.stops.reason if c.stops else "interrupted (cancelled)"
+        ctx.fail(c.stops.reason if c.stops else "interrupted (cancelled)")
         raise
     except BaseException as exc:  # a crash: record it, the server is already stopped
-        ctx.manifest.status, ctx.manifest.error = "failed", f"interrupted: {type(exc).__name__}: {exc}"
+        ctx.fail(f"interrupted: {type(exc).__name__}: {exc}")
         raise
     finally:
         ran = [r for r in (checks.after_ready, checks.at_end) if r is not None]
         checks.passed = bool(ran) and all(r.passed for r in ran)
         ctx.manifest.log_checks = checks
         ctx.manifest.t_end_unix = time.time()
-        ctx.save()
-        c.log_order(run.run_id, ctx.manifest.status, ctx.manifest.t_start_unix, ctx.manifest.t_end_unix)
+        unwritten = record_end(ctx)  # (always called: it writes what the disk still takes)
+        storage = storage or unwritten
+    if storage is not None:
+        raise storage
     return ctx.manifest.status
+
+
+def record_end(ctx: RunContext) -> StorageError | None:
+    """The run's final manifest and its line in campaign.json's order_run, as far as the disk allows: what
+    cannot be written is printed (one line naming the file) and returned, never raised over the run's own
+    outcome. A manifest left at `running` makes a resume redo the run."""
+    c, man = ctx.campaign, ctx.manifest
+    end = man.t_end_unix if man.t_end_unix is not None else time.time()
+    failed: StorageError | None = None
+    for write in (ctx.save, lambda: c.log_order(ctx.planned.run_id, man.status, man.t_start_unix, end)):
+        try:
+            write()
+        except StorageError as exc:
+            c.console.print(f"[bold red]{ctx.planned.run_id}:[/] {exc}", soft_wrap=True)
+            failed = failed or exc
+    return failed
 
 
 async def run_campaign(c: Campaign) -> dict[str, str]:
@@ -279,13 +320,25 @@ async def run_campaign(c: Campaign) -> dict[str, str]:
         for slot in slots(c.todo):
             if c.cfg.experiment.placement == "parallel":
                 gate = SlotGate({r.run_id for r in slot})
-                results = await asyncio.gather(*(run_one(c, r, progress, gate) for r in slot))
+                results = await together([run_one(c, r, progress, gate) for r in slot])
             else:
                 results = [await run_one(c, r, progress) for r in slot]
             for run, status in zip(slot, results, strict=True):
                 statuses[run.run_id] = status
                 progress.advance(overall)
     return statuses
+
+
+async def together(coros: list[Coroutine[Any, Any, str]]) -> list[str]:
+    """The runs of a slot side by side; when one raises (a StorageError stops the campaign) the others are
+    cancelled (each marks itself failed and stops its server) before the error goes on."""
+    tasks = [asyncio.ensure_future(coro) for coro in coros]
+    try:
+        return list(await asyncio.gather(*tasks))
+    finally:
+        for task in tasks:
+            task.cancel()
+        await asyncio.gather(*tasks, return_exceptions=True)
 
 
 def summary(statuses: dict[str, str]) -> str:

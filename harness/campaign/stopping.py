@@ -10,30 +10,47 @@ The runner installs its own handlers for both at start-up. A stop signal:
 A second signal while the stop is under way is reported and otherwise ignored, so the stop always ends
 cleanly (every wait on the way is bounded: servers get SIGTERM, then SIGKILL after server.stop_timeout_s).
 The command exits with 128 + the signal's number: 130 for SIGINT, 143 for SIGTERM, as shells report it.
+Once the command has ended (`phase` "done": every file written, the exit code known), a signal is noted and
+ignored, and `quiet()` ignores both for the interpreter's own teardown.
+
+asyncio is imported where it is used: `python -m harness.bench` installs these handlers before anything
+else is imported, so that a signal in its first milliseconds is a clean stop too.
 
 `hold(phase)` is a fault-injection point for tests: with SPECBENCH_HOLD_AT=<phase>[,<phase>...] in its
-environment the runner prints `specbench: holding at <phase>` to stderr and waits there (up to HOLD_S),
-so that a test can send a signal at that exact moment. Without the variable it does nothing.
+environment the runner prints `specbench: holding at <phase>` to stderr and waits there (HOLD_S, or
+SPECBENCH_HOLD_S seconds), so that a test can send a signal, fill a disk or make a folder read-only at that
+exact moment. Without the variable it does nothing.
 """
 
 from __future__ import annotations
 
-import asyncio
 import os
 import signal
 import sys
 import time
-from collections.abc import Coroutine
-from dataclasses import dataclass, field
-from typing import Any, TypeVar
 
-T = TypeVar("T")
+TYPE_CHECKING = False  # typing itself is not imported at run time (see the module's docstring)
+if TYPE_CHECKING:
+    import asyncio
+    from collections.abc import Coroutine
+    from typing import Any, TypeVar
+
+    T = TypeVar("T")
 STOP_SIGNALS = (signal.SIGINT, signal.SIGTERM)
 HOLD_ENV = "SPECBENCH_HOLD_AT"
 HOLD_S = 60.0
+HOLD_S_ENV = "SPECBENCH_HOLD_S"
 # where a test can hold the runner: after the plan is made (before any run), a run's server started but
-# not ready, its warmup requests in flight, its measured requests in flight, its scoring, the report
-PHASES = ("plan", "startup", "warmup", "measure", "scoring", "report")
+# not ready, its warmup requests in flight, its measured requests in flight, its scoring, the report, the
+# very end (every file written, the exit code known)
+PHASES = ("plan", "startup", "warmup", "measure", "scoring", "report", "end")
+# what a stop signal interrupts (StopSignals.phase, set by the command): before any run, the runs, the report
+# after them, nothing (the command has ended)
+STARTING, RUNS, REPORT, DONE = "starting", "runs", "report", "done"
+STOPPED_WHERE = {STARTING: "while starting; nothing was launched",
+                 REPORT: "after every run had ended; the campaign's files are kept (make report DIR=... writes the report)"}
+STOPPING_WHAT = {STARTING: "nothing was launched", RUNS: "the running run is being marked failed and its server stopped",
+                 REPORT: "every run had ended; the report is not written"}
 
 
 class Stopped(BaseException):
@@ -52,14 +69,16 @@ class Stopped(BaseException):
         return 128 + self.signum
 
 
-@dataclass
 class StopSignals:
-    """The process's handler of SIGINT and SIGTERM (see the module's docstring); `ensure()` installs it once."""
+    """The process's handler of SIGINT and SIGTERM (see the module's docstring); `ensure()` installs it once.
+    A plain class (no dataclasses, no typing at run time): it is imported before anything else."""
 
-    signum: int | None = None  # the first stop signal received
-    _task: asyncio.Task | None = field(default=None, repr=False)
-    _loop: asyncio.AbstractEventLoop | None = field(default=None, repr=False)
-    _deferred: bool = field(default=False, repr=False)
+    def __init__(self) -> None:
+        self.signum: int | None = None  # the first stop signal received
+        self.phase = STARTING  # STARTING | RUNS | REPORT | DONE: what a signal interrupts (the command sets it)
+        self._task: asyncio.Task | None = None
+        self._loop: asyncio.AbstractEventLoop | None = None
+        self._deferred = False
 
     @classmethod
     def ensure(cls) -> StopSignals:
@@ -77,10 +96,11 @@ class StopSignals:
         return f"interrupted by {signal.Signals(self.signum).name}" if self.signum else "interrupted"
 
     def _on_signal(self, signum: int, frame: Any) -> None:
+        if self.phase == DONE:  # everything was written: nothing left to stop
+            return
         if self.signum is not None:
             print(f"specbench: {signal.Signals(signum).name} received; already stopping after "
-                  f"{signal.Signals(self.signum).name} (the running run is being marked failed and its server "
-                  "stopped)", file=sys.stderr, flush=True)
+                  f"{signal.Signals(self.signum).name} ({STOPPING_WHAT[self.phase]})", file=sys.stderr, flush=True)
             return
         self.signum = signum
         if self._task is not None and not self._task.done():
@@ -92,6 +112,13 @@ class StopSignals:
             return
         raise Stopped(signum)
 
+    @staticmethod
+    def quiet() -> None:
+        """Ignore both signals from now on: the command has ended, and the interpreter's teardown (which
+        would otherwise put back the default action, death by the signal) has nothing left to stop."""
+        for sig in STOP_SIGNALS:
+            signal.signal(sig, signal.SIG_IGN)
+
     def check(self) -> None:
         """Stopped when a stop signal was received (and deferred) so far."""
         if self.signum is not None:
@@ -100,6 +127,10 @@ class StopSignals:
     def run(self, coro: Coroutine[Any, Any, T]) -> T:
         """asyncio.run(coro), such that a stop signal cancels it (its `finally` blocks and `async with` exits
         run: servers stop, manifests are written) and then raises Stopped."""
+        import asyncio  # noqa: PLC0415  (see the module's docstring)
+
+        self.phase = RUNS
+
         async def main() -> T:
             self._loop, self._task = asyncio.get_running_loop(), asyncio.current_task()
             self._deferred = False
@@ -125,6 +156,12 @@ class StopSignals:
         return result
 
 
+def hold_seconds() -> float:
+    """How long a hold lasts: SPECBENCH_HOLD_S (a test that injects a fault there and lets the runner go on),
+    else HOLD_S."""
+    return float(os.environ.get(HOLD_S_ENV) or HOLD_S)
+
+
 def _holding(phase: str) -> bool:
     return phase in os.environ.get(HOLD_ENV, "").split(",")
 
@@ -136,12 +173,14 @@ def _announce(phase: str) -> None:
 async def hold(phase: str) -> None:
     """The fault-injection point `phase` inside the event loop (a no-op unless SPECBENCH_HOLD_AT names it)."""
     if _holding(phase):
+        import asyncio  # noqa: PLC0415  (see the module's docstring)
+
         _announce(phase)
-        await asyncio.sleep(HOLD_S)
+        await asyncio.sleep(hold_seconds())
 
 
 def hold_sync(phase: str) -> None:
     """The fault-injection point `phase` outside the event loop."""
     if _holding(phase):
         _announce(phase)
-        time.sleep(HOLD_S)
+        time.sleep(hold_seconds())

@@ -17,7 +17,14 @@ import aiohttp
 import orjson
 
 from harness.client.config import ClientConfig, SamplingConfig
-from harness.client.requests import Outcome, RequestSpec, StreamError, chat_payload, generate_payload
+from harness.client.requests import (
+    Outcome,
+    RequestSpec,
+    StreamError,
+    chat_payload,
+    generate_payload,
+    meta_problem,
+)
 from harness.client.sse import parse_object
 from harness.client.streams import (
     ChatStream,
@@ -101,6 +108,8 @@ async def send_one(session: aiohttp.ClientSession, base_url: str, route: str, pa
     out.t_end = out.t_end or time.monotonic()  # streaming: when the body ended (read_stream)
     if out.error is None and out.meta_info is None:
         out.error = "the response ended without a final meta_info"
+    elif out.error is None:
+        out.error = meta_problem(out.meta_info)
     return out
 
 
@@ -124,7 +133,8 @@ async def drive(base_url: str, specs: list[RequestSpec], *, sampling: SamplingCo
                 model: str, concurrency: int, arrival_seed: int,
                 on_done: Callable[[RequestSpec, Outcome], None], incremental: bool = False) -> None:
     """Send every spec (at most `concurrency` in flight; Poisson arrivals when client.request_rate is set),
-    calling `on_done` as each finishes (the runner appends its record there).
+    calling `on_done` as each finishes (the runner appends its record there). An exception of `on_done`
+    cancels the requests still in flight and is raised here.
 
     `t_scheduled`: open loop, exactly the scheduled arrival (start + offset); closed loop, the start of the
     drive (when the request was queued). `incremental`: the server's /generate stream is incremental."""
@@ -149,7 +159,11 @@ async def drive(base_url: str, specs: list[RequestSpec], *, sampling: SamplingCo
                 await send_one(session, base_url, client.route, payload, client.timeout_s, out, incremental, parser)
             on_done(spec, out)
 
+        tasks = [asyncio.ensure_future(one(s, o)) for s, o in zip(specs, offsets, strict=True)]
         try:
-            await asyncio.gather(*(one(s, o) for s, o in zip(specs, offsets, strict=True)))
-        finally:
+            await asyncio.gather(*tasks)
+        finally:  # one that raised (on_done could not write its record) ends the others before the session closes
+            for task in tasks:
+                task.cancel()
+            await asyncio.gather(*tasks, return_exceptions=True)
             parsing.cancel()

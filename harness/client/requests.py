@@ -46,6 +46,22 @@ class StreamError(Exception):
     """Something in a response that makes this one request an error (never the run)."""
 
 
+# the meta_info counts a record copies (harness.campaign.records): each a non-negative integer or absent/null
+COUNT_KEYS = ("prompt_tokens", "completion_tokens", "spec_verify_ct", "spec_num_correct_drafts")
+
+
+def meta_problem(meta: Any) -> str | None:
+    """Why a final meta_info cannot be recorded as it is (its request then fails alone), or None.
+    The server's own fields are kept verbatim in the record; those the record reads must be what they say."""
+    if not isinstance(meta, dict):
+        return f"the final meta_info is a {type(meta).__name__}, not an object: {str(meta)[:200]}"
+    for key in COUNT_KEYS:
+        value = meta.get(key)
+        if value is not None and (isinstance(value, bool) or not isinstance(value, int) or value < 0):
+            return f"malformed meta_info: {key} is {value!r} ({type(value).__name__}), not a non-negative integer"
+    return None
+
+
 def sampling_params(sampling: SamplingConfig, spec: RequestSpec) -> dict[str, Any]:
     """SGLang's `sampling_params` for one request."""
     params: dict[str, Any] = {

@@ -1,6 +1,7 @@
 """SGLang's native HTTP routes on aiohttp: /generate, health, flush_cache, server and model info.
 
-Errors in a request's body answer 400 `{"error": {"message": ...}}` and touch nothing else. As in
+Errors in a request's body answer 400 `{"error": {"message": ...}}` and touch nothing else; a client that
+closes its connection in the middle of its body is one line in the log. As in
 SGLang, `/generate` ignores top-level keys it does not know and refuses unknown `sampling_params` keys
 (params.py). A client that goes away (closed connection) has its request aborted, which frees its slot
 in the batch.
@@ -10,6 +11,7 @@ from __future__ import annotations
 
 import asyncio
 import json
+import logging
 import math
 from collections.abc import AsyncIterator
 from typing import Any
@@ -20,6 +22,7 @@ from harness.engine.params import BadRequest, parse_generate
 from harness.engine.request import Output, Request
 from harness.engine.service import EngineService
 
+log = logging.getLogger("harness.engine")
 SERVICE = web.AppKey("service", EngineService)
 POLL_S = 0.5  # how often a waiting non-streaming handler checks that its client is still there
 
@@ -33,6 +36,10 @@ def error_response(status: int, message: str) -> web.Response:
     return web.json_response(body, status=status)
 
 
+class ClientGone(Exception):
+    """The client closed its connection before its request body had arrived: nobody is left to answer."""
+
+
 async def read_json(request: web.Request) -> Any:
     try:
         return await request.json(loads=json.loads)
@@ -40,6 +47,19 @@ async def read_json(request: web.Request) -> Any:
         raise BadRequest(f"the body is not valid JSON: {e}") from None
     except RecursionError:
         raise BadRequest("the body nests JSON arrays or objects too deeply") from None
+    except ConnectionError:
+        raise ClientGone from None
+
+
+@web.middleware
+async def quiet_when_client_gone(request: web.Request, handler: Any) -> web.StreamResponse:
+    """A client that went away in the middle of its request body is one line in the log, not a traceback."""
+    try:
+        return await handler(request)
+    except ClientGone:
+        log.info(f"{request.method} {request.path}: the client closed the connection before its request body "
+                 "had arrived; nothing was run")
+        return web.Response(status=499)
 
 
 def client_gone(request: web.Request) -> bool:

@@ -23,7 +23,7 @@ MAX_BODY_BYTES = 64 * 2**20
 
 
 def build_app(service: EngineService) -> web.Application:
-    app = web.Application(client_max_size=MAX_BODY_BYTES)
+    app = web.Application(client_max_size=MAX_BODY_BYTES, middlewares=[http_api.quiet_when_client_gone])
     app[http_api.SERVICE] = service
     http_api.add_routes(app)
     openai_api.add_routes(app)

@@ -1,7 +1,7 @@
 """One server process: start it (own process group, log file, CPU pinning, parent-death signal), wait
 until it is ready and check that the listener on its port is ours, stop it.
 
-Stopping sends SIGTERM to the whole group, then SIGKILL. On Linux the server also gets SIGTERM when the
+Stopping sends SIGTERM to the whole group, then SIGKILL; then the secrets of the launch are masked in its log. On Linux the server also gets SIGTERM when the
 runner dies (PR_SET_PDEATHSIG), so no server outlives a crashed or killed runner. With `server.cpus` the
 server (and every process it starts) runs pinned to those CPUs from its first instruction.
 """
@@ -24,6 +24,7 @@ import aiohttp
 import psutil
 
 from harness.server.logs import log_tail
+from harness.server.redact import Secrets
 from harness.server.spec import LaunchSpec
 
 PR_SET_PDEATHSIG = 1
@@ -79,10 +80,16 @@ def _set_parent_death_signal() -> None:
         pass
 
 
-def _prepare_child(cpus: list[int]) -> None:  # runs in the child between fork and exec
-    """SIGTERM when the runner dies (Linux), and the CPU pinning the server inherits down its tree."""
+def _prepare_child(cpus: list[int], runner: int) -> None:  # runs in the child between fork and exec
+    """SIGTERM when the runner dies (Linux), and the CPU pinning the server inherits down its tree.
+
+    The death signal only covers a runner that dies after it is set: one that died between the fork and
+    here (a SIGKILL, an OOM kill) has left this child to init already, so the child checks that its parent
+    is still the runner and otherwise exits before it becomes a server nobody will stop."""
     if sys.platform == "linux":
         _set_parent_death_signal()
+        if os.getppid() != runner:
+            os._exit(1)
     if cpus:
         os.sched_setaffinity(0, cpus)
 
@@ -95,6 +102,15 @@ class Server:
     proc: subprocess.Popen | None = None
     _log: IO[bytes] | None = field(default=None, repr=False)
 
+    @property
+    def secrets(self) -> Secrets:
+        """The secret values of this launch (its environment, its argv): masked in the log tails its errors
+        quote, and in its log once it has exited."""
+        return Secrets.of_server(self.spec.env_overrides, self.spec.argv)
+
+    def log_tail(self) -> str:
+        return self.secrets.scrub(log_tail(self.spec.log_path))
+
     def start(self) -> None:
         ensure_port_free(self.spec.host, self.spec.port)
         self.spec.log_path.parent.mkdir(parents=True, exist_ok=True)
@@ -102,7 +118,7 @@ class Server:
         env = {**os.environ, **self.spec.env_overrides, "PYTHONUNBUFFERED": "1"}
         self.proc = subprocess.Popen(
             self.spec.argv, stdout=self._log, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL, env=env,
-            cwd=self.spec.cwd, start_new_session=True, preexec_fn=functools.partial(_prepare_child, list(self.spec.cpus)),
+            cwd=self.spec.cwd, start_new_session=True, preexec_fn=functools.partial(_prepare_child, list(self.spec.cpus), os.getpid()),
         )
 
     def started(self) -> subprocess.Popen:
@@ -119,7 +135,7 @@ class Server:
             while time.monotonic() < deadline:
                 if proc.poll() is not None:
                     raise ServerError(f"server exited with code {proc.returncode} before it was ready; "
-                                      f"log {self.spec.log_path}:\n{log_tail(self.spec.log_path)}")
+                                      f"log {self.spec.log_path}:\n{self.log_tail()}")
                 try:
                     async with session.get(url) as resp:
                         if resp.status == 200:
@@ -129,7 +145,7 @@ class Server:
                     pass
                 await asyncio.sleep(0.25)
         raise ServerError(f"server not ready after {self.spec.ready_timeout_s:.0f}s (server.ready_timeout_s); "
-                          f"log {self.spec.log_path}:\n{log_tail(self.spec.log_path)}")
+                          f"log {self.spec.log_path}:\n{self.log_tail()}")
 
     def alive(self) -> bool:
         return self.proc is not None and self.proc.poll() is None
@@ -177,6 +193,7 @@ class Server:
         if self._log is not None:
             self._log.close()
             self._log = None
+            self.secrets.scrub_file(self.spec.log_path)  # the server is gone: nothing writes it any more
 
     async def __aenter__(self) -> Server:
         self.start()

@@ -1,0 +1,36 @@
+"""Writing a campaign's files: a write that fails (a full disk, a read-only folder, a quota) is a
+StorageError naming the file, and the campaign stops at once: every later run would fail the same way, and
+nothing written before is touched (records.jsonl is appended and flushed per line, JSON documents are
+replaced atomically)."""
+
+from __future__ import annotations
+
+import contextlib
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+from harness.schema import write_json
+
+
+class StorageError(RuntimeError):
+    """A file of the campaign could not be written; the message names it and the system's reason."""
+
+    def __init__(self, path: Path, exc: OSError) -> None:
+        super().__init__(f"cannot write {path}: {exc.strerror or exc}")
+        self.path = path
+
+
+@contextlib.contextmanager
+def writing(path: Path) -> Iterator[None]:
+    """Turn an OSError of the block into a StorageError naming `path`."""
+    try:
+        yield
+    except OSError as exc:
+        raise StorageError(path, exc) from exc
+
+
+def save_json(path: Path, obj: Any) -> None:
+    """write_json (atomic replace), a failure as a StorageError."""
+    with writing(path):
+        write_json(path, obj)
