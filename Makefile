@@ -15,6 +15,9 @@ export PYTHONDONTWRITEBYTECODE :=
 # what the commands import, compiled once at the end of an install (also for calls of .venv/bin/python
 # made outside make, where PYTHONDONTWRITEBYTECODE may be set)
 WARM    := import harness.campaign.command, harness.campaign.runner, harness.engine.server, analysis.report, harness.micro.app
+# and, in .venv-sglang, what the conformance tests import of SGLang (its import chain: torch, transformers, triton)
+SGWARM  := sglang.srt.server_args, sglang.srt.speculative.dflash_utils, sglang.kernels.ops.speculative.reject_sampling, \
+	sglang.srt.sampling.sampling_batch_info, sglang.benchmark.serving, harness.verify.topk_fused, triton
 # The SGLang conformance environment: SGLang 0.5.23 without its kernels (requirements/sglang-*.txt)
 SGVENV  := .venv-sglang
 SGPY    := $(SGVENV)/bin/python
@@ -45,7 +48,7 @@ $(SGSTAMP): pyproject.toml requirements/sglang-cpu.txt requirements/sglang-nodep
 	$(SGPY) -m $(PIP) -r requirements/sglang-cpu.txt
 	$(SGPY) -m $(PIP) --no-deps --no-warn-conflicts -r requirements/sglang-nodeps.txt
 	flock .install.lock $(SGPY) -m $(PIP) --no-warn-conflicts -e '.[dev,slurm]'
-	$(SGPY) -c '$(WARM), sglang.srt.server_args'
+	$(SGPY) -W ignore -c '$(WARM), $(SGWARM)'
 	@touch $(SGSTAMP)
 
 .PHONY: logit-bank help venv sglang test main-suite conformance-suite test-main test-conformance test-fast test-sglang test-slurm bench report micro micro-h200 perf client-bench lint clean

@@ -1,0 +1,89 @@
+"""Launch-configuration variants of topk_fused against the copy floor and topk_first, timed in the same rounds
+(the microbenchmark's method: harness.micro.measure.time_interleaved, CUDA events, rotated input copies).
+
+At 4096 rows, top_k 20, top_p 0.95, temperature 1, fp32, for each vocabulary and logit family given: the copy
+floor (read the logits, write a preallocated fp32 [rows, vocab]), topk_first, and topk_fused under each
+variant (a JSON object of topk_fused.launch_config() overrides). Every variant's output is checked against
+full_vocab's (kept sets, except rows with ties at the k-th logit or the top-p cut: harness.micro.compare).
+Writes $OUT/tuning.log (default: the current folder). On a CUDA host, from the repository root:
+
+    python scripts/tune_topk_fused.py --vocabs 32000,49152 --families iid,sorted \\
+        --variant base='{}' --variant block2048='{"PASS_BLOCK": 2048}'
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import statistics
+import sys
+from pathlib import Path
+
+import torch
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+from harness.micro import measure  # noqa: E402
+from harness.micro.compare import tied_rows, unexplained_rows  # noqa: E402
+from harness.micro.families import make_family  # noqa: E402
+from harness.verify import builders  # noqa: E402
+
+ROWS, TOP_K, TOP_P = 4096, 20, 0.95
+
+
+def parse_variant(text: str) -> tuple[str, dict[str, int]]:
+    name, _, config = text.partition("=")
+    return name, json.loads(config or "{}")
+
+
+def one_cell(vocab: int, family: str, variants: dict[str, dict[str, int]], repeats: int) -> list[str]:
+    device = torch.device("cuda")
+    copies = [make_family(family, ROWS, vocab, seed=s, device=device) for s in (0, 1)]
+    t = torch.ones(ROWS, device=device)
+    k = torch.full((ROWS,), TOP_K, device=device, dtype=torch.int64)
+    p = torch.full((ROWS,), TOP_P, device=device)
+    buf = torch.empty(ROWS, vocab, dtype=torch.float32, device=device)
+    calls = {"copy": buf.copy_, "topk_first": lambda x: builders.topk_first_probs(x, t, k, p)}
+    for name, cfg in variants.items():
+        calls[name] = lambda x, cfg=cfg: builders.fused_build(x, t, k, p, config=cfg)
+    ref = builders.full_vocab_probs(copies[0], t, k, p)
+    tied = tied_rows(copies[0], t, k, p)
+    checks = {}
+    for name, cfg in variants.items():
+        out = builders.fused_build(copies[0], t, k, p, config=cfg)
+        differ, unexplained = unexplained_rows(out, ref, tied)
+        checks[name] = f"{differ} rows differ, {unexplained} unexplained"
+    times = measure.time_interleaved(calls, copies, warmup=3, repeats=repeats)
+    med = {n: statistics.median(v) for n, v in times.items()}
+    lines = [f"vocab {vocab:,} {family}: copy {med['copy']:.3f} ms, topk_first {med['topk_first']:.3f} ms"]
+    for name in variants:
+        lines.append(f"  {name:>14}: {med[name]:.3f} ms = {med[name] / med['copy']:.2f}x copy, "
+                     f"{med[name] / med['topk_first']:.2f}x topk_first; {checks[name]}")
+    del copies, buf, ref
+    torch.cuda.empty_cache()
+    return lines
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--vocabs", default="32000,49152,128256,151936,248320")
+    parser.add_argument("--families", default="iid,sorted,bf16,clustered,lm_like,padding")
+    parser.add_argument("--variant", action="append", default=[], help="NAME=JSON overrides of launch_config()")
+    parser.add_argument("--repeats", type=int, default=20)
+    args = parser.parse_args()
+    if not torch.cuda.is_available():
+        sys.exit("tune_topk_fused: needs a CUDA device")
+    variants = dict(parse_variant(v) for v in args.variant) or {"base": {}}
+    out = Path(os.environ.get("OUT", ".")) / "tuning.log"
+    lines = [f"{torch.cuda.get_device_name()}; {ROWS} rows, top_k {TOP_K}, top_p {TOP_P}, fp32; variants: "
+             + "; ".join(f"{n}={json.dumps(c)}" for n, c in variants.items())]
+    for vocab in (int(v) for v in args.vocabs.split(",")):
+        for family in args.families.split(","):
+            lines += one_cell(vocab, family, variants, args.repeats)
+            print("\n".join(lines[-len(variants) - 1:]), flush=True)
+            out.write_text("\n".join(lines) + "\n")
+    print(f"written: {out}")
+
+
+if __name__ == "__main__":
+    main()
