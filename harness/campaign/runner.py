@@ -24,7 +24,7 @@ from harness.campaign.manifest import start_manifest
 from harness.campaign.plan import request_specs, slots
 from harness.campaign.records import RecordWriter, finish_reason, make_record, make_score
 from harness.campaign.stopping import hold
-from harness.campaign.storage import StorageError, save_json
+from harness.campaign.storage import StorageError, disk_error, save_json
 from harness.client.config import ClientConfig
 from harness.client.drive import drive
 from harness.client.requests import Outcome, RequestSpec
@@ -276,7 +276,8 @@ async def measure_and_score(c: Campaign, run: PlannedRun, progress: Progress, ga
         storage = exc
         c.console.print(f"[bold red]{run.run_id} failed:[/] {ctx.fail(str(exc))}", soft_wrap=True)
     except (ServerError, RunFailed, ProvenanceError, OSError, aiohttp.ClientError) as exc:  # the run fails, the campaign goes on
-        c.console.print(f"[bold red]{run.run_id} failed:[/] {ctx.fail(str(exc))}", soft_wrap=True)
+        storage = disk_error(exc, c.run_dir(run.run_id))  # (unless the disk is full or read-only: then it stops)
+        c.console.print(f"[bold red]{run.run_id} failed:[/] {ctx.fail(str(storage or exc))}", soft_wrap=True)
     except asyncio.CancelledError:  # a stop signal (harness.campaign.stopping): the server is already stopped
         ctx.fail(c.stops.reason if c.stops else "interrupted (cancelled)")
         raise

@@ -6,6 +6,7 @@ replaced atomically)."""
 from __future__ import annotations
 
 import contextlib
+import errno
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -19,6 +20,18 @@ class StorageError(RuntimeError):
     def __init__(self, path: Path, exc: OSError) -> None:
         super().__init__(f"cannot write {path}: {exc.strerror or exc}")
         self.path = path
+
+
+# what a disk says when it cannot take more: full, over quota, read-only
+DISK_ERRNOS = (errno.ENOSPC, errno.EDQUOT, errno.EROFS)
+
+
+def disk_error(exc: BaseException, fallback: Path) -> StorageError | None:
+    """A StorageError for an OSError that says the disk cannot take a write (a server's log file that cannot
+    be opened, say), naming its file or `fallback`; None for any other error."""
+    if isinstance(exc, OSError) and exc.errno in DISK_ERRNOS:
+        return StorageError(Path(exc.filename) if exc.filename else fallback, exc)
+    return None
 
 
 @contextlib.contextmanager
