@@ -78,15 +78,18 @@ def run(cfg_node: DictConfig, console: Console, stops: StopSignals,
     try:
         statuses = stops.run(run_campaign(campaign))
     except Stopped as stop:
-        console.print(f"[bold red]interrupted[/] ({stop.name}): the running run is marked failed, its server "
-                      f"stopped; records so far are kept in {campaign.root}. Resume with {resume}", soft_wrap=True)
+        if stops.phase == REPORT:  # the runs had all ended
+            console.print(f"[bold red]interrupted[/] ({stop.name}) after every run had ended; the records are in "
+                          f"{campaign.root}; `make report DIR={campaign.root}` writes the report", soft_wrap=True)
+        else:
+            console.print(f"[bold red]interrupted[/] ({stop.name}): the running run is marked failed, its server "
+                          f"stopped; records so far are kept in {campaign.root}. Resume with {resume}", soft_wrap=True)
         return stop.exit_code, campaign.root
     except StorageError as exc:
         console.print(f"[bold red]stopped:[/] {exc}. The campaign stopped at once (every later run would fail the "
                       f"same way); what was written before is kept in {campaign.root}. Free space there (or make it "
                       f"writable), then resume with {resume}", soft_wrap=True)
         return 1, campaign.root
-    stops.phase = REPORT
     try:
         code = after_runs(cfg, campaign, statuses, console, sweep, resume)
     except Stopped as stop:

@@ -126,7 +126,8 @@ class StopSignals:
 
     def run(self, coro: Coroutine[Any, Any, T]) -> T:
         """asyncio.run(coro), such that a stop signal cancels it (its `finally` blocks and `async with` exits
-        run: servers stop, manifests are written) and then raises Stopped."""
+        run: servers stop, manifests are written) and then raises Stopped. The phase is RUNS meanwhile, REPORT
+        once the coroutine has returned."""
         import asyncio  # noqa: PLC0415  (see the module's docstring)
 
         self.phase = RUNS
@@ -151,7 +152,9 @@ class StopSignals:
                 raise
             raise Stopped(self.signum) from None
         finally:
-            self._deferred, self._loop = False, None
+            self._loop = None
+        self.phase = REPORT  # (still deferred: a signal from the coroutine's end to here is the report's)
+        self._deferred = False
         self.check()  # a signal during the loop's teardown
         return result
 
