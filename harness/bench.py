@@ -11,8 +11,8 @@ Examples:
 This module only installs the stop-signal handlers (harness.campaign.stopping, which imports nothing heavy)
 before anything else is imported, so that Ctrl-C or SIGTERM during start-up is a clean stop too, from the
 first line of main() on (a signal that comes earlier interrupts Python's own start-up, about the first
-30 ms, the way Python does it: a KeyboardInterrupt from its import machinery, or death by the signal); the command itself is
-harness.campaign.command, a multirun's jobs and its end are harness.campaign.sweep's.
+30 ms, the way Python does it: a KeyboardInterrupt from its import machinery, or death by the signal); the
+command itself is harness.campaign.command, a multirun's jobs and its end are harness.campaign.sweep's.
 """
 
 from __future__ import annotations

@@ -1,9 +1,10 @@
 """One server process: start it (own process group, log file, CPU pinning, parent-death signal), wait
 until it is ready and check that the listener on its port is ours, stop it.
 
-Stopping sends SIGTERM to the whole group, then SIGKILL; then the secrets of the launch are masked in its log. On Linux the server also gets SIGTERM when the
-runner dies (PR_SET_PDEATHSIG), so no server outlives a crashed or killed runner. With `server.cpus` the
-server (and every process it starts) runs pinned to those CPUs from its first instruction.
+Stopping sends SIGTERM to the whole group, then SIGKILL; then the secrets of the launch are masked in its
+log. On Linux the server also gets SIGTERM when the runner dies (PR_SET_PDEATHSIG), so no server outlives a
+crashed or killed runner. With `server.cpus` the server (and every process it starts) runs pinned to those
+CPUs from its first instruction.
 """
 
 from __future__ import annotations
@@ -118,7 +119,8 @@ class Server:
         env = {**os.environ, **self.spec.env_overrides, "PYTHONUNBUFFERED": "1"}
         self.proc = subprocess.Popen(
             self.spec.argv, stdout=self._log, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL, env=env,
-            cwd=self.spec.cwd, start_new_session=True, preexec_fn=functools.partial(_prepare_child, list(self.spec.cpus), os.getpid()),
+            cwd=self.spec.cwd, start_new_session=True,
+            preexec_fn=functools.partial(_prepare_child, list(self.spec.cpus), os.getpid()),
         )
 
     def started(self) -> subprocess.Popen:

@@ -135,7 +135,8 @@ def find_spec(module: str) -> importlib.machinery.ModuleSpec | None:
         for depth in range(2, len(parts) + 1):
             if spec is None or not spec.submodule_search_locations:
                 break
-            spec = importlib.machinery.PathFinder.find_spec(".".join(parts[:depth]), list(spec.submodule_search_locations))
+            where = list(spec.submodule_search_locations)
+            spec = importlib.machinery.PathFinder.find_spec(".".join(parts[:depth]), where)
         else:
             if spec is not None:
                 return spec
