@@ -10,6 +10,8 @@ from __future__ import annotations
 
 import json
 import shutil
+import subprocess
+import sys
 from pathlib import Path
 
 import pytest
@@ -74,9 +76,6 @@ def test_a_campaign_folder_made_read_only_mid_run_stops_the_campaign_keeping_eve
 @pytest.fixture(scope="module")
 def finished(tmp_path_factory) -> Path:
     """A finished one-seed embedded_aa campaign `c` (two runs), made once."""
-    import subprocess
-    import sys
-
     tmp = tmp_path_factory.mktemp("finished")
     proc = subprocess.run([sys.executable, "-m", "harness.bench", f"results_dir={tmp}", "campaign=c",
                            "experiment=embedded_aa", *ONE_SEED], capture_output=True, text=True, timeout=240)
