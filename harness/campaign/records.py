@@ -25,19 +25,21 @@ class RecordWriter:
         with writing(path):
             path.parent.mkdir(parents=True, exist_ok=True)
             self._fd = os.open(path, os.O_WRONLY | os.O_APPEND | os.O_CREAT, 0o644)
+            self._size = os.fstat(self._fd).st_size  # where the next line starts (this writer is the file's only one)
         self.count = 0
 
     def append(self, line: Record | ScoreLine) -> None:
-        data = memoryview((json.dumps(to_json(line), ensure_ascii=False, default=str) + "\n").encode())
+        encoded = (json.dumps(to_json(line), ensure_ascii=False, default=str) + "\n").encode()
+        data = memoryview(encoded)
         with writing(self.path):
-            start = os.fstat(self._fd).st_size
             try:
                 while data:
                     data = data[os.write(self._fd, data):]
             except OSError:
                 with contextlib.suppress(OSError):
-                    os.ftruncate(self._fd, start)
+                    os.ftruncate(self._fd, self._size)
                 raise
+        self._size += len(encoded)
         self.count += 1
 
     def close(self) -> None:
