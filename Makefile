@@ -51,7 +51,7 @@ $(SGSTAMP): pyproject.toml requirements/sglang-cpu.txt requirements/sglang-nodep
 	$(SGPY) -W ignore -c '$(WARM), $(SGWARM)'
 	@touch $(SGSTAMP)
 
-.PHONY: logit-bank help venv sglang test main-suite conformance-suite test-main test-conformance test-fast test-sglang test-slurm bench report micro micro-h200 perf client-bench lint clean
+.PHONY: logit-bank help venv sglang test main-suite conformance-suite test-main test-conformance test-fast test-sglang test-slurm bench report micro micro-h200 micro-verify perf client-bench lint clean
 
 help: ## list the targets
 	@grep -E '^[a-zA-Z0-9_-]+:.*## ' $(MAKEFILE_LIST) | awk -F':.*## ' '{printf "  make %-12s %s\n", $$1, $$2}'
@@ -116,6 +116,9 @@ micro: $(STAMP) ## time the verify-probability builders (CPU-sized default confi
 
 micro-h200: $(STAMP) ## the seed-size builder microbenchmark (needs a big GPU)
 	$(VPY) -m harness.micro micro=seed_h200 $(ARGS)
+
+micro-verify: $(STAMP) ## the verify-step microbenchmark: dense vs sparse verify path, one-read floor (ARGS='--vocabs 248320 --steps 512')
+	$(VPY) -m harness.micro.verify_step $(ARGS)
 
 perf: $(STAMP) ## embedded server throughput: NONE vs DFLASH token/block at concurrency 1, 8, 32 (a sweep table)
 	$(VPY) -m harness.bench -m experiment=embedded_perf client.concurrency=1,8,32 $(ARGS)

@@ -76,3 +76,24 @@ def test_speculative_step_emits_accepted_prefix_plus_one(model) -> None:
         assert 0 <= n <= GAMMA and len(tokens) == n + 1
         assert all(0 <= t < model.vocab_size for t in tokens)
     assert len({len(t) for t in out.tokens}) > 1  # acceptance varies across rows
+
+
+@pytest.mark.parametrize("draft_mode, block", [("sampled", False), ("sampled", True), ("greedy", True)])
+def test_the_sparse_verify_path_emits_the_dense_paths_tokens(model, draft_mode: str, block: bool) -> None:
+    """--verify-path sparse: each row's top-k entries instead of a dense target, the sparse verifiers; with the
+    same seeds a request gets the dense path's tokens (the coins agree: no rounding tie in these 4 x 80)."""
+    kwargs = {"temperature": 1.0, "top_k": 20, "top_p": 0.95}
+    dense = generate(model, WorkerConfig(GAMMA, draft_mode, block, "full_vocab", True), PROMPTS, [3, 4, 5, 6], 80,
+                     **kwargs)
+    sparse = generate(model, WorkerConfig(GAMMA, draft_mode, block, "full_vocab", True, verify_path="sparse"), PROMPTS,
+                      [3, 4, 5, 6], 80, **kwargs)
+    assert sparse == dense
+    greedy = generate(model, WorkerConfig(GAMMA, draft_mode, block, "full_vocab", False, verify_path="sparse"),
+                      PROMPTS, [1] * 4, 40, 0.0)
+    plain = generate(model, WorkerConfig(0, "greedy", False, "full_vocab", False), PROMPTS, [0] * 4, 40, 0.0)
+    assert greedy == plain  # lossless at temperature 0 on the sparse path too
+
+
+def test_an_unknown_verify_path_is_named(model) -> None:
+    with pytest.raises(ValueError, match="verify_path 'sparce'"):
+        Worker(model, WorkerConfig(GAMMA, "sampled", False, "full_vocab", False, verify_path="sparce"))

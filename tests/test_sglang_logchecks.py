@@ -245,7 +245,7 @@ def test_embedded_experiments_check_lines_the_embedded_server_prints(experiments
     arms = [(name, arm.name) for name, cfg in experiments.items()
             if cfg.server.backend == "embedded" and regexes(cfg) for arm in cfg.experiment.arms]
     assert {name for name, _ in arms} == {"embedded_block_vs_token", "embedded_verify_probs",
-                                          "embedded_verify_probs_fused", "embedded_perf"}
+                                          "embedded_verify_probs_fused", "embedded_perf", "embedded_verify_sparse"}
     for name, arm in arms:
         log = startup_log(embedded_arm_flags(experiments[name], arm))
         assert passes(checks_of(experiments[name], arm), log, tmp_path), (name, arm, log)

@@ -48,6 +48,7 @@ from sglang_support import import_sglang, require_triton_interpreter
 from torch import Tensor
 
 from harness import verify
+from harness.verify.sparse import SparseProbs, verify_block_sparse, verify_tokenwise_sparse
 
 pytestmark = pytest.mark.sglang
 
@@ -335,6 +336,11 @@ def test_row_for_row(kernel, vocab, gamma, bsz, point, block):
     explained = compare(kernel, case, block, (sg_accepted, sg_tokens))
     assert set(explained.values()) <= {"cdf tie", "threshold tie"}, explained
     assert len(explained) <= max(1, bsz // 8), f"{len(explained)} tie rows of {bsz}: ties should be rare"
+    # the sparse verify path (the target as its non-zero entries) makes SGLang's decisions on the same rows
+    sparse = (verify_block_sparse if block else verify_tokenwise_sparse)(
+        SparseProbs.from_dense(case.target), case.drafts, case.draft_probs, uniforms=case.u)
+    same = (sg_accepted == sparse.num_accepted) & (sg_tokens == sparse.tokens).all(dim=1)
+    assert set((~same).nonzero().flatten().tolist()) <= set(explained), "the sparse path differs from SGLang"
 
 
 @pytest.mark.parametrize("block", [False, True], ids=["tokenwise", "block"])

@@ -17,6 +17,7 @@ from harness.verify import BUILDERS
 ALGORITHMS = ("NONE", "DFLASH", "DSPARK")
 SGLANG_ONLY_ALGORITHMS = ("EAGLE", "EAGLE3", "NEXTN", "STANDALONE", "NGRAM")
 DRAFT_MODES = ("greedy", "sampled")
+VERIFY_PATHS = ("dense", "sparse")
 DEFAULT_NUM_DRAFT_TOKENS = 8  # gamma = 7, the block of the seed experiments' DFlash drafter
 
 
@@ -44,6 +45,7 @@ class ServerArgs:
     draft_mode: str  # greedy | sampled
     draft_divergence: float
     verify_probs_builder: str
+    verify_path: str  # dense | sparse
     vocab_size: int
     num_threads: int | None
 
@@ -112,6 +114,9 @@ def build_parser() -> argparse.ArgumentParser:
                         "(default: the preset's)")
     p.add_argument("--verify-probs-builder", default="full_vocab", choices=tuple(BUILDERS),
                    help="how temperature/top-k/top-p turn target logits into probabilities")
+    p.add_argument("--verify-path", default="dense", choices=VERIFY_PATHS,
+                   help="dense: the builder's [rows, V] target probabilities and the dense verifiers; sparse: "
+                        "each row's top-k entries only (harness.verify.sparse), the sparse verifiers")
     p.add_argument("--vocab-size", type=int, default=None, help="override the preset's vocabulary size")
     p.add_argument("--num-threads", type=int, default=None, help="torch intra-op threads (default: torch's)")
     return p
@@ -157,7 +162,7 @@ def _resolve(ns: argparse.Namespace) -> ServerArgs:
         decode_log_interval=ns.decode_log_interval, disable_radix_cache=ns.disable_radix_cache,
         tp_size=ns.tp_size, device=ns.device, log_level=ns.log_level,
         incremental_streaming_output=ns.incremental_streaming_output, draft_mode=ns.draft_mode,
-        draft_divergence=divergence, verify_probs_builder=ns.verify_probs_builder,
+        draft_divergence=divergence, verify_probs_builder=ns.verify_probs_builder, verify_path=ns.verify_path,
         vocab_size=preset.vocab_size, num_threads=ns.num_threads,
     )
 

@@ -68,9 +68,10 @@ class EngineService:
         log.info(f"Model {self.args.model_path} built in {time.monotonic() - t0:.2f}s on {self.device} "
                  f"(vocab {self.preset.vocab_size}, hidden {self.preset.hidden}, draft hidden "
                  f"{self.preset.draft_hidden}, torch threads {torch.get_num_threads()})")
+        log.info(f"Verify path {self.args.verify_path}, verify-probability builder {self.args.verify_probs_builder}")
         config = WorkerConfig(gamma=self.args.gamma, draft_mode=self.args.draft_mode,
                               block_verification=self.args.block_verification,
-                              builder=self.args.verify_probs_builder,
+                              builder=self.args.verify_probs_builder, verify_path=self.args.verify_path,
                               deterministic=self.args.enable_deterministic_inference)
         self.scheduler = Scheduler(Worker(model, config), self.args.max_running_requests,
                                    self.args.decode_log_interval)

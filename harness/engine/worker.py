@@ -23,6 +23,7 @@ from torch import Tensor
 
 from harness import verify
 from harness.engine.model import SyntheticLM
+from harness.verify import sparse
 
 
 @dataclass(frozen=True)
@@ -32,6 +33,7 @@ class WorkerConfig:
     block_verification: bool
     builder: str  # a name in harness.verify.BUILDERS
     deterministic: bool
+    verify_path: str = "dense"  # sparse: the target as each row's top-k entries (harness.verify.sparse)
 
 
 @dataclass
@@ -82,7 +84,12 @@ class Worker:
         self.config = config
         self.device = model.device
         self._builder = verify.get_builder(config.builder)
-        self._verifier = verify.verify_block if config.block_verification else verify.verify_tokenwise
+        self._verifier: Callable[..., verify.VerifyOutput] = (
+            verify.verify_block if config.block_verification else verify.verify_tokenwise)
+        if config.verify_path == "sparse":
+            self._verifier = sparse.verify_block_sparse if config.block_verification else sparse.verify_tokenwise_sparse
+        elif config.verify_path != "dense":
+            raise ValueError(f"verify_path {config.verify_path!r}: use dense or sparse")
 
     # ------------------------------------------------------------------ public steps
 
@@ -155,7 +162,12 @@ class Worker:
         def one(lg: Tensor, k: _Knobs, d: Tensor, q: Tensor | None, gens: list[torch.Generator]):
             n = lg.shape[0]
             kk = k.repeat(positions)
-            target = self._builder(lg.reshape(n * positions, vocab), kk.temperature, kk.top_k, kk.top_p)
+            rows = lg.reshape(n * positions, vocab)
+            if self.config.verify_path == "sparse":  # [n * positions, K] entries, never a dense [rows, V]
+                s = sparse.sparse_probs(rows, kk.temperature, kk.top_k, kk.top_p)
+                entries = sparse.SparseProbs(s.values.view(n, positions, -1), s.ids.view(n, positions, -1), vocab)
+                return self._verifier(entries, d, q, generators=gens)
+            target = self._builder(rows, kk.temperature, kk.top_k, kk.top_p)
             return self._verifier(target.view(n, positions, vocab), d, q, generators=gens)
 
         if not self.config.deterministic:

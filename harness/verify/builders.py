@@ -11,7 +11,8 @@ Dividing by a positive temperature keeps the order, so the first three give bitw
 
 from __future__ import annotations
 
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
+from dataclasses import dataclass
 
 import torch
 from torch import Tensor
@@ -22,20 +23,12 @@ from harness.verify.topk import TopkFn, radix_topk, torch_topk
 BuilderFn = Callable[[Tensor, Tensor, Tensor, Tensor], Tensor]
 
 
-def _sparse_probs_into(out: Tensor, rows: Tensor | None, vals: Tensor, idx: Tensor, k_eff: Tensor,
-                       top_p: Tensor) -> None:
-    """Mask ranks >= top_k, softmax, top-p, and scatter into `out` (rows `rows`, or all when None).
-
-    vals: [n, kmax] fp32 sorted descending (already divided by the temperature); idx: [n, kmax];
-    out: [rows_total, V] fp32 zeros. Writes in place: no dense temporary.
-    """
+def _topk_probs(vals: Tensor, k_eff: Tensor, top_p: Tensor) -> Tensor:
+    """Mask ranks >= top_k, softmax, top-p. vals: [n, kmax] fp32 sorted descending (already divided by the
+    temperature) -> [n, kmax] fp32 probabilities, in the same order."""
     ranks = torch.arange(vals.shape[-1], device=vals.device)
     vals = vals.masked_fill(ranks.unsqueeze(0) >= k_eff.unsqueeze(-1), float("-inf"))
-    probs = top_p_renorm_sorted(torch.softmax(vals, dim=-1), top_p)
-    if rows is None:
-        out.scatter_(1, idx, probs)
-    else:
-        out.index_put_((rows.unsqueeze(-1).expand_as(idx), idx), probs)
+    return top_p_renorm_sorted(torch.softmax(vals, dim=-1), top_p)
 
 
 def _dense_probs(scaled: Tensor, top_p: Tensor) -> Tensor:
@@ -55,38 +48,64 @@ def _subset(x: Tensor, rows: Tensor, n_total: int) -> Tensor:
     return x if rows.numel() == n_total else x[rows]
 
 
-def _build(logits: Tensor, temperature: Tensor, top_k: Tensor, top_p: Tensor,
-           topk_fn: TopkFn, scale_first: bool) -> Tensor:
-    """Shared skeleton of the builders; only where the temperature is applied differs.
+@dataclass
+class RowGroup:
+    """Rows of a batch built the same way: `rows` (None: every row of the batch), their probabilities
+    `probs` [len, width] and the token ids they belong to, `ids` [len, width] (None: the whole vocabulary,
+    in id order)."""
 
-    logits: [rows, V]; temperature, top_k, top_p: [rows]. -> [rows, V] fp32.
-    """
+    rows: Tensor | None
+    probs: Tensor
+    ids: Tensor | None
+
+
+def row_groups(logits: Tensor, temperature: Tensor, top_k: Tensor, top_p: Tensor, topk_fn: TopkFn,
+               scale_first: bool) -> Iterator[RowGroup]:
+    """What every builder computes, before it is laid out: greedy rows (one token, probability 1), rows whose
+    top-k covers the vocabulary (dense), and the others (their kmax largest logits, kmax = the group's
+    largest top_k). Only where the temperature is applied differs (scale_first: before the top-k, on an
+    fp32 temporary of the full [rows, V] size; else on the k values of each row). temperature, top_k,
+    top_p: [rows], as row_params gives them."""
     n, vocab = logits.shape
-    temperature, top_k, top_p = row_params(logits, temperature, top_k, top_p)
-    out = torch.zeros(n, vocab, dtype=torch.float32, device=logits.device)
-
     greedy = greedy_rows(temperature, top_k)
     k_eff = effective_top_k(top_k, vocab)
     dense = ~greedy & (k_eff >= vocab)
     sparse = ~greedy & (k_eff < vocab)
-
     if bool(greedy.any()):
         g = greedy.nonzero().squeeze(-1)
-        out[g, _subset(logits, g, n).argmax(dim=-1)] = 1.0
+        best = _subset(logits, g, n).argmax(dim=-1, keepdim=True)
+        yield RowGroup(g, torch.ones(best.shape, dtype=torch.float32, device=logits.device), best)
     if bool(dense.any()):
         d = dense.nonzero().squeeze(-1)
-        out[d] = _dense_probs(_subset(logits, d, n).float() / temperature[d].unsqueeze(-1), top_p[d])
+        yield RowGroup(d, _dense_probs(_subset(logits, d, n).float() / temperature[d].unsqueeze(-1), top_p[d]), None)
     if bool(sparse.any()):
         s = sparse.nonzero().squeeze(-1)
         kmax = int(k_eff[s].max())
         t = temperature[s].unsqueeze(-1)
         x = _subset(logits, s, n)
-        if scale_first:  # "before": an fp32 temporary of the full [rows, V] size
+        if scale_first:
             vals, idx = topk_fn(x.float() / t, kmax)
-        else:  # "after": top-k of the raw logits, scale only the k values of each row
+        else:
             vals, idx = topk_fn(x, kmax)
             vals = vals.float() / t
-        _sparse_probs_into(out, None if s.numel() == n else s, vals, idx, k_eff[s], top_p[s])
+        yield RowGroup(None if s.numel() == n else s, _topk_probs(vals, k_eff[s], top_p[s]), idx)
+
+
+def _build(logits: Tensor, temperature: Tensor, top_k: Tensor, top_p: Tensor,
+           topk_fn: TopkFn, scale_first: bool) -> Tensor:
+    """The dense builders: row_groups laid out as [rows, V] fp32 (zeros elsewhere)."""
+    n, vocab = logits.shape
+    temperature, top_k, top_p = row_params(logits, temperature, top_k, top_p)
+    out = torch.zeros(n, vocab, dtype=torch.float32, device=logits.device)
+    for group in row_groups(logits, temperature, top_k, top_p, topk_fn, scale_first):
+        if group.ids is None:
+            assert group.rows is not None  # a dense group is never handed over as "every row" (see row_groups)
+            out[group.rows] = group.probs
+        elif group.rows is None:
+            out.scatter_(1, group.ids, group.probs)
+        else:
+            out.index_put_((group.rows.unsqueeze(-1).expand_as(group.ids), group.ids), group.probs)
+        del group  # placed: its probabilities are freed before the next group is built (peak memory)
     return out
 
 

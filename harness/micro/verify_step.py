@@ -1,0 +1,163 @@
+"""The verify-step microbenchmark: target logits + draft tokens + coins -> accepted tokens, dense vs sparse.
+
+`python -m harness.micro.verify_step [--families iid,sorted] [--vocabs 32000] [--steps 64] [--gamma 7]`
+times, interleaved in the same rounds (harness.micro.measure.time_interleaved, rotated input copies):
+- `dense_topk_first`: topk_first's dense [rows, V] probabilities, then block verification (the seed's path);
+- `dense_topk_fused`: topk_fused's (Triton on CUDA; topk_first elsewhere), then block verification;
+- `sparse`: each row's top-k entries (harness.verify.sparse.sparse_probs), then sparse block verification;
+- `read_floor`: one read of the logits (a row maximum), what a verify step cannot go below.
+rows = steps x (gamma + 1) positions; drafts are point masses (greedy drafts) at each position's argmax
+after noise, so that steps accept some drafts and reject others. Every path's accepted counts and tokens
+are compared with dense_topk_first's (rows that differ are counted: a coin within float32 rounding of a
+block-verification threshold may land differently). On CUDA each path's peak temporary memory (above its
+inputs) is measured. Writes results.jsonl and report.md under --out (default results/micro-verify-step/<time>)
+and prints the report.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import statistics
+import time
+from pathlib import Path
+
+import torch
+from rich.console import Console
+from rich.progress import track
+from torch import Tensor
+
+from harness.micro import bank, measure
+from harness.micro.families import FAMILIES, make_family
+from harness.micro.inputs import rotated_copies
+from harness.verify import topk_first_probs, topk_fused_probs, verify_block
+from harness.verify.sparse import SparseProbs, sparse_probs, verify_block_sparse
+
+TOP_K, TOP_P, TEMPERATURE = 20, 0.95, 1.0
+
+
+def paths(steps: int, gamma: int, drafts: Tensor, coins: Tensor) -> dict[str, measure.Call]:
+    """The timed calls, each logits [steps * (gamma + 1), V] -> the accepted tokens [steps, gamma + 1]."""
+    rows = steps * (gamma + 1)
+
+    def params(x: Tensor) -> tuple[Tensor, Tensor, Tensor]:
+        return (torch.full((rows,), TEMPERATURE, device=x.device), torch.full((rows,), TOP_K, device=x.device),
+                torch.full((rows,), TOP_P, device=x.device))
+
+    def dense(builder):
+        def call(x: Tensor) -> Tensor:
+            target = builder(x, *params(x)).view(steps, gamma + 1, -1)
+            return verify_block(target, drafts, None, uniforms=coins).tokens
+        return call
+
+    def sparse(x: Tensor) -> Tensor:
+        s = sparse_probs(x, *params(x))
+        target = SparseProbs(s.values.view(steps, gamma + 1, -1), s.ids.view(steps, gamma + 1, -1), s.vocab)
+        return verify_block_sparse(target, drafts, None, uniforms=coins).tokens
+
+    return {"dense_topk_first": dense(topk_first_probs), "dense_topk_fused": dense(topk_fused_probs), "sparse": sparse,
+            "read_floor": lambda x: x.amax(dim=-1)}
+
+
+def draft_tokens(logits: Tensor, steps: int, gamma: int, seed: int) -> Tensor:
+    """Point-mass drafts: the argmax of each of the first gamma positions' logits after Gaussian noise of a
+    tenth of the row's spread (mostly the target's favourite, at times a neighbour in rank)."""
+    gen = torch.Generator(device=logits.device).manual_seed(seed)
+    view = logits.view(steps, gamma + 1, -1)[:, :gamma].float()
+    scale = view.std(dim=-1, keepdim=True)
+    return (view + 0.1 * scale * torch.randn(view.shape, generator=gen, device=logits.device)).argmax(dim=-1)
+
+
+def peak_bytes(call: measure.Call, x: Tensor) -> int | None:
+    """Peak memory a call allocates above what is allocated before it (CUDA only)."""
+    if not x.is_cuda:
+        return None
+    torch.cuda.synchronize()
+    base = torch.cuda.memory_allocated()
+    torch.cuda.reset_peak_memory_stats()
+    call(x)
+    torch.cuda.synchronize()
+    return torch.cuda.max_memory_allocated() - base
+
+
+def one_cell(family: str, vocab: int, steps: int, gamma: int, device: torch.device, repeats: int,
+             bank_dir: Path | None) -> dict:
+    rows = steps * (gamma + 1)
+    model = FAMILIES[family].bank
+    bank_rows = bank.load_rows(bank_dir, model)[0] if model and bank_dir else None
+    logits = make_family(family, rows, vocab, seed=0, device=device, bank_rows=bank_rows)
+    drafts = draft_tokens(logits, steps, gamma, seed=1)
+    coins = torch.rand(steps, gamma + 1, generator=torch.Generator().manual_seed(2)).to(device)
+    calls = paths(steps, gamma, drafts, coins)
+    ref = calls["dense_topk_first"](logits)
+    differ = {n: int((calls[n](logits) != ref).any(dim=-1).sum()) for n in calls if n != "read_floor"}
+    peaks = {n: peak_bytes(c, logits) for n, c in calls.items()}
+    times = measure.time_interleaved(calls, rotated_copies(logits, 256 * 2**20), warmup=3, repeats=repeats)
+    med = {n: statistics.median(t) for n, t in times.items()}
+    accepted = float((ref >= 0).sum(dim=-1).float().mean() - 1)
+    return {"family": family, "vocab": vocab, "steps": steps, "gamma": gamma, "rows": rows, "device": str(device),
+            "median_ms": med, "read_floor_ms": med["read_floor"], "rows_differ": differ, "peak_bytes": peaks,
+            "mean_accepted": accepted, "repeats": repeats}
+
+
+def render(results: list[dict], device_name: str) -> str:
+    lines = [f"# Verify step: dense vs sparse ({device_name})", "",
+             f"top_k {TOP_K}, top_p {TOP_P}, T {TEMPERATURE}, fp32 logits, point-mass drafts, block verification; "
+             "median ms of interleaved rounds; (x) = multiples of the one-read floor timed in the same rounds; "
+             "rows differ = steps whose tokens differ from dense_topk_first's.", "",
+             "| family | vocab | steps x (gamma+1) | read floor ms | dense_topk_first | dense_topk_fused | sparse | "
+             "rows differ (fused, sparse) | peak MiB (first, fused, sparse) | accepted/step |",
+             "|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|"]
+    for r in results:
+        m, floor = r["median_ms"], r["read_floor_ms"]
+        cell = {n: f"{m[n]:.3f} ({m[n] / floor:.1f}x)" for n in ("dense_topk_first", "dense_topk_fused", "sparse")}
+        peaks = r["peak_bytes"]
+        mib = ", ".join("n/a" if peaks[n] is None else f"{peaks[n] / 2**20:.1f}"
+                        for n in ("dense_topk_first", "dense_topk_fused", "sparse"))
+        lines.append(f"| {r['family']} | {r['vocab']:,} | {r['steps']} x {r['gamma'] + 1} | {floor:.3f} | "
+                     f"{cell['dense_topk_first']} | {cell['dense_topk_fused']} | {cell['sparse']} | "
+                     f"{r['rows_differ']['dense_topk_fused']}, {r['rows_differ']['sparse']} | {mib} | "
+                     f"{r['mean_accepted']:.2f} |")
+    return "\n".join(lines) + "\n"
+
+
+def main(argv: list[str] | None = None) -> int:
+    p = argparse.ArgumentParser(prog="python -m harness.micro.verify_step", description=__doc__.splitlines()[0])
+    p.add_argument("--families", default="iid,sorted,clustered,bf16,lm_like",
+                   help=f"logit families, comma-separated (of: {', '.join(FAMILIES)})")
+    p.add_argument("--vocabs", default="32000", help="vocabularies, comma-separated (e.g. 32000,248320)")
+    p.add_argument("--steps", type=int, default=64, help="verify steps per batch (requests); rows = steps x (gamma + 1)")
+    p.add_argument("--gamma", type=int, default=7, help="draft tokens per step (default 7, the seed's)")
+    p.add_argument("--repeats", type=int, default=10, help="timed rounds (default 10)")
+    p.add_argument("--device", default="auto", choices=("auto", "cpu", "cuda"))
+    p.add_argument("--bank", default=None, help="the logit bank of the real families (default: the first found)")
+    p.add_argument("--out", default=None, help="output folder (default results/micro-verify-step/<time>)")
+    args = p.parse_args(argv)
+    families = [f for f in args.families.split(",") if f]
+    unknown = [f for f in families if f not in FAMILIES]
+    if unknown or args.steps < 1 or args.gamma < 1:
+        p.error(f"unknown families {unknown} (valid: {', '.join(FAMILIES)})" if unknown
+                else "--steps and --gamma must be >= 1")
+    device = torch.device("cuda" if args.device == "auto" and torch.cuda.is_available() else
+                          ("cpu" if args.device == "auto" else args.device))
+    bank_dir = bank.find_bank(args.bank)
+    missing = [f for f in families if FAMILIES[f].bank and bank_dir is None]
+    if missing:
+        p.error(f"the real families {missing} need a logit bank: make logit-bank, or --bank DIR")
+    out = Path(args.out or f"results/micro-verify-step/{time.strftime('%Y%m%d-%H%M%S')}")
+    out.mkdir(parents=True, exist_ok=True)
+    cells = [(f, int(v)) for v in args.vocabs.split(",") for f in families]
+    results = []
+    for family, vocab in track(cells, description="verify-step cells"):
+        results.append(one_cell(family, vocab, args.steps, args.gamma, device, args.repeats, bank_dir))
+        (out / "results.jsonl").write_text("".join(json.dumps(r) + "\n" for r in results))
+    name = torch.cuda.get_device_name(device) if device.type == "cuda" else f"CPU, torch {torch.__version__}"
+    report = render(results, name)
+    (out / "report.md").write_text(report)
+    print(report)
+    Console().print(f"wrote {out / 'report.md'} and {out / 'results.jsonl'}")
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

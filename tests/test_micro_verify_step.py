@@ -1,0 +1,32 @@
+"""The verify-step microbenchmark (python -m harness.micro.verify_step) on the CPU: every path times, the
+sparse path makes the dense path's decisions, and bad arguments are named."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+
+from harness.micro import verify_step
+
+
+def test_a_small_run_writes_its_report_and_the_paths_agree(tmp_path, capsys):
+    out = tmp_path / "vs"
+    assert verify_step.main(["--families", "iid,bf16,padding", "--vocabs", "2048", "--steps", "8", "--gamma", "3",
+                             "--repeats", "2", "--device", "cpu", "--out", str(out)]) == 0
+    results = [json.loads(line) for line in (out / "results.jsonl").read_text().splitlines()]
+    assert [r["family"] for r in results] == ["iid", "bf16", "padding"]
+    for r in results:
+        assert r["rows"] == 8 * 4 and r["read_floor_ms"] > 0
+        assert set(r["median_ms"]) == {"dense_topk_first", "dense_topk_fused", "sparse", "read_floor"}
+        assert r["rows_differ"]["sparse"] == 0  # the same tokens as the dense path, step for step
+        assert r["peak_bytes"]["sparse"] is None  # measured on CUDA only
+    report = (out / "report.md").read_text()
+    assert report.count("| 2,048 |") == 3 and "read floor" in report
+    assert "wrote" in capsys.readouterr().out
+
+
+def test_an_unknown_family_is_named(capsys):
+    with pytest.raises(SystemExit) as exit_info:
+        verify_step.main(["--families", "iid,gausian", "--device", "cpu"])
+    assert exit_info.value.code == 2 and "gausian" in capsys.readouterr().err
