@@ -18,8 +18,8 @@ def test_a_small_run_writes_its_report_and_the_paths_agree(tmp_path, capsys):
     assert [r["family"] for r in results] == ["iid", "bf16", "padding"]
     for r in results:
         assert r["rows"] == 8 * 4 and r["read_floor_ms"] > 0
-        assert set(r["median_ms"]) == {"dense_topk_first", "dense_topk_fused", "sparse", "read_floor"}
-        assert r["rows_differ"]["sparse"] == 0  # the same tokens as the dense path, step for step
+        assert set(r["median_ms"]) == {"dense_topk_first", "dense_topk_fused", "sparse", "sparse_fused", "read_floor"}
+        assert r["rows_differ"]["sparse"] == r["rows_differ"]["sparse_fused"] == 0  # the dense path's tokens
         assert r["peak_bytes"]["sparse"] is None  # measured on CUDA only
     report = (out / "report.md").read_text()
     assert report.count("| 2,048 |") == 3 and "read floor" in report

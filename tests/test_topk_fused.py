@@ -24,7 +24,7 @@ from harness import verify
 from harness.micro import bank
 from harness.micro.compare import tied_rows, unexplained_rows
 from harness.micro.families import FAMILIES, make_family
-from harness.verify import topk_fused
+from harness.verify import sparse, topk_fused
 
 FIXTURE_BANK = Path(__file__).parent / "fixtures" / "logit_bank"
 
@@ -310,3 +310,22 @@ def test_logits_on_another_gpu_than_the_current_one():
     got = verify.topk_fused_probs(logits, temperature, top_k, top_p)
     assert got.device == logits.device
     check_against_full_vocab(got, logits, temperature, top_k, top_p)
+
+
+@pytest.mark.interpreter
+@pytest.mark.parametrize("family", ["iid", "sorted", "bf16", "padding"])
+def test_the_sparse_output_is_the_dense_output_without_its_zeros(family):
+    """run_sparse (through sparse.fused_sparse_probs): greedy rows, top_k 5 / 20 / 64 and rows the kernels leave
+    to the caller (top_k 65, the whole vocabulary) densify to fused_build's output, bitwise."""
+    interpreter_or_skip()
+    n = 8
+    logits = make_family(family, n, 4096, seed=2, device=torch.device("cpu"))
+    temperature = torch.tensor([1.0, 0.0, 1.0, 0.7, 1.0, 1.0, 1.3, 1.0])
+    top_k = torch.tensor([20, 20, 1, 5, 64, 65, 20, -1])
+    top_p = torch.tensor([0.95, 1.0, 1.0, 0.5, 1.0, 0.9, 0.95, 0.9])
+    got = sparse._fused(logits, temperature, top_k, top_p)  # the CUDA path, run by the interpreter
+    assert torch.equal(got.densify(), verify.fused_build(logits, temperature, top_k, top_p))
+    assert bool((got.ids[:, 1:] >= got.ids[:, :-1]).all())
+    values, ids, left = topk_fused.run_sparse(logits, temperature, top_k, top_p)
+    assert left is not None and left.tolist() == [5, 7]
+    assert values.shape == ids.shape == (n, topk_fused.FAST_K) and int(ids[0, 20]) == 4096  # ranks >= k: id V

@@ -5,6 +5,8 @@ times, interleaved in the same rounds (harness.micro.measure.time_interleaved, r
 - `dense_topk_first`: topk_first's dense [rows, V] probabilities, then block verification (the seed's path);
 - `dense_topk_fused`: topk_fused's (Triton on CUDA; topk_first elsewhere), then block verification;
 - `sparse`: each row's top-k entries (harness.verify.sparse.sparse_probs), then sparse block verification;
+- `sparse_fused`: the entries from topk_fused's kernels with a sparse output (one read of the logits, no dense
+  write; on a CPU the same as `sparse`), then sparse block verification;
 - `read_floor`: one read of the logits (a row maximum), what a verify step cannot go below.
 rows = steps x (gamma + 1) positions; drafts are point masses (greedy drafts) at each position's argmax
 after noise, so that steps accept some drafts and reject others. Every path's accepted counts and tokens
@@ -31,9 +33,10 @@ from harness.micro import bank, measure
 from harness.micro.families import FAMILIES, make_family
 from harness.micro.inputs import rotated_copies
 from harness.verify import topk_first_probs, topk_fused_probs, verify_block
-from harness.verify.sparse import SparseProbs, sparse_probs, verify_block_sparse
+from harness.verify.sparse import SparseProbs, fused_sparse_probs, sparse_probs, verify_block_sparse
 
 TOP_K, TOP_P, TEMPERATURE = 20, 0.95, 1.0
+PATHS = ("dense_topk_first", "dense_topk_fused", "sparse", "sparse_fused")  # the report's columns, in order
 
 
 def paths(steps: int, gamma: int, drafts: Tensor, coins: Tensor) -> dict[str, measure.Call]:
@@ -50,12 +53,15 @@ def paths(steps: int, gamma: int, drafts: Tensor, coins: Tensor) -> dict[str, me
             return verify_block(target, drafts, None, uniforms=coins).tokens
         return call
 
-    def sparse(x: Tensor) -> Tensor:
-        s = sparse_probs(x, *params(x))
-        target = SparseProbs(s.values.view(steps, gamma + 1, -1), s.ids.view(steps, gamma + 1, -1), s.vocab)
-        return verify_block_sparse(target, drafts, None, uniforms=coins).tokens
+    def sparse(builder):
+        def call(x: Tensor) -> Tensor:
+            s = builder(x, *params(x))
+            target = SparseProbs(s.values.view(steps, gamma + 1, -1), s.ids.view(steps, gamma + 1, -1), s.vocab)
+            return verify_block_sparse(target, drafts, None, uniforms=coins).tokens
+        return call
 
-    return {"dense_topk_first": dense(topk_first_probs), "dense_topk_fused": dense(topk_fused_probs), "sparse": sparse,
+    return {"dense_topk_first": dense(topk_first_probs), "dense_topk_fused": dense(topk_fused_probs),
+            "sparse": sparse(sparse_probs), "sparse_fused": sparse(fused_sparse_probs),
             "read_floor": lambda x: x.amax(dim=-1)}
 
 
@@ -106,18 +112,17 @@ def render(results: list[dict], device_name: str) -> str:
              "median ms of interleaved rounds; (x) = multiples of the one-read floor timed in the same rounds; "
              "rows differ = steps whose tokens differ from dense_topk_first's.", "",
              "| family | vocab | steps x (gamma+1) | read floor ms | dense_topk_first | dense_topk_fused | sparse | "
-             "rows differ (fused, sparse) | peak MiB (first, fused, sparse) | accepted/step |",
-             "|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|"]
+             "sparse_fused | rows differ (fused, sparse, sparse_fused) | peak MiB (first, fused, sparse, sparse_fused) "
+             "| accepted/step |",
+             "|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|"]
     for r in results:
         m, floor = r["median_ms"], r["read_floor_ms"]
-        cell = {n: f"{m[n]:.3f} ({m[n] / floor:.1f}x)" for n in ("dense_topk_first", "dense_topk_fused", "sparse")}
+        cell = {n: f"{m[n]:.3f} ({m[n] / floor:.1f}x)" for n in PATHS}
         peaks = r["peak_bytes"]
-        mib = ", ".join("n/a" if peaks[n] is None else f"{peaks[n] / 2**20:.1f}"
-                        for n in ("dense_topk_first", "dense_topk_fused", "sparse"))
+        mib = ", ".join("n/a" if peaks[n] is None else f"{peaks[n] / 2**20:.1f}" for n in PATHS)
+        differ = ", ".join(str(r["rows_differ"][n]) for n in PATHS[1:])
         lines.append(f"| {r['family']} | {r['vocab']:,} | {r['steps']} x {r['gamma'] + 1} | {floor:.3f} | "
-                     f"{cell['dense_topk_first']} | {cell['dense_topk_fused']} | {cell['sparse']} | "
-                     f"{r['rows_differ']['dense_topk_fused']}, {r['rows_differ']['sparse']} | {mib} | "
-                     f"{r['mean_accepted']:.2f} |")
+                     + " | ".join(cell[n] for n in PATHS) + f" | {differ} | {mib} | {r['mean_accepted']:.2f} |")
     return "\n".join(lines) + "\n"
 
 

@@ -95,6 +95,43 @@ def sparse_probs(logits: Tensor, temperature: Tensor, top_k: Tensor, top_p: Tens
     return SparseProbs(values.gather(-1, order), ids.gather(-1, order), vocab)
 
 
+def fused_sparse_probs(logits: Tensor, temperature: Tensor, top_k: Tensor, top_p: Tensor) -> SparseProbs:
+    """The sparse builder on topk_fused's kernels (CUDA with Triton; a CPU under TRITON_INTERPRET=1 through
+    `interpret=True` in tests): one read of the logits and no dense output; rows the kernels leave (top_k above
+    their FAST_K, the whole vocabulary, thresholds missed) from sparse_probs. The kept sets and values are
+    topk_fused's (full_vocab's, but the lowest ids among logits tied at the k-th value, values to float32
+    rounding). Elsewhere: sparse_probs."""
+    from harness.verify import topk_fused  # noqa: PLC0415  (imports Triton)
+
+    if logits.device.type != "cuda" or not topk_fused.available():
+        return sparse_probs(logits, temperature, top_k, top_p)
+    return _fused(logits, temperature, top_k, top_p)
+
+
+def _fused(logits: Tensor, temperature: Tensor, top_k: Tensor, top_p: Tensor) -> SparseProbs:
+    from harness.verify import topk_fused  # noqa: PLC0415
+
+    n, vocab = logits.shape
+    temperature, top_k, top_p = row_params(logits, temperature, top_k, top_p)
+    values, ids32, left = topk_fused.run_sparse(logits, temperature, top_k, top_p)
+    ids = ids32.long()
+    if left is not None:
+        rest = sparse_probs(logits[left], temperature[left], top_k[left], top_p[left])
+        if rest.width > values.shape[-1]:
+            pad = rest.width - values.shape[-1]
+            values = torch.nn.functional.pad(values, (0, pad))
+            ids = torch.nn.functional.pad(ids, (0, pad), value=vocab)
+        values[left] = 0.0
+        ids[left] = vocab
+        values[left, : rest.width] = rest.values
+        ids[left, : rest.width] = rest.ids
+    ids = torch.where(values > 0, ids, vocab)
+    order = ids.argsort(dim=-1, stable=True)
+    width = max(1, int((ids < vocab).sum(dim=-1).max()))  # the most entries of a row: one synchronisation
+    order = order[:, :width]
+    return SparseProbs(values.gather(-1, order), ids.gather(-1, order), vocab)
+
+
 def _q_at(draft_probs: Tensor | SparseProbs | None, rows: Tensor, pos: Tensor, ids: Tensor) -> Tensor | None:
     """q(.|prefix at pos) at `ids` [B, K] for each row -> [B, K] fp32, or None for point masses. A sparse q
     is looked up by comparing ids ([B, K, Kq] at once: meant for top-k widths, not whole vocabularies)."""

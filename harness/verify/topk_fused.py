@@ -31,6 +31,9 @@ still missed, and rows with k above FAST_K or covering the vocabulary, are built
 (harness.verify.fused_build: topk_first); only those. The launches are queued without waiting; one
 synchronisation at the end reads the count of rows left.
 
+`run_sparse` runs the same kernels with a sparse output (harness.verify.sparse.fused_sparse_probs): the pass
+writes no zeros and the finish writes each row's k probabilities and int32 ids by rank ([rows, FAST_K] each).
+
 Temporary memory: CANDIDATES int32 indices, 36 bytes of fields and ROUNDS retry slots (4 bytes each) per
 row: 2,096 bytes a row (8.2 MiB at 4,096 rows).
 """
@@ -39,6 +42,7 @@ from __future__ import annotations
 
 import functools
 import math
+from typing import Any
 
 import torch
 from torch import Tensor
@@ -213,7 +217,7 @@ if triton is not None:
     @triton.jit
     def _pass_kernel(logits_ptr, stride_row, out_ptr, ws, wsf, n_rows, vocab, ROUND: tl.constexpr,
                      CANDIDATES: tl.constexpr, redo, ROUNDS: tl.constexpr, BLOCK: tl.constexpr,
-                     INTERLEAVE: tl.constexpr):
+                     INTERLEAVE: tl.constexpr, ZEROS: tl.constexpr):
         """Blocks of rows, one per step of each program: in the first round zeros over the output block (every
         row: those left to the caller are overwritten by it); then the block's logits above the row's t go to
         its candidate list. A block with at most k of them appends each (an atomic slot each: nothing
@@ -233,7 +237,9 @@ if triton is not None:
             offs = block * BLOCK + lanes
             inside = offs < vocab
             if ROUND == 0:
-                tl.store(out_ptr + tl.cast(row, tl.int64) * vocab + offs, tl.zeros([BLOCK], tl.float32), mask=inside)
+                if ZEROS:  # the dense output; the sparse one (run_sparse) has no zeros to write
+                    tl.store(out_ptr + tl.cast(row, tl.int64) * vocab + offs, tl.zeros([BLOCK], tl.float32),
+                             mask=inside)
             t = tl.load(wsf + _T * n_rows + row)
             k = tl.load(ws + _K * n_rows + row)
             x = tl.load(logits_ptr + tl.cast(row, tl.int64) * stride_row + offs, mask=inside,
@@ -256,9 +262,11 @@ if triton is not None:
                     prev = m
 
     @triton.jit
-    def _write_probs(keys, k, temperature, top_p, dst, FAST_K: tl.constexpr):
+    def _write_probs(keys, k, temperature, top_p, dst, dst_ids, vocab, FAST_K: tl.constexpr, SPARSE: tl.constexpr):
         """Candidate keys (distinct: the index is part of each; empty slots the smallest int64) -> the row's
-        k probabilities: the k largest by repeated maximum, then temperature, softmax, top-p; stored."""
+        k probabilities: the k largest by repeated maximum, then temperature, softmax, top-p; stored at their
+        ids of the dense row `dst`, or (SPARSE) as FAST_K values at dst and ids at dst_ids, by rank (ranks
+        k and above: value 0, id `vocab`)."""
         ranks = tl.arange(0, FAST_K)
         top = tl.full([FAST_K], -(2**63), tl.int64)
         prev = tl.full([], 2**63 - 1, tl.int64)
@@ -276,23 +284,30 @@ if triton is not None:
             cut = tl.min(tl.where(below, p, float("inf")), axis=0)
             p = tl.where(kept & (p >= cut), p, 0.0)
             p = p / tl.sum(p, axis=0)
-        tl.store(dst + idx, p, mask=kept)
+        if SPARSE:
+            tl.store(dst + ranks, tl.where(kept, p, 0.0))
+            tl.store(dst_ids + ranks, tl.where(kept, idx, vocab))
+        else:
+            tl.store(dst + idx, p, mask=kept)
 
     @triton.jit
-    def _select(cand, src, n_cand, k, temperature, top_p, dst, WIDTH: tl.constexpr, FAST_K: tl.constexpr):
+    def _select(cand, src, n_cand, k, temperature, top_p, dst, dst_ids, vocab, WIDTH: tl.constexpr,
+                FAST_K: tl.constexpr, SPARSE: tl.constexpr):
         """The row's n_cand (<= WIDTH) candidates as keys, read at once; their k largest written as
         probabilities."""
         j = tl.arange(0, WIDTH)
         used = j < n_cand
         idx = tl.load(cand + j, mask=used, other=0)
         x = tl.load(src + idx, mask=used, other=0.0).to(tl.float32)
-        _write_probs(tl.where(used, _key(x, idx), -(2**63)), k, temperature, top_p, dst, FAST_K)
+        _write_probs(tl.where(used, _key(x, idx), -(2**63)), k, temperature, top_p, dst, dst_ids, vocab, FAST_K,
+                     SPARSE)
 
     @triton.jit
-    def _finish_kernel(logits_ptr, stride_row, out_ptr, ws, wsf, n_rows, vocab, ROUND: tl.constexpr,
+    def _finish_kernel(logits_ptr, stride_row, out_ptr, ids_ptr, ws, wsf, n_rows, vocab, ROUND: tl.constexpr,
                        LAST: tl.constexpr, SAMPLES: tl.constexpr, CHUNK: tl.constexpr, PIECE: tl.constexpr,
                        CANDIDATES: tl.constexpr, NARROW: tl.constexpr, FAST_K: tl.constexpr, redo,
-                       ROUNDS: tl.constexpr, TIE_BLOCK: tl.constexpr, TIE_SPAN: tl.constexpr):
+                       ROUNDS: tl.constexpr, TIE_BLOCK: tl.constexpr, TIE_SPAN: tl.constexpr,
+                       SPARSE: tl.constexpr):
         """Rows of round ROUND, one per step of each program: the row's probabilities from its candidates
         (status 1); or another rank, its threshold and a place on the next round's list (status 0); or, past
         the last round, the list's room or the ranks left to try, status 2 (the caller's). Counts the rows
@@ -326,13 +341,16 @@ if triton is not None:
                         found += tl.sum(eq.to(tl.int32), axis=0)
                         start += TIE_BLOCK
                 if (n_gt <= CANDIDATES) & (found >= need):
-                    dst = out_ptr + tl.cast(row, tl.int64) * vocab
+                    dst = out_ptr + tl.cast(row, tl.int64) * (FAST_K if SPARSE else vocab)
+                    dst_ids = ids_ptr + tl.cast(row, tl.int64) * FAST_K
                     temperature = tl.load(wsf + _TAU * n_rows + row)
                     top_p = tl.load(wsf + _TOP_P * n_rows + row)
                     if n_gt + need <= NARROW:  # the usual case
-                        _select(cand, src, n_gt + need, k, temperature, top_p, dst, NARROW, FAST_K)
+                        _select(cand, src, n_gt + need, k, temperature, top_p, dst, dst_ids, vocab, NARROW, FAST_K,
+                                SPARSE)
                     else:
-                        _select(cand, src, n_gt + need, k, temperature, top_p, dst, CANDIDATES, FAST_K)
+                        _select(cand, src, n_gt + need, k, temperature, top_p, dst, dst_ids, vocab, CANDIDATES,
+                                FAST_K, SPARSE)
                     tl.store(ws + _STATUS * n_rows + row, 1)
                 else:
                     # missed: a higher rank (lower t) when too few logits were >= t: at least k + 1, since k + 1
@@ -416,8 +434,24 @@ def run(logits: Tensor, temperature: Tensor, top_k: Tensor, top_p: Tensor, confi
         return _launch(logits, temperature, top_k, top_p, config)
 
 
-def _launch(logits: Tensor, temperature: Tensor, top_k: Tensor, top_p: Tensor, config: dict[str, int] | None
-            ) -> tuple[Tensor, Tensor | None]:
+def run_sparse(logits: Tensor, temperature: Tensor, top_k: Tensor, top_p: Tensor, config: dict[str, int] | None = None
+               ) -> tuple[Tensor, Tensor, Tensor | None]:
+    """The kernels with a sparse output: no zeros written, each taken row's k probabilities by rank.
+    -> (values [rows, FAST_K] fp32, ids [rows, FAST_K] int32: ranks k and above value 0 and id V, the rows left
+    to the caller or None; their slots hold nothing). Same arguments and rules as run."""
+    n, vocab = logits.shape
+    if n == 0:
+        empty = torch.empty(0, FAST_K, device=logits.device)
+        return empty, empty.int(), None
+    if logits.device.type != "cuda":
+        return _launch(logits, temperature, top_k, top_p, config, sparse=True)
+    with torch.cuda.device(logits.device):
+        return _launch(logits, temperature, top_k, top_p, config, sparse=True)
+
+
+def _launch(logits: Tensor, temperature: Tensor, top_k: Tensor, top_p: Tensor, config: dict[str, int] | None,
+            sparse: bool = False) -> Any:
+    """(out, left), or (values, ids, left) when sparse."""
     n, vocab = logits.shape
     if logits.stride(1) != 1:
         logits = logits.contiguous()
@@ -437,19 +471,21 @@ def _launch(logits: Tensor, temperature: Tensor, top_k: Tensor, top_p: Tensor, c
     _start_kernel[(n,)](logits, stride, temperature, top_k, top_p, rank_table(vocab, samples, str(device)), ws, wsf,
                         n, vocab, cfg["FIRST_RANK"], redo, GREEDY=GREEDY_TEMPERATURE, FAST_K=FAST_K, SAMPLES=samples,
                         CHUNK=chunk, CANDIDATES=CANDIDATES, ROUNDS=ROUNDS, num_warps=cfg["START_WARPS"])
-    out = torch.empty(n, vocab, dtype=torch.float32, device=device)
+    out = torch.empty(n, FAST_K if sparse else vocab, dtype=torch.float32, device=device)
+    ids = torch.empty(n, FAST_K, dtype=torch.int32, device=device) if sparse else ws
     blocks = triton.cdiv(vocab, pass_block)
     interleave = int(blocks <= cfg["INTERLEAVE_BLOCKS"])
     for r in range(ROUNDS):
         _pass_kernel[(n * blocks if r == 0 else retry_programs,)](
             logits, stride, out, ws, wsf, n, vocab, ROUND=r, BLOCK=pass_block, INTERLEAVE=interleave,
-            num_warps=cfg["PASS_WARPS"], **common)
+            ZEROS=not sparse, num_warps=cfg["PASS_WARPS"], **common)
         _finish_kernel[(n if r == 0 else min(redo, retry_programs),)](
-            logits, stride, out, ws, wsf, n, vocab, ROUND=r, LAST=r == ROUNDS - 1, SAMPLES=samples, CHUNK=chunk,
+            logits, stride, out, ids, ws, wsf, n, vocab, ROUND=r, LAST=r == ROUNDS - 1, SAMPLES=samples, CHUNK=chunk,
             PIECE=min(PIECE, samples), NARROW=min(cfg["NARROW"], CANDIDATES), FAST_K=FAST_K, TIE_BLOCK=TIE_BLOCK,
-            TIE_SPAN=TIE_SPAN, num_warps=cfg["FINISH_WARPS"], **common)
+            TIE_SPAN=TIE_SPAN, SPARSE=sparse, num_warps=cfg["FINISH_WARPS"], **common)
     counters = ws[counters_at:]  # zeroed by the start kernel
-    if int(counters[ROUNDS]) == 0:
-        return out, None
-    status = FIELDS.index("status")
-    return out, (ws[status * n:(status + 1) * n] >= 2).nonzero().squeeze(-1)
+    left = None
+    if int(counters[ROUNDS]) != 0:
+        status = FIELDS.index("status")
+        left = (ws[status * n:(status + 1) * n] >= 2).nonzero().squeeze(-1)
+    return (out, ids, left) if sparse else (out, left)
