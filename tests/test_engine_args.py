@@ -51,7 +51,7 @@ def test_block_size_aliases_and_default() -> None:
     (["--speculative-algorithm", "DFLASH", "--speculative-num-draft-tokens", "1"], ">= 2"),
     (["--tp-size", "2"], "one device"),
     (["--max-running-requests", "0"], ">= 1"),
-    (["--speculative-draft-model-path", "embedded:small"], "carries its own draft"),
+    (["--speculative-draft-model-path", "embedded:small"], "drafts with the model itself"),
     (["--draft-divergence", "-1"], ">= 0"),
     (["--verify-probs-builder", "nope"], "invalid choice"),
     (["--no-such-flag"], "unrecognized arguments"),

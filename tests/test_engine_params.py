@@ -6,6 +6,7 @@ import pytest
 
 from harness.engine.openai_api import COMPLETION_MAX_TOKENS, parse_chat, parse_completion
 from harness.engine.params import BadRequest, SamplingParams, parse_generate
+from harness.engine.tokenizer import render_chat
 
 # What SGLang 0.5.23's own benchmark client (sglang.benchmark.serving, backend sglang) sends.
 BENCH_CLIENT_BODY = {"text": "hi", "sampling_params": {"temperature": 0.0, "max_new_tokens": 8, "ignore_eos": True},
@@ -143,7 +144,7 @@ def test_bad_completion_bodies(body, message: str) -> None:
 def test_chat_body_fields() -> None:
     chat = parse_chat({"messages": [{"role": "user", "content": "hi"}], "seed": 4, "stream": True,
                        "stream_options": {"include_usage": True}, "return_spec_tokens_details": True})
-    assert chat.prompt == "<|user|>\nhi\n<|assistant|>\n" and chat.params.sampling_seed == 4
+    assert render_chat(chat.messages) == "<|user|>\nhi\n<|assistant|>\n" and chat.params.sampling_seed == 4
     assert chat.options.stream and chat.options.include_usage and chat.options.spec_details
     assert not chat.max_tokens_given
     with pytest.raises(BadRequest, match="frequency_penalty=0.5 is not supported"):

@@ -12,6 +12,7 @@ from dataclasses import asdict, dataclass
 import torch
 
 from harness.engine.presets import PresetError, get_preset, preset_names
+from harness.engine.real_model import DTYPES, SHIPPED, is_real
 from harness.verify import BUILDERS
 
 ALGORITHMS = ("NONE", "DFLASH", "DSPARK")
@@ -46,8 +47,10 @@ class ServerArgs:
     draft_divergence: float
     verify_probs_builder: str
     verify_path: str  # dense | sparse
-    vocab_size: int
+    vocab_size: int | None  # the preset's; None for a real model (its config says)
     num_threads: int | None
+    draft_layers: int | None = None  # a real model's early-exit draft depth (None: all layers but 2, or a preset)
+    dtype: str = "auto"
 
     @property
     def speculative(self) -> bool:
@@ -83,7 +86,9 @@ def build_parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(
         prog="python -m harness.engine", allow_abbrev=False,
         description="Embedded reference speculative-decoding server speaking SGLang's HTTP protocol.")
-    p.add_argument("--model-path", required=True, help=f"an embedded preset: {', '.join(preset_names())}")
+    p.add_argument("--model-path", required=True,
+                   help=f"an embedded preset ({', '.join(preset_names())}), a real model ({', '.join(SHIPPED)}), "
+                        "a .gguf file or a Hugging Face model folder")
     p.add_argument("--host", default="127.0.0.1")
     p.add_argument("--port", type=int, default=30000)
     p.add_argument("--speculative-algorithm", default=None, help=f"one of {', '.join(ALGORITHMS)}")
@@ -119,6 +124,11 @@ def build_parser() -> argparse.ArgumentParser:
                         "each row's top-k entries only (harness.verify.sparse), the sparse verifiers")
     p.add_argument("--vocab-size", type=int, default=None, help="override the preset's vocabulary size")
     p.add_argument("--num-threads", type=int, default=None, help="torch intra-op threads (default: torch's)")
+    p.add_argument("--draft-layers", type=int, default=None,
+                   help="a real model's draft: its first L layers, final norm and LM head (default: all but the last "
+                        "2; `python -m harness.engine.draft_depth` measures the acceptance per depth)")
+    p.add_argument("--dtype", default="auto", choices=tuple(DTYPES),
+                   help="a real model's weights: auto (float32 on CPU, bfloat16 on CUDA), float32, bfloat16")
     return p
 
 
@@ -134,18 +144,20 @@ def parse_args(argv: list[str] | None = None) -> ServerArgs:
 
 
 def _resolve(ns: argparse.Namespace) -> ServerArgs:
-    preset = get_preset(ns.model_path, ns.vocab_size)
+    real = is_real(ns.model_path)
+    preset = None if real else get_preset(ns.model_path, ns.vocab_size)
+    draft_layers = _real_flags(ns, real)
     algorithm = _algorithm(ns.speculative_algorithm)
     num_draft = _num_draft_tokens(ns, algorithm)
     if ns.speculative_draft_model_path not in (None, ns.model_path):
-        raise ValueError(f"--speculative-draft-model-path {ns.speculative_draft_model_path!r}: each embedded "
-                         f"preset carries its own draft; give {ns.model_path!r} or leave it out")
+        raise ValueError(f"--speculative-draft-model-path {ns.speculative_draft_model_path!r}: the embedded server "
+                         f"drafts with the model itself; give {ns.model_path!r} or leave it out")
     _check_positive(max_running_requests=ns.max_running_requests, decode_log_interval=ns.decode_log_interval)
     if ns.tp_size != 1:
         raise ValueError(f"--tp-size {ns.tp_size}: the embedded server runs on one device (use 1)")
     if not 0 <= ns.port < 65536:
         raise ValueError(f"--port {ns.port} is out of range")
-    divergence = preset.draft_divergence if ns.draft_divergence is None else ns.draft_divergence
+    divergence = ns.draft_divergence if ns.draft_divergence is not None else preset.draft_divergence if preset else 0.0
     if divergence < 0:
         raise ValueError(f"--draft-divergence {divergence} must be >= 0")
     if ns.num_threads is not None:
@@ -163,8 +175,27 @@ def _resolve(ns: argparse.Namespace) -> ServerArgs:
         tp_size=ns.tp_size, device=ns.device, log_level=ns.log_level,
         incremental_streaming_output=ns.incremental_streaming_output, draft_mode=ns.draft_mode,
         draft_divergence=divergence, verify_probs_builder=ns.verify_probs_builder, verify_path=ns.verify_path,
-        vocab_size=preset.vocab_size, num_threads=ns.num_threads,
+        vocab_size=preset.vocab_size if preset else None, num_threads=ns.num_threads, draft_layers=draft_layers,
+        dtype=ns.dtype,
     )
+
+
+def _real_flags(ns: argparse.Namespace, real: bool) -> int | None:
+    """The draft depth of a real model (None: its default); the flags only a real model takes are refused for a
+    preset."""
+    if not real:
+        for flag, value, default in (("--draft-layers", ns.draft_layers, None), ("--dtype", ns.dtype, "auto")):
+            if value != default:
+                raise ValueError(f"{flag} {value}: only a real model takes it; {ns.model_path} is an embedded preset "
+                                 f"(its weights are exact integers and it carries its own draft)")
+        return None
+    if ns.vocab_size is not None:
+        raise ValueError(f"--vocab-size {ns.vocab_size}: a real model's vocabulary is its own")
+    if ns.draft_divergence is not None:
+        raise ValueError("--draft-divergence tunes the synthetic draft; a real model drafts with --draft-layers")
+    if ns.draft_layers is not None:
+        _check_positive(draft_layers=ns.draft_layers)
+    return ns.draft_layers
 
 
 def _algorithm(value: str | None) -> str | None:

@@ -33,6 +33,7 @@ from harness.engine.http_api import (
 )
 from harness.engine.params import BadRequest, PromptSpec, SamplingParams, check_body, prompt_lists
 from harness.engine.request import Output, Request
+from harness.engine.tokenizer import render_chat
 
 ROLES = ("system", "developer", "user", "assistant", "tool")
 SAMPLING_KEYS = ("temperature", "top_p", "top_k", "min_p", "stop", "stop_token_ids", "ignore_eos", "n")
@@ -120,16 +121,21 @@ def _rid(body: dict[str, Any]) -> str | None:
 # ---------------------------------------------------------------------- parsing, chat
 
 
-def apply_chat_template(messages: Any) -> str:
-    """'<|role|>\\ncontent\\n' per message, then '<|assistant|>\\n' (hf_tokenizer.CHAT_TEMPLATE renders the same)."""
+def chat_messages(messages: Any) -> list[dict[str, str]]:
+    """`messages` checked: a non-empty list of {role, content} with a known role and text content."""
     if not isinstance(messages, list) or not messages:
         raise BadRequest("messages must be a non-empty list")
-    parts = []
+    out = []
     for m in messages:
         if not isinstance(m, dict) or m.get("role") not in ROLES:
             raise BadRequest(f"each message needs a role in {list(ROLES)}, got {m!r}"[:300])
-        parts.append(f"<|{m['role']}|>\n{_content(m.get('content'))}\n")
-    return "".join(parts) + "<|assistant|>\n"
+        out.append({"role": m["role"], "content": _content(m.get("content"))})
+    return out
+
+
+def apply_chat_template(messages: Any) -> str:
+    """The embedded models' chat template over checked `messages` (tokenizer.render_chat)."""
+    return render_chat(chat_messages(messages))
 
 
 def _content(content: Any) -> str:
@@ -145,7 +151,7 @@ def _content(content: Any) -> str:
 class ChatRequest:
     """A validated chat body."""
 
-    prompt: str
+    messages: list[dict[str, str]]  # checked; the server's chat template renders them
     params: SamplingParams
     max_tokens_given: bool  # without max_tokens, generate up to the context length (as SGLang does)
     options: StreamOptions
@@ -156,9 +162,9 @@ class ChatRequest:
 def parse_chat(body: Any) -> ChatRequest:
     body = check_body(body, CHAT_KEYS)
     check_neutral(body, NEUTRAL)
-    prompt = apply_chat_template(body.get("messages"))
+    messages = chat_messages(body.get("messages"))
     max_tokens = body.get("max_completion_tokens", body.get("max_tokens"))
-    return ChatRequest(prompt=prompt, params=sampling_params(body, max_tokens), max_tokens_given=max_tokens is not None,
+    return ChatRequest(messages=messages, params=sampling_params(body, max_tokens), max_tokens_given=max_tokens is not None,
                        options=stream_options(body), meta_info=_flag(body, "return_meta_info"), rid=_rid(body))
 
 
@@ -296,10 +302,11 @@ async def chat_completions(http: web.Request) -> web.StreamResponse:
         return error_response(503, "the server is starting")
     try:
         chat = parse_chat(await read_json(http))
-        ids = service.prompt_ids(PromptSpec(text=chat.prompt, input_ids=None, params=chat.params, rid=chat.rid))
+        prompt = service.tokenizer.chat_prompt(chat.messages)
+        ids = service.prompt_ids(PromptSpec(text=prompt, input_ids=None, params=chat.params, rid=chat.rid))
         params = chat.params
         if not chat.max_tokens_given:
-            params = replace(params, max_new_tokens=max(0, service.preset.context_length - len(ids)))
+            params = replace(params, max_new_tokens=max(0, service.context_length - len(ids)))
         req = service.new_request(ids, params, stream=chat.options.stream, rid=chat.rid)
     except BadRequest as e:
         return error_response(400, str(e))

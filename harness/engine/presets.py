@@ -72,7 +72,8 @@ def get_preset(model_path: str, vocab_size: int | None = None) -> ModelPreset:
     name = model_path[len(PREFIX):] if model_path.startswith(PREFIX) else None
     if name not in PRESETS:
         raise PresetError(f"--model-path {model_path!r} is not an embedded model; "
-                          f"valid: {', '.join(preset_names())}")
+                          f"valid: {', '.join(preset_names())}; or a real model: hf:smollm2-135m-instruct, "
+                          "a .gguf file, a Hugging Face model folder")
     preset = PRESETS[name]
     if vocab_size is None:
         return preset

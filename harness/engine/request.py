@@ -14,7 +14,7 @@ from typing import Any
 import torch
 
 from harness.engine.params import SamplingParams
-from harness.engine.tokenizer import StreamDecoder, Tokenizer
+from harness.engine.tokenizer import TextDecoder, TextTokenizer
 
 
 @dataclass
@@ -64,11 +64,12 @@ class Request:
     prompt_ids: list[int]
     params: SamplingParams
     generator: torch.Generator
-    tokenizer: Tokenizer
+    tokenizer: TextTokenizer
     spec: SpecCounters | None  # None without a speculative algorithm
     stream: bool
     enable_metrics: bool = False
     health_check: bool = False  # /health_generate's own probe
+    model_state: Any = None  # a real model's KV cache (harness.engine.real_worker.RealState)
     output_ids: list[int] = field(default_factory=list)
     finish_reason: dict[str, Any] | None = None
     aborted: bool = False
@@ -76,11 +77,11 @@ class Request:
     t_scheduled: float | None = None
     t_finished: float | None = None
     events: asyncio.Queue[Output] = field(default_factory=asyncio.Queue)
-    _decoder: StreamDecoder = field(init=False)  # set in __post_init__
+    _decoder: TextDecoder = field(init=False)  # set in __post_init__
     _final_text: str | None = None  # set when a stop string trims the text
 
     def __post_init__(self) -> None:
-        self._decoder = StreamDecoder(self.tokenizer)
+        self._decoder = self.tokenizer.stream_decoder()
         self._max_stop = max((len(s) for s in self.params.stop), default=0)
 
     @property
@@ -115,7 +116,7 @@ class Request:
         p = self.params
         if len(self.output_ids) >= p.max_new_tokens:
             self.finish_now({"type": "length", "length": p.max_new_tokens})
-        elif token == self.tokenizer.eos_id and not p.ignore_eos:
+        elif token in self.tokenizer.eos_ids and not p.ignore_eos:
             self.finish_now({"type": "stop", "matched": token})
         elif token in p.stop_token_ids:
             self.finish_now({"type": "stop", "matched": token})

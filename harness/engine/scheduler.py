@@ -16,7 +16,7 @@ from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 
 from harness.engine.request import Request
-from harness.engine.worker import BatchInput, StepOutput, Worker
+from harness.engine.worker import StepOutput, Worker
 
 log = logging.getLogger("harness.engine")
 
@@ -126,7 +126,7 @@ class Scheduler:
         states = [r.generator.get_state() for r in requests]
         fn = self.worker.prefill if prefill else self.worker.decode
         try:
-            out = await asyncio.get_running_loop().run_in_executor(self._executor, fn, self._batch(requests))
+            out = await asyncio.get_running_loop().run_in_executor(self._executor, fn, self.worker.batch_input(requests))
         except Exception as e:  # noqa: BLE001  (a failed step fails its request, not the server or the batch)
             if len(requests) == 1:
                 log.exception(f"step failed for request {requests[0].rid}; aborting it")
@@ -141,16 +141,6 @@ class Scheduler:
                 await self._step([r], prefill)
             return
         self._apply(requests, out, prefill)
-
-    def _batch(self, requests: list[Request]) -> BatchInput:
-        c = self.worker.model.context_window
-        return BatchInput(
-            windows=[self.worker.model.windows(r.last_tokens(c)) for r in requests],
-            temperature=[float(r.params.temperature) for r in requests],
-            top_k=[r.params.top_k for r in requests],
-            top_p=[float(r.params.top_p) for r in requests],
-            min_p=[float(r.params.min_p) for r in requests],
-            generators=[r.generator for r in requests])
 
     def _apply(self, requests: list[Request], out: StepOutput, prefill: bool) -> None:
         for i, r in enumerate(requests):

