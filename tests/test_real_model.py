@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import copy
 import os
+from collections.abc import Iterator
 from concurrent.futures import ThreadPoolExecutor
 
 import pytest
@@ -41,16 +42,22 @@ def _absent(why: str) -> None:
 
 
 @pytest.fixture(scope="module")
-def real() -> RealLM:
+def real() -> Iterator[RealLM]:
+    """The model in this process, on one thread: `make test` runs two suites on two cores, and a second torch
+    thread that competes with them for a core slows every small forward many times over."""
     try:
         import transformers  # noqa: F401, PLC0415
     except ImportError as exc:
         _absent(f"transformers is not installed ({exc})")
+    threads = torch.get_num_threads()
+    torch.set_num_threads(1)
     try:
-        return RealLM.load(MODEL, "float32", torch.device("cpu"), 4)
+        yield RealLM.load(MODEL, "float32", torch.device("cpu"), 4)
     except RuntimeError as exc:  # ModelFileError: the package is not installed
         _absent(str(exc))
         raise
+    finally:
+        torch.set_num_threads(threads)
 
 
 def prompt_ids(real: RealLM) -> list[int]:
@@ -120,26 +127,37 @@ def _first_verified_tokens(real: RealLM, block: bool, trials: int, wrong: bool =
 
 
 def _chi_square_p(tokens: list[int], p: torch.Tensor) -> float:
-    """Pearson's test of the tokens against p; 0 when a token lies outside p's support (p never emits it)."""
+    """Pearson's test of the tokens against p, cells expected fewer than 5 times pooled into one; 0 when a token
+    lies outside p's support (p never emits it)."""
     support = torch.nonzero(p).flatten().tolist()
-    observed = [tokens.count(t) for t in support]
-    if sum(observed) != len(tokens):
-        return 0.0
     probs = p[support].double() / p[support].double().sum()
-    return float(stats.chisquare(observed, (probs * len(tokens)).tolist()).pvalue)
+    n = len(tokens)
+    if sum(tokens.count(t) for t in support) != n:
+        return 0.0
+    observed, expected, pooled_o, pooled_e = [], [], 0, 0.0
+    for t, q in zip(support, probs.tolist(), strict=True):
+        if n * q < 5:
+            pooled_o, pooled_e = pooled_o + tokens.count(t), pooled_e + n * q
+        else:
+            observed.append(tokens.count(t))
+            expected.append(n * q)
+    if pooled_e > 0:
+        observed.append(pooled_o)
+        expected.append(pooled_e)
+    return float(stats.chisquare(observed, expected).pvalue) if len(observed) > 1 else 1.0
 
 
 @pytest.mark.parametrize("block", [False, True], ids=["token", "block"])
 def test_the_emitted_token_follows_the_target_distribution(real, block):
     """Drafts from 4 of 30 layers (often rejected: the residual is exercised): the first verified position's
     token, accepted draft or residual sample, follows the target's own top-8 distribution (chi-square)."""
-    tokens, p = _first_verified_tokens(real, block, trials=100)
+    tokens, p = _first_verified_tokens(real, block, trials=80)
     assert _chi_square_p(tokens, p) > 1e-3
 
 
 def test_the_distribution_test_sees_a_verifier_that_accepts_every_draft(real):
     """The same samples' size has the power to reject a verifier whose output follows the draft."""
-    tokens, p = _first_verified_tokens(real, block=False, trials=100, wrong=True)
+    tokens, p = _first_verified_tokens(real, block=False, trials=80, wrong=True)
     assert _chi_square_p(tokens, p) < 1e-6
 
 
@@ -147,7 +165,7 @@ def test_a_seeded_request_is_served_alone_the_same_as_in_a_batch(real):
     config = WorkerConfig(gamma=7, draft_mode="sampled", block_verification=True, builder="topk_first",
                           deterministic=True)
     worker = RealWorker(real, config)
-    params = SamplingParams(max_new_tokens=12, temperature=1.0, top_k=20, top_p=0.95)
+    params = SamplingParams(max_new_tokens=8, temperature=1.0, top_k=20, top_p=0.95)
 
     def request(seed: int) -> Request:
         return Request(rid=str(seed), prompt_ids=prompt_ids(real), params=params, stream=False,
@@ -173,14 +191,14 @@ def test_a_seeded_request_is_served_alone_the_same_as_in_a_batch(real):
 def server(real):
     args = ["--model-path", MODEL, "--speculative-algorithm", "DFLASH", "--speculative-num-draft-tokens", "8",
             "--draft-mode", "sampled", "--draft-layers", "28", "--speculative-use-block-verification",
-            "--enable-deterministic-inference", "--max-running-requests", "4"]
+            "--enable-deterministic-inference", "--max-running-requests", "4", "--num-threads", "1"]
     with engine_server(args, timeout_s=600) as s:
         yield s
 
 
 def _chat(seed: int) -> dict:
     return {"model": MODEL, "messages": QUESTION, "temperature": 1.0, "top_p": 0.95, "top_k": 20,
-            "seed": seed, "return_spec_tokens_details": True, "max_tokens": 12}
+            "seed": seed, "return_spec_tokens_details": True, "max_tokens": 8}
 
 
 def test_the_server_answers_in_the_models_chat_template_with_its_spec_counts(server, real):

@@ -23,6 +23,7 @@ from __future__ import annotations
 
 import json
 import os
+import tempfile
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -95,17 +96,24 @@ def converted_folder(source: RealSource, cache: Path) -> tuple[Path, dict[str, A
     if mark.is_file():
         return folder, json.loads(mark.read_text())
     provenance = {"kind": "gguf", "file": str(source.path), "sha256": digest, "license": source.license}
-    _convert_gguf(source.path, folder)
-    mark.write_text(json.dumps(provenance, indent=2) + "\n")
-    return folder, provenance
+    folder.parent.mkdir(parents=True, exist_ok=True)
+    with tempfile.TemporaryDirectory(dir=folder.parent, prefix=f".{folder.name}-", ignore_cleanup_errors=True) as tmp:
+        _convert_gguf(source.path, Path(tmp))
+        (Path(tmp) / CONVERTED_MARK).write_text(json.dumps(provenance, indent=2) + "\n")
+        try:  # atomic: a server converting the same file at once finds one whole folder or the other
+            os.rename(tmp, folder)
+        except OSError as exc:
+            if not mark.is_file():
+                raise ModelFileError(f"{folder} exists but holds no finished conversion ({exc}); delete it and "
+                                     "start again") from None
+    return folder, json.loads(mark.read_text())
 
 
 def _convert_gguf(path: Path, folder: Path) -> None:
-    """De-quantise a GGUF file with transformers and save it as config + safetensors + tokenizer."""
+    """De-quantise a GGUF file with transformers and save it as config + safetensors + tokenizer into `folder`."""
     from safetensors.torch import save_model  # noqa: PLC0415  (the `real` extra)
     from transformers import AutoModelForCausalLM, AutoTokenizer  # noqa: PLC0415
 
-    folder.mkdir(parents=True, exist_ok=True)
     tokenizer = AutoTokenizer.from_pretrained(str(path.parent), gguf_file=path.name)
     model = AutoModelForCausalLM.from_pretrained(str(path.parent), gguf_file=path.name, dtype=torch.float32)
     config = model.config
