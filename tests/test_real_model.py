@@ -8,15 +8,19 @@ missing model FAILS these tests; a plain `pytest` elsewhere skips them with the 
 from __future__ import annotations
 
 import copy
+import json
 import os
+import tempfile
+import time
 from collections.abc import Iterator
 from concurrent.futures import ThreadPoolExecutor
+from pathlib import Path
 
 import pytest
 import torch
 import yaml
 from scipy import stats
-from serverutil import engine_server, get_json, post_json
+from serverutil import get, get_json, post_json, start_engine, stop_engine, wait_ready
 
 from harness import verify
 from harness.engine.args import parse_args
@@ -192,8 +196,17 @@ def server(real):
     args = ["--model-path", MODEL, "--speculative-algorithm", "DFLASH", "--speculative-num-draft-tokens", "8",
             "--draft-mode", "sampled", "--draft-layers", "28", "--speculative-use-block-verification",
             "--enable-deterministic-inference", "--max-running-requests", "4", "--num-threads", "1"]
-    with engine_server(args, timeout_s=600) as s:
-        yield s
+    with tempfile.TemporaryDirectory(prefix="engine-") as tmp:
+        s = start_engine(args, Path(tmp) / "server.log", timeout_s=600)
+        try:
+            while get(s.url + "/health")[0] == 0:  # until it listens (503 while the model loads)
+                assert s.alive(), s.log_text()
+                time.sleep(0.05)
+            s.info_while_loading = get(s.url + "/model_info")  # type: ignore[attr-defined]
+            wait_ready(s)
+            yield s
+        finally:
+            stop_engine(s)
 
 
 def _chat(seed: int) -> dict:
@@ -225,6 +238,13 @@ def test_the_real_experiments_log_checks_pass_on_the_servers_log(server):
     checks = merge_log_checks(LogChecks(**spec["server"]["log_checks"]),
                               LogChecks(**spec["experiment"]["arms"][1].get("log_checks", {})))
     assert check_log(server.log_path, checks).passed, server.log_text()[-3000:]
+
+
+def test_model_info_answers_while_the_model_loads(server):
+    status, body = server.info_while_loading
+    assert status == 200, body
+    info = json.loads(body)
+    assert info["model_path"] == MODEL and info["vocab_size"] in (None, 49152)
 
 
 def test_a_seeded_request_gets_the_same_tokens_at_concurrency_1_and_4(server):

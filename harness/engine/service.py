@@ -40,7 +40,8 @@ class EngineService:
         self.preset: ModelPreset | None = None if is_real(args.model_path) else get_preset(args.model_path,
                                                                                           args.vocab_size)
         self.real: RealLM | None = None  # the real model, once loaded
-        self.tokenizer: TextTokenizer = Tokenizer(self.preset.vocab_size) if self.preset else Tokenizer(3)
+        # a real model's tokenizer comes with the model (start); until then nothing is served but health and info
+        self.tokenizer: TextTokenizer = Tokenizer(self.preset.vocab_size if self.preset else 3)
         self.status = "starting"
         self.device: torch.device | None = None
         self.scheduler: Scheduler | None = None
@@ -216,11 +217,18 @@ class EngineService:
             state["avg_spec_accept_length"] = sched.reported_accept_length
         return state
 
+    @property
+    def model_loaded(self) -> bool:
+        """A preset is known at once; a real model once start() has loaded it (before: its sizes are null)."""
+        return self.preset is not None or self.real is not None
+
     def model_info(self) -> dict[str, Any]:
+        loaded = self.model_loaded
         info = {"model_path": self.args.model_path, "tokenizer_path": self.tokenizer_path, "is_generation": True,
                 "preferred_sampling_params": None, "weight_version": "default",
-                "vocab_size": self.tokenizer.vocab_size, "context_length": self.context_length,
-                "eos_token_id": self.tokenizer.eos_id}
+                "vocab_size": self.tokenizer.vocab_size if loaded else None,
+                "context_length": self.context_length if loaded else None,
+                "eos_token_id": self.tokenizer.eos_id if loaded else None}
         if self.preset is not None:
             p = self.preset
             info["embedded"] = {"hidden": p.hidden, "draft_hidden": p.draft_hidden, "context_window": p.context_window,
@@ -233,7 +241,7 @@ class EngineService:
     def models_list(self) -> dict[str, Any]:
         return {"object": "list", "data": [{"id": self.args.model_path, "object": "model", "created": 0,
                                             "owned_by": "sglang", "root": self.args.model_path,
-                                            "max_model_len": self.context_length}]}
+                                            "max_model_len": self.context_length if self.model_loaded else None}]}
 
 
 def fold_seed(seed: int) -> int:
