@@ -188,6 +188,21 @@ def test_a_seeded_request_is_served_alone_the_same_as_in_a_batch(real):
     assert batch[0].output_ids == alone
 
 
+def test_a_step_retried_after_a_failure_gives_what_the_first_attempt_gave(real):
+    """The scheduler reruns a failed step from the same generator state; the row's cache may already hold what the
+    failed attempt fed: the rerun must not feed nothing, nor twice."""
+    worker = RealWorker(real, WorkerConfig(gamma=3, draft_mode="sampled", block_verification=True,
+                                           builder="topk_first", deterministic=True))
+    r = Request(rid="retry", prompt_ids=prompt_ids(real), params=SamplingParams(max_new_tokens=8, top_k=20),
+                generator=torch.Generator().manual_seed(5), tokenizer=real.tokenizer, spec=SpecCounters(3), stream=False)
+    for step in (worker.prefill, worker.decode):
+        state = r.generator.get_state()
+        first = step(worker.batch_input([r])).tokens[0]
+        r.generator.set_state(state)
+        assert step(worker.batch_input([r])).tokens[0] == first, step.__name__
+        r.extend(first)
+
+
 # ---------------------------------------------------------------------- the server
 
 

@@ -51,10 +51,16 @@ class RealWorker(Worker):
         """Each row's next-token logits after its whole sequence -> [B, V] float32."""
         rows = []
         for state, seq in batch.sequences:
-            self.real.crop(state.cache, state.fed)
+            self._rewind(state, seq)
             rows.append(self.real.forward(state.cache, seq[state.fed:], last_only=True))
             state.fed = len(seq)
         return torch.cat(rows)
+
+    def _rewind(self, state: RealState, seq: list[int]) -> None:
+        """Crop the cache to what the step may keep: at most all but the last token (a step retried after a failure
+        finds its row's cache as the failed attempt left it, possibly holding the whole sequence)."""
+        state.fed = min(state.fed, len(seq) - 1)
+        self.real.crop(state.cache, state.fed)
 
     def _speculative(self, batch: BatchInput) -> StepOutput:
         bsz, gamma = len(batch), self.config.gamma
@@ -83,7 +89,7 @@ class RealWorker(Worker):
     def _draft_row(self, state: RealState, seq: list[int], out: Tensor, knobs: Any, u: Tensor | None) -> Tensor | None:
         """gamma draft tokens of one request into out [G], through the first L layers; their distributions
         [G, V] when sampled (None: point masses)."""
-        self.real.crop(state.cache, state.fed)
+        self._rewind(state, seq)
         feed, probs = seq[state.fed:], []
         for i in range(self.config.gamma):
             logits = self.real.forward(state.cache, feed, layers=self.real.draft_layers, last_only=True)  # [1, V]
