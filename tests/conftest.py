@@ -6,10 +6,14 @@
 - Every test that uses a module- or session-scoped fixture (a server, a campaign, a built wheel that several
   tests only read) joins the xdist group of its module, so that the fixture is made once, on one worker
   (`make test` runs `--dist loadgroup`); every other test goes to whichever worker is free.
+- torch runs one intra-op thread in the tests and every process they start (OMP_NUM_THREADS=1 unless set):
+  two xdist workers already fill two cores, and torch's second thread spinning beside them cost about 7 % of
+  the suite's CPU (measured on runner_e2e and spec_stats) without making any test faster.
 """
 
 from __future__ import annotations
 
+import os
 import shutil
 import subprocess
 import sys
@@ -23,6 +27,7 @@ CLEAN = FIXTURES / "ratio_vs_mean" / "golden" / "golden-c1"
 
 BenchRunner = Callable[..., subprocess.CompletedProcess]
 SHARED_SCOPES = ("module", "package", "session")
+os.environ.setdefault("OMP_NUM_THREADS", "1")  # before any test module imports torch (see the docstring)
 
 
 def pytest_configure(config: pytest.Config) -> None:

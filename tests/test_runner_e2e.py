@@ -131,14 +131,14 @@ def ports_of(root: Path) -> set[int]:
 
 
 def test_small_campaign_and_its_report(tmp_path):
-    proc = bench(tmp_path, "experiment.base_seeds=[11,22,33]", *WITH_REPORT)
+    proc = bench(tmp_path, "experiment.base_seeds=[11,22]", *WITH_REPORT)
     assert proc.returncode == 0, proc.stdout + proc.stderr
     root = campaign_dir(tmp_path)
     campaign = json.loads((root / "campaign.json").read_text())
     items = {i["item_id"]: i["seed_offset"] for i in campaign["workload"]["items"]}
     assert len(items) == 4
     order = [r["run_id"] for r in campaign["order_run"]]
-    assert [r.split("-")[1] for r in order] == ["token", "block", "block", "token", "token", "block"]
+    assert [r.split("-")[1] for r in order] == ["token", "block", "block", "token"]
     assert all(r["status"] == "finished" for r in campaign["order_run"])
     assert [a["seed_stream"] for a in campaign["arms"]] == [0, 0] and campaign["schema_version"] == 2
     for run in campaign["plan"]:
@@ -230,7 +230,7 @@ def file_hash(path: Path) -> str:
 
 
 def test_killed_server_fails_its_run_and_a_rerun_resumes(tmp_path):
-    args = ["experiment.base_seeds=[5,6]", "campaign=resume-test", *SMALL[:-2], "client.concurrency=1",
+    args = ["experiment.base_seeds=[5]", "campaign=resume-test", *SMALL[:-2], "client.concurrency=1",
             "sampling.max_new_tokens=256", "sampling.ignore_eos=true", "workload.n_items=6", "report=false"]
     root = tmp_path / "embedded_block_vs_token" / "resume-test"
     runner = subprocess.Popen([sys.executable, "-m", "harness.bench", f"results_dir={tmp_path}", *args],

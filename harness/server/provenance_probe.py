@@ -27,6 +27,7 @@ from pathlib import Path
 RESULT_MARK = "SPECBENCH-PROVENANCE "
 SNAPSHOT_MARK = ".specbench-source.json"  # written by harness.campaign.sources into every snapshot it makes
 MAX_UNTRACKED = 50
+SUFFIXES = sorted(importlib.machinery.all_suffixes(), key=len, reverse=True)  # longest first: .cpython-311-x86_64-linux-gnu.so before .so
 # name in the manifest -> distributions that provide it, first found wins
 TRACKED = {
     "torch": ("torch",), "sglang": ("sglang",), "sgl_kernel": ("sgl-kernel", "sglang-kernel"),
@@ -39,14 +40,38 @@ def norm(name: str) -> str:
     return re.sub(r"[-_.]+", "-", name).lower()
 
 
-def packages() -> dict[str, str]:
-    """Every distribution this interpreter sees (site-packages and PYTHONPATH), name -> version; where two
-    hold one name the first on sys.path wins, as it does for imports."""
-    out: dict[str, str] = {}
+# an installed distribution: (normalised name, version, the distribution)
+Installed = tuple[str, str, importlib.metadata.Distribution]
+
+
+def header(dist: importlib.metadata.Distribution) -> tuple[str | None, str | None]:
+    """(Name, Version) from the distribution's METADATA headers. The headers end at the first blank line;
+    reading only them skips the email parser's pass over every long description (most of the probe's time)."""
+    text = dist.read_text("METADATA") or dist.read_text("PKG-INFO") or ""
+    fields: dict[str, str] = {}
+    for line in text.split("\n\n", 1)[0].splitlines():
+        key, sep, value = line.partition(":")
+        if sep and key in ("Name", "Version"):
+            fields.setdefault(key, value.strip())
+    return fields.get("Name"), fields.get("Version")
+
+
+def installed() -> list[Installed]:
+    """Every distribution this interpreter sees (site-packages and PYTHONPATH) as (normalised name, version,
+    distribution), in sys.path order."""
+    found = []
     for dist in importlib.metadata.distributions():
-        name = dist.metadata["Name"]
+        name, version = header(dist)
         if name:
-            out.setdefault(norm(name), dist.version)
+            found.append((norm(name), version or "", dist))
+    return found
+
+
+def packages(dists: list[Installed]) -> dict[str, str]:
+    """name -> version; where two hold one name the first on sys.path wins, as it does for imports."""
+    out: dict[str, str] = {}
+    for name, version, _ in dists:
+        out.setdefault(name, version)
     return dict(sorted(out.items()))
 
 
@@ -112,15 +137,27 @@ def provides(dist: importlib.metadata.Distribution, origin: Path) -> bool:
     return editable and url.startswith("file://") and within(origin, Path(url.removeprefix("file://")).resolve())
 
 
-def owner(top: str, origin: Path) -> importlib.metadata.Distribution | None:
+def tops(dist: importlib.metadata.Distribution) -> set[str]:
+    """The top-level names a distribution installs: its top_level.txt, else the first part of each path in its
+    RECORD (as importlib.metadata.packages_distributions infers them, without building a path object per file)."""
+    listed = (dist.read_text("top_level.txt") or "").split()
+    if listed:
+        return set(listed)
+    names = set()
+    for line in (dist.read_text("RECORD") or "").splitlines():
+        path = line.split(",", 1)[0]
+        if "/" in path:
+            names.add(path.split("/", 1)[0])
+        else:  # a module file at the top (.py, or an extension module's .so / .pyd)
+            names.add(next((path[:-len(s)] for s in SUFFIXES if path.endswith(s)), path))
+    return names
+
+
+def owner(top: str, origin: Path, dists: list[Installed]) -> Installed | None:
     """The installed distribution that provides the top-level package `top` as imported from `origin`."""
-    for name in importlib.metadata.packages_distributions().get(top, []):
-        try:
-            dist = importlib.metadata.distribution(name)
-        except importlib.metadata.PackageNotFoundError:
-            continue
-        if provides(dist, origin):
-            return dist
+    for found in dists:
+        if top in tops(found[2]) and provides(found[2], origin):
+            return found
     return None
 
 
@@ -145,7 +182,7 @@ def find_spec(module: str) -> importlib.machinery.ModuleSpec | None:
     return importlib.util.find_spec(module)
 
 
-def module_facts(module: str) -> dict:
+def module_facts(module: str, dists: list[Installed]) -> dict:
     """Where `python -m module` imports the module from, and what holds it."""
     spec = find_spec(module)
     if spec is None:
@@ -155,11 +192,11 @@ def module_facts(module: str) -> dict:
     locations = list(top_spec.submodule_search_locations or []) if top_spec else []
     where = locations[0] if locations else (top_spec.origin if top_spec else None) or spec.origin or "."
     origin = Path(where).resolve()
-    dist = owner(top, origin)
-    direct = dist.read_text("direct_url.json") if dist is not None else None
+    found = owner(top, origin, dists)
+    direct = found[2].read_text("direct_url.json") if found is not None else None
     return {"module": module, "module_file": spec.origin, "module_origin": str(origin),
-            "distribution": norm(dist.metadata["Name"]) if dist is not None else None,
-            "distribution_version": dist.version if dist is not None else None,
+            "distribution": found[0] if found is not None else None,
+            "distribution_version": found[1] if found is not None else None,
             "direct_url": json.loads(direct) if direct else None, "checkout": checkout(origin)}
 
 
@@ -167,10 +204,11 @@ def main() -> None:
     module = sys.argv[1]
     sys.path[0] = os.getcwd()  # as `python -m MODULE` starts: the working directory, not this script's folder
     try:
-        pkgs = packages()
+        dists = installed()
+        pkgs = packages(dists)
         answer = {"python": platform.python_version(), "executable": sys.executable,
                   **{key: next((pkgs[norm(d)] for d in dists if norm(d) in pkgs), None) for key, dists in TRACKED.items()},
-                  "torch_cuda": torch_cuda(pkgs), **module_facts(module), "packages": pkgs,
+                  "torch_cuda": torch_cuda(pkgs), **module_facts(module, dists), "packages": pkgs,
                   "packages_sha256": hashlib.sha256("\n".join(f"{k}=={v}" for k, v in pkgs.items()).encode()).hexdigest()}
     except Exception as exc:  # noqa: BLE001  (any failure is the answer, named)
         answer = {"error": f"{type(exc).__name__}: {exc}"}
