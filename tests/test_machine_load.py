@@ -172,9 +172,15 @@ class CpuTimeline:
         return (after[0] if after else self.points[-1][1]) - (before[-1] if before else 0.0)
 
 
+def second_run_measures(root: Path) -> bool:
+    """Whether the campaign's second run has ended its warmup (its measured window begins)."""
+    files = sorted(root.glob("runs/*/records.jsonl"), key=lambda f: f.stat().st_mtime)
+    return len(files) >= 2 and any(r["warmup"] for r in read_jsonl(files[1]))
+
+
 @pytest.mark.slow
 def test_a_foreign_cpu_burner_shows_in_cpu_other(tmp_path):
-    """Burners started by the test (not the runner's children) during the second run of a campaign: their
+    """Burners started by the test (not the runner's children) once the second run of a campaign measures: their
     CPU time inside that run's measured window is in its cpu_other_frac. (This machine is shared, so the
     first run's own cpu_other_frac is whatever the neighbours did: the burnt run is checked against the
     burners' measured CPU time rather than against a number.)"""
@@ -185,7 +191,7 @@ def test_a_foreign_cpu_burner_shows_in_cpu_other(tmp_path):
     burners: list[subprocess.Popen] = []
     timeline = None
     try:
-        wait_for(lambda: len(list(root.glob("runs/*/manifest.json"))) >= 2, timeout=180)  # the second run began
+        wait_for(lambda: second_run_measures(root), timeout=180)
         burners = [subprocess.Popen([sys.executable, "-c", BURN.format(s=300)]) for _ in range(2 * machine.cores())]
         timeline = CpuTimeline([psutil.Process(b.pid) for b in burners])
         out, _ = runner.communicate(timeout=240)

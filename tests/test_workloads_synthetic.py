@@ -51,6 +51,26 @@ def test_answers_are_right_and_in_range(seed: int) -> None:
         assert 0 <= row["answer"] <= 999
 
 
+EASY_CHECKS = {"addition": lambda n: n[0] + n[1], "subtraction": lambda n: n[0] - n[1],
+               "multiplication": lambda n: n[0] * n[1], "word-addition": lambda n: n[0] + n[1]}
+
+
+def test_the_easy_level_asks_one_digit_operations_with_right_answers() -> None:
+    rows = generate_rows(980406, 200, "easy")
+    assert [r["category"] for r in rows[:4]] == list(EASY_CHECKS)  # categories rotate
+    for row in rows:
+        numbers = [int(x) for x in re.findall(r"\d+", row["problem"])]
+        assert EASY_CHECKS[row["category"]](numbers) == row["answer"], row
+        assert all(n <= 18 for n in numbers) and 0 <= row["answer"] <= 81, row
+    easy = load_workload(WorkloadConfig(n_items=8, level="easy"))
+    assert easy.dataset_id == "synthetic:arith-easy-v1" and easy.sha256 != GOLDEN_SHA256
+    assert [i.item_id for i in easy.items] == [str(k) for k in range(8)]
+    assert easy.items[:4] == load_workload(WorkloadConfig(n_items=4, level="easy")).items  # longer extends shorter
+    assert generate_rows(0, 8) == generate_rows(0, 8, "standard")  # the default level is unchanged (golden above)
+    with pytest.raises(WorkloadConfigError, match=r"workload.level='hard' is not valid; choose one of: standard, easy"):
+        WorkloadConfig(level="hard")
+
+
 def test_items_follow_the_interface() -> None:
     w = load_workload(WorkloadConfig(n_items=7, seed=3))
     assert len(w.items) == 7 and w.skipped_placeholders == 0

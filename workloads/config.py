@@ -9,6 +9,7 @@ from workloads.errors import WorkloadConfigError
 
 KINDS = ("synthetic", "aime25", "speed_bench", "jsonl")
 SCORING_MODES = ("boxed", "none")
+SYNTHETIC_LEVELS = ("standard", "easy")
 _SHA256 = re.compile(r"[0-9a-f]{64}")
 
 
@@ -23,6 +24,7 @@ class WorkloadConfig:
     # --- synthetic: generated offline from a seed -------------------------------------------
     n_items: int = 16
     seed: int = 0
+    level: str = "standard"  # standard (three-digit word problems) | easy (one-digit sums, differences, products)
     # --- datasets (Hugging Face hub / local cache / local file in the same format) -----------
     hf_id: str | None = None
     hf_config: str | None = None
@@ -46,6 +48,7 @@ class WorkloadConfig:
     def __post_init__(self) -> None:
         _check_choice("workload.kind", self.kind, KINDS)
         _check_choice("workload.scoring", self.scoring, SCORING_MODES)
+        _check_choice("workload.level", self.level, SYNTHETIC_LEVELS)
         if self.n_items < 1:
             raise WorkloadConfigError(f"workload.n_items={self.n_items} must be >= 1")
         if self.subsample is not None and self.subsample < 1:

@@ -2,7 +2,9 @@
 
 Every problem has an integer answer in 0..999 and is put in MathArena's AIME prompt, so the default
 experiment needs no download and its answers are scored like AIME's. Item `i` depends only on
-(`workload.seed`, `i`): a longer workload extends a shorter one. Categories rotate with `i`.
+(`workload.seed`, `workload.level`, `i`): a longer workload extends a shorter one. Categories rotate with `i`.
+`workload.level=easy` asks one-digit sums, differences and products instead (a model of 135M parameters
+answers some of them; it answers next to none of the standard level's three-digit problems).
 """
 
 from __future__ import annotations
@@ -19,6 +21,7 @@ from workloads.selection import Candidate
 from workloads.sources import SourceRows
 
 GENERATOR = "arith-v1"  # bump when the generated text or answers change
+EASY_GENERATOR = "arith-easy-v1"  # likewise, for workload.level=easy
 
 _NAMES = ("Ava", "Ben", "Chen", "Dara", "Eli", "Fatima", "Goran", "Hana", "Ines", "Jomo", "Kai", "Lena")
 _THINGS = ("apples", "marbles", "stickers", "pencils", "coins", "shells", "stamps", "beads")
@@ -87,24 +90,58 @@ _TEMPLATES: tuple[tuple[str, Callable[[random.Random], Problem]], ...] = (
 )
 
 
-def generate_rows(seed: int, n_items: int) -> list[dict[str, Any]]:
-    """The raw rows `{index, category, problem, answer}` of the first `n_items` problems for `seed`."""
+def _easy_addition(r: random.Random) -> Problem:
+    a, b = r.randint(1, 9), r.randint(1, 9)
+    return f"What is {a} + {b}?", a + b
+
+
+def _easy_subtraction(r: random.Random) -> Problem:
+    a = r.randint(2, 18)
+    b = r.randint(1, min(a, 9))
+    return f"What is {a} - {b}?", a - b
+
+
+def _easy_multiplication(r: random.Random) -> Problem:
+    a, b = r.randint(2, 9), r.randint(2, 9)
+    return f"What is {a} times {b}?", a * b
+
+
+def _easy_word(r: random.Random) -> Problem:
+    name, things = r.choice(_NAMES), r.choice(_THINGS)
+    a, b = r.randint(1, 9), r.randint(1, 9)
+    return f"{name} has {a} {things} and is given {b} more. How many {things} does {name} have now?", a + b
+
+
+_EASY_TEMPLATES: tuple[tuple[str, Callable[[random.Random], Problem]], ...] = (
+    ("addition", _easy_addition),
+    ("subtraction", _easy_subtraction),
+    ("multiplication", _easy_multiplication),
+    ("word-addition", _easy_word),
+)
+# workload.level -> (generator id, templates)
+LEVELS = {"standard": (GENERATOR, _TEMPLATES), "easy": (EASY_GENERATOR, _EASY_TEMPLATES)}
+
+
+def generate_rows(seed: int, n_items: int, level: str = "standard") -> list[dict[str, Any]]:
+    """The raw rows `{index, category, problem, answer}` of the first `n_items` problems for `seed` at `level`."""
+    generator, templates = LEVELS[level]
     rows = []
     for i in range(n_items):
-        category, make = _TEMPLATES[i % len(_TEMPLATES)]
-        text, answer = make(random.Random(f"{GENERATOR}:{seed}:{i}"))
+        category, make = templates[i % len(templates)]
+        text, answer = make(random.Random(f"{generator}:{seed}:{i}"))
         rows.append({"index": i, "category": category, "problem": text, "answer": answer})
     return rows
 
 
 def load(cfg: WorkloadConfig) -> Workload:
     """The synthetic workload of `workload.n_items` problems from `workload.seed`."""
+    generator = LEVELS[cfg.level][0]
     src = SourceRows(
-        rows=generate_rows(cfg.seed, cfg.n_items),
-        dataset_id=f"synthetic:{GENERATOR}",
+        rows=generate_rows(cfg.seed, cfg.n_items, cfg.level),
+        dataset_id=f"synthetic:{generator}",
         revision=f"seed={cfg.seed},n_items={cfg.n_items}",
         source="generated",
-        label=f"synthetic {GENERATOR} seed {cfg.seed} ({cfg.n_items} items)",
+        label=f"synthetic {generator} seed {cfg.seed} ({cfg.n_items} items)",
     )
     return materialise(cfg, src, lambda rows: [_candidate(cfg, row) for row in rows])
 
