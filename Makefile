@@ -100,7 +100,7 @@ test-slurm: $(STAMP) ## opt-in: bring up a one-node SLURM here (root; apt) and r
 bench: $(STAMP) ## run the default experiment (embedded server) and write its report
 	$(VPY) -m harness.bench $(ARGS)
 
-bench-real: $(REALLM) ## a real model: SmolLM2-135M-Instruct, token-wise vs block verification of early-exit drafts (CPU, ~6 min)
+bench-real: $(REALLM) ## a real model: SmolLM2-135M-Instruct, token-wise vs block verification of early-exit drafts (CPU, ~8 min)
 	$(VPY) -m harness.bench experiment=real_block_vs_token $(ARGS)
 
 perf-real: $(REALLM) ## real-model throughput: NONE vs DFLASH token/block at concurrency 1, 8 (a sweep table)
