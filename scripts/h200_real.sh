@@ -7,7 +7,8 @@
 #   scripts/h200_real.sh perf  real_perf at client.concurrency=1,8,32, 16 items
 #
 # Environment: PARTS (folders holding smollm2.xz.part1/part2 and the wheels; default /tmp/rm1 .rm2),
-# OUT (where the campaign tarball goes), DEVICE (default cuda), ITEMS (override the item count), PY (default python3).
+# OUT (where the campaign tarball goes), DEVICE (default cuda), ITEMS (override the item count), CONC (perf:
+# the concurrencies, default 1,8,32), PY (default python3).
 set -euo pipefail
 mode=${1:?usage: scripts/h200_real.sh ab|perf}
 OUT=${OUT:?set OUT to the folder that receives the results}
@@ -36,7 +37,7 @@ case "$mode" in
     ;;
   perf)
     "$PY" -m harness.bench -m experiment=real_perf "${common[@]}" \
-      workload.n_items="${ITEMS:-16}" client.concurrency=1,8,32 \
+      workload.n_items="${ITEMS:-16}" client.concurrency="${CONC:-1,8,32}" \
       'server.args=[--max-running-requests,"${client.concurrency}",--enable-deterministic-inference,--device,'"$DEVICE"']'
     ;;
   *) echo "unknown mode $mode (ab or perf)" >&2; exit 2 ;;
