@@ -207,7 +207,7 @@ def main() -> None:
         dists = installed()
         pkgs = packages(dists)
         answer = {"python": platform.python_version(), "executable": sys.executable,
-                  **{key: next((pkgs[norm(d)] for d in dists if norm(d) in pkgs), None) for key, dists in TRACKED.items()},
+                  **{key: next((pkgs[norm(d)] for d in names if norm(d) in pkgs), None) for key, names in TRACKED.items()},
                   "torch_cuda": torch_cuda(pkgs), **module_facts(module, dists), "packages": pkgs,
                   "packages_sha256": hashlib.sha256("\n".join(f"{k}=={v}" for k, v in pkgs.items()).encode()).hexdigest()}
     except Exception as exc:  # noqa: BLE001  (any failure is the answer, named)
