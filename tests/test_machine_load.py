@@ -174,7 +174,7 @@ class CpuTimeline:
 
 def second_run_measures(root: Path) -> bool:
     """Whether the campaign's second run has ended its warmup (its measured window begins)."""
-    files = sorted(root.glob("runs/*/records.jsonl"), key=lambda f: f.stat().st_mtime)
+    files = sorted(root.glob("runs/*/records.jsonl"))  # run folders are named by their place in the order
     return len(files) >= 2 and any(r["warmup"] for r in read_jsonl(files[1]))
 
 

@@ -12,7 +12,6 @@ import json
 import os
 import tempfile
 import time
-from collections.abc import Iterator
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
@@ -48,22 +47,17 @@ def _absent(why: str) -> None:
 
 
 @pytest.fixture(scope="module")
-def real() -> Iterator[RealLM]:
-    """The model in this process, on one thread: `make test` runs two suites on two cores, and a second torch
-    thread that competes with them for a core slows every small forward many times over."""
+def real() -> RealLM:
+    """The model in this process (on the one torch thread tests/conftest.py gives every test process)."""
     try:
         import transformers  # noqa: F401, PLC0415
     except ImportError as exc:
         _absent(f"transformers is not installed ({exc})")
-    threads = torch.get_num_threads()
-    torch.set_num_threads(1)
     try:
-        yield RealLM.load(MODEL, "float32", torch.device("cpu"), 4)
+        return RealLM.load(MODEL, "float32", torch.device("cpu"), 4)
     except RuntimeError as exc:  # ModelFileError: the package is not installed
         _absent(str(exc))
         raise
-    finally:
-        torch.set_num_threads(threads)
 
 
 def prompt_ids(real: RealLM) -> list[int]:

@@ -7,9 +7,9 @@ import re
 import pytest
 
 from workloads import WorkloadConfig, WorkloadConfigError, WorkloadError, load_workload, loaders
-from workloads.config import KINDS
+from workloads.config import KINDS, SYNTHETIC_LEVELS
 from workloads.prompts import MATHARENA_AIME_TEMPLATE
-from workloads.synthetic import generate_rows
+from workloads.synthetic import LEVELS, generate_rows
 
 # seed 0, 8 items, generator arith-v1: changing the generated text or answers must change this
 # (and then GENERATOR in workloads/synthetic.py).
@@ -67,6 +67,7 @@ def test_the_easy_level_asks_one_digit_operations_with_right_answers() -> None:
     assert [i.item_id for i in easy.items] == [str(k) for k in range(8)]
     assert easy.items[:4] == load_workload(WorkloadConfig(n_items=4, level="easy")).items  # longer extends shorter
     assert generate_rows(0, 8) == generate_rows(0, 8, "standard")  # the default level is unchanged (golden above)
+    assert tuple(LEVELS) == SYNTHETIC_LEVELS  # the generator serves every level the config accepts
     with pytest.raises(WorkloadConfigError, match=r"workload.level='hard' is not valid; choose one of: standard, easy"):
         WorkloadConfig(level="hard")
 
