@@ -49,6 +49,7 @@ from torch import Tensor
 
 from harness import verify
 from harness.verify.sparse import SparseProbs, verify_block_sparse, verify_tokenwise_sparse
+from harness.verify.sparse_kernel import verify_entries
 
 pytestmark = pytest.mark.sglang
 
@@ -321,6 +322,7 @@ def tie_coin(case: Case, block: bool) -> float:
 # row for row
 # ---------------------------------------------------------------------------------------------
 
+KERNEL_CASES = {(16, 1), (16, 7)}  # harness.verify.sparse_kernel checked too (the interpreter is slow)
 SWEEP = [(16, g, 24) for g in range(1, 8)] + [(1000, g, 12) for g in (2, 5)] + [(32000, g, 4) for g in (1, 4, 7)]
 
 
@@ -341,6 +343,11 @@ def test_row_for_row(kernel, vocab, gamma, bsz, point, block):
         SparseProbs.from_dense(case.target), case.drafts, case.draft_probs, uniforms=case.u)
     same = (sg_accepted == sparse.num_accepted) & (sg_tokens == sparse.tokens).all(dim=1)
     assert set((~same).nonzero().flatten().tolist()) <= set(explained), "the sparse path differs from SGLang"
+    if (vocab, gamma) in KERNEL_CASES:  # and so does the verify kernel (the interpreter: a few cases)
+        entries = SparseProbs.from_dense(case.target)
+        fused = verify_entries(entries.values, entries.ids, vocab, case.drafts, case.draft_probs, case.u, block)
+        same = (sg_accepted == fused.num_accepted) & (sg_tokens == fused.tokens).all(dim=1)
+        assert set((~same).nonzero().flatten().tolist()) <= set(explained), "the verify kernel differs from SGLang"
 
 
 @pytest.mark.parametrize("block", [False, True], ids=["tokenwise", "block"])

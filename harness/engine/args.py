@@ -121,7 +121,8 @@ def build_parser() -> argparse.ArgumentParser:
                    help="how temperature/top-k/top-p turn target logits into probabilities")
     p.add_argument("--verify-path", default="dense", choices=VERIFY_PATHS,
                    help="dense: the builder's [rows, V] target probabilities and the dense verifiers; sparse: "
-                        "each row's top-k entries only (harness.verify.sparse), the sparse verifiers")
+                        "each row's top-k entries only (harness.verify.sparse.verify_step), the sparse verifiers "
+                        "(with --verify-probs-builder topk_fused on CUDA: the fused kernels and the verify kernel)")
     p.add_argument("--vocab-size", type=int, default=None, help="override the preset's vocabulary size")
     p.add_argument("--num-threads", type=int, default=None, help="torch intra-op threads (default: torch's)")
     p.add_argument("--draft-layers", type=int, default=None,

@@ -91,9 +91,7 @@ class Worker:
         self._builder = verify.get_builder(config.builder)
         self._verifier: Callable[..., verify.VerifyOutput] = (
             verify.verify_block if config.block_verification else verify.verify_tokenwise)
-        if config.verify_path == "sparse":
-            self._verifier = sparse.verify_block_sparse if config.block_verification else sparse.verify_tokenwise_sparse
-        elif config.verify_path != "dense":
+        if config.verify_path not in ("dense", "sparse"):
             raise ValueError(f"verify_path {config.verify_path!r}: use dense or sparse")
 
     # ------------------------------------------------------------------ public steps
@@ -184,9 +182,9 @@ class Worker:
             kk = k.repeat(positions)
             rows = lg.reshape(n * positions, vocab)
             if self.config.verify_path == "sparse":  # [n * positions, K] entries, never a dense [rows, V]
-                s = sparse.sparse_probs(rows, kk.temperature, kk.top_k, kk.top_p)
-                entries = sparse.SparseProbs(s.values.view(n, positions, -1), s.ids.view(n, positions, -1), vocab)
-                return self._verifier(entries, d, q, generators=gens)
+                return sparse.verify_step(rows, kk.temperature, kk.top_k, kk.top_p, d, q, generators=gens,
+                                          block=self.config.block_verification,
+                                          fused=self.config.builder == "topk_fused")
             target = self._builder(rows, kk.temperature, kk.top_k, kk.top_p)
             return self._verifier(target.view(n, positions, vocab), d, q, generators=gens)
 

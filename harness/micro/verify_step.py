@@ -4,9 +4,10 @@
 times, interleaved in the same rounds (harness.micro.measure.time_interleaved, rotated input copies):
 - `dense_topk_first`: topk_first's dense [rows, V] probabilities, then block verification (the seed's path);
 - `dense_topk_fused`: topk_fused's (Triton on CUDA; topk_first elsewhere), then block verification;
-- `sparse`: each row's top-k entries (harness.verify.sparse.sparse_probs), then sparse block verification;
-- `sparse_fused`: the entries from topk_fused's kernels with a sparse output (one read of the logits, no dense
-  write; on a CPU the same as `sparse`), then sparse block verification;
+- `sparse`: each row's top-k entries (harness.verify.sparse.sparse_probs), then the torch sparse block verifier;
+- `sparse_fused`: harness.verify.sparse.verify_step with fused=True: topk_fused's kernels with a sparse output
+  (one read of the logits, no dense write) and the verify kernel (harness.verify.sparse_kernel) queued back to
+  back, one synchronisation (on a CPU the same as `sparse`);
 - `read_floor`: one read of the logits (a row maximum), what a verify step cannot go below.
 rows = steps x (gamma + 1) positions; drafts are point masses (greedy drafts) at each position's argmax
 after noise, so that steps accept some drafts and reject others. Every path's accepted counts and tokens
@@ -33,7 +34,7 @@ from harness.micro import bank, measure
 from harness.micro.families import FAMILIES, make_family
 from harness.micro.inputs import rotated_copies
 from harness.verify import topk_first_probs, topk_fused_probs, verify_block
-from harness.verify.sparse import SparseProbs, fused_sparse_probs, sparse_probs, verify_block_sparse
+from harness.verify.sparse import verify_step
 
 TOP_K, TOP_P, TEMPERATURE = 20, 0.95, 1.0
 PATHS = ("dense_topk_first", "dense_topk_fused", "sparse", "sparse_fused")  # the report's columns, in order
@@ -53,15 +54,13 @@ def paths(steps: int, gamma: int, drafts: Tensor, coins: Tensor) -> dict[str, me
             return verify_block(target, drafts, None, uniforms=coins).tokens
         return call
 
-    def sparse(builder):
+    def sparse(fused: bool):
         def call(x: Tensor) -> Tensor:
-            s = builder(x, *params(x))
-            target = SparseProbs(s.values.view(steps, gamma + 1, -1), s.ids.view(steps, gamma + 1, -1), s.vocab)
-            return verify_block_sparse(target, drafts, None, uniforms=coins).tokens
+            return verify_step(x, *params(x), drafts, None, block=True, fused=fused, uniforms=coins).tokens
         return call
 
     return {"dense_topk_first": dense(topk_first_probs), "dense_topk_fused": dense(topk_fused_probs),
-            "sparse": sparse(sparse_probs), "sparse_fused": sparse(fused_sparse_probs),
+            "sparse": sparse(False), "sparse_fused": sparse(True),
             "read_floor": lambda x: x.amax(dim=-1)}
 
 

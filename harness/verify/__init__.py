@@ -5,7 +5,9 @@
 - `topk`: torch.topk and the radix top-k (FlashInfer's on CUDA);
 - `builders`: the verify-probability builders (`full_vocab`, `topk_first`, `topk_first_torch`, `topk_fused`);
 - `topk_fused`: the Triton kernels behind `topk_fused` (imported only when that builder runs on CUDA);
-- `verifiers`: token-wise and block verification, and their sampling helpers.
+- `verifiers`: token-wise and block verification, and their sampling helpers;
+- `sparse` (imported from its module): the sparse verify path, each row's top-k entries, no dense tensor;
+  `sparse_kernel`: its verifiers as one Triton kernel (imported only when the fused step runs on CUDA).
 
 The names below are the public API, re-exported here.
 """

@@ -111,11 +111,19 @@ def fused_sparse_probs(logits: Tensor, temperature: Tensor, top_k: Tensor, top_p
 def _fused(logits: Tensor, temperature: Tensor, top_k: Tensor, top_p: Tensor) -> SparseProbs:
     from harness.verify import topk_fused  # noqa: PLC0415
 
-    n, vocab = logits.shape
     temperature, top_k, top_p = row_params(logits, temperature, top_k, top_p)
     values, ids32, left = topk_fused.run_sparse(logits, temperature, top_k, top_p)
+    return _merged(logits, temperature, top_k, top_p, values, ids32, left)
+
+
+def _merged(logits: Tensor, temperature: Tensor, top_k: Tensor, top_p: Tensor, values: Tensor, ids32: Tensor,
+            left: Tensor | None) -> SparseProbs:
+    """run_sparse's output (rank order, FAST_K wide) with the rows it left built by sparse_probs, as
+    SparseProbs: ids ascending, as wide as the widest row."""
+    vocab = logits.shape[1]
     ids = ids32.long()
     if left is not None:
+        values = values.clone()  # the kernels' output may be read by work queued before (verify_step)
         rest = sparse_probs(logits[left], temperature[left], top_k[left], top_p[left])
         if rest.width > values.shape[-1]:
             pad = rest.width - values.shape[-1]
@@ -130,6 +138,65 @@ def _fused(logits: Tensor, temperature: Tensor, top_k: Tensor, top_p: Tensor) ->
     width = max(1, int((ids < vocab).sum(dim=-1).max()))  # the most entries of a row: one synchronisation
     order = order[:, :width]
     return SparseProbs(values.gather(-1, order), ids.gather(-1, order), vocab)
+
+
+def verify_step(logits: Tensor, temperature: Tensor, top_k: Tensor, top_p: Tensor, draft_tokens: Tensor,
+                draft_probs: Tensor | SparseProbs | None, *, block: bool, fused: bool, uniforms: Tensor | None = None,
+                generators: list[torch.Generator] | None = None) -> VerifyOutput:
+    """A whole sparse verify step: target logits -> the verifier's output, never a dense [rows, V] tensor.
+
+    logits [B * (G+1), V], request by request (row b * (G+1) + j: p(. | prefix_j) of request b); temperature,
+    top_k, top_p [B * (G+1)]; draft_tokens [B, G]; draft_probs as the sparse verifiers take it; block: block
+    verification, else token-wise. fused on CUDA with Triton: topk_fused's kernels (run_sparse) and the verify
+    kernel (harness.verify.sparse_kernel) queued back to back, one synchronisation after both (the rows the
+    kernels left, if any, are then built by sparse_probs and their steps verified again); a sparse q takes the
+    torch verifiers. Otherwise: sparse_probs (fused: fused_sparse_probs) and the torch sparse verifiers."""
+    bsz, gamma = draft_tokens.shape
+    if logits.shape[0] != bsz * (gamma + 1):
+        raise ValueError(f"{logits.shape[0]} rows of logits for {bsz} steps of {gamma} drafts: need B * (G+1)")
+    if isinstance(draft_probs, Tensor) and tuple(draft_probs.shape) != (bsz, gamma, logits.shape[1]):
+        raise ValueError(f"draft_probs {tuple(draft_probs.shape)} must be [B, G, V] = [{bsz}, {gamma}, {logits.shape[1]}]")
+    u = _uniforms(uniforms, generators, (bsz, gamma + 1), logits.device)
+    if fused and logits.device.type == "cuda" and not isinstance(draft_probs, SparseProbs) and _kernels():
+        return _fused_step(logits, temperature, top_k, top_p, draft_tokens, draft_probs, u, block)
+    s = (fused_sparse_probs if fused else sparse_probs)(logits, temperature, top_k, top_p)
+    return _verify_entries(s, bsz, gamma, draft_tokens, draft_probs, u, block, kernel=False)
+
+
+def _kernels() -> bool:
+    from harness.verify import sparse_kernel, topk_fused  # noqa: PLC0415  (imports Triton)
+
+    return topk_fused.available() and sparse_kernel.available()
+
+
+def _fused_step(logits: Tensor, temperature: Tensor, top_k: Tensor, top_p: Tensor, draft_tokens: Tensor,
+                draft_probs: Tensor | None, u: Tensor, block: bool) -> VerifyOutput:
+    """verify_step's kernel path (the tests run it on a CPU under TRITON_INTERPRET=1)."""
+    from harness.verify import sparse_kernel, topk_fused  # noqa: PLC0415
+
+    bsz, gamma = draft_tokens.shape
+    vocab = logits.shape[1]
+    temperature, top_k, top_p = row_params(logits, temperature, top_k, top_p)
+    values, ids, pending = topk_fused.queue_sparse(logits, temperature, top_k, top_p)
+    out = sparse_kernel.verify_entries(values.view(bsz, gamma + 1, -1), ids.view(bsz, gamma + 1, -1), vocab,
+                                       draft_tokens, draft_probs, u, block)
+    left = pending()
+    if left is None:
+        return out
+    s = _merged(logits, temperature, top_k, top_p, values, ids, left)  # rare: rows the kernels left
+    return _verify_entries(s, bsz, gamma, draft_tokens, draft_probs, u, block,
+                           kernel=s.width <= sparse_kernel.MAX_WIDTH)
+
+
+def _verify_entries(s: SparseProbs, bsz: int, gamma: int, draft_tokens: Tensor, draft_probs: Tensor | SparseProbs | None,
+                    u: Tensor, block: bool, kernel: bool) -> VerifyOutput:
+    target = SparseProbs(s.values.view(bsz, gamma + 1, -1), s.ids.view(bsz, gamma + 1, -1), s.vocab)
+    if kernel and not isinstance(draft_probs, SparseProbs):
+        from harness.verify import sparse_kernel  # noqa: PLC0415
+
+        return sparse_kernel.verify_entries(target.values, target.ids, s.vocab, draft_tokens, draft_probs, u, block)
+    verifier = verify_block_sparse if block else verify_tokenwise_sparse
+    return verifier(target, draft_tokens, draft_probs, uniforms=u)
 
 
 def _q_at(draft_probs: Tensor | SparseProbs | None, rows: Tensor, pos: Tensor, ids: Tensor) -> Tensor | None:

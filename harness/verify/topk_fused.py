@@ -32,7 +32,9 @@ still missed, and rows with k above FAST_K or covering the vocabulary, are built
 synchronisation at the end reads the count of rows left.
 
 `run_sparse` runs the same kernels with a sparse output (harness.verify.sparse.fused_sparse_probs): the pass
-writes no zeros and the finish writes each row's k probabilities and int32 ids by rank ([rows, FAST_K] each).
+writes no zeros and the finish writes each row's k probabilities and int32 ids by rank ([rows, FAST_K] each);
+`queue_sparse` is run_sparse without the synchronisation (harness.verify.sparse.verify_step queues the verify
+kernel behind it first).
 
 Temporary memory: CANDIDATES int32 indices, 36 bytes of fields and ROUNDS retry slots (4 bytes each) per
 row: 2,096 bytes a row (8.2 MiB at 4,096 rows).
@@ -42,7 +44,7 @@ from __future__ import annotations
 
 import functools
 import math
-from typing import Any
+from collections.abc import Callable
 
 import torch
 from torch import Tensor
@@ -429,9 +431,11 @@ def run(logits: Tensor, temperature: Tensor, top_k: Tensor, top_p: Tensor, confi
     if n == 0:
         return torch.empty(0, vocab, dtype=torch.float32, device=logits.device), None
     if logits.device.type != "cuda":
-        return _launch(logits, temperature, top_k, top_p, config)
-    with torch.cuda.device(logits.device):  # Triton launches on the current device
-        return _launch(logits, temperature, top_k, top_p, config)
+        out, _, pending = _launch(logits, temperature, top_k, top_p, config)
+    else:
+        with torch.cuda.device(logits.device):  # Triton launches on the current device
+            out, _, pending = _launch(logits, temperature, top_k, top_p, config)
+    return out, pending()
 
 
 def run_sparse(logits: Tensor, temperature: Tensor, top_k: Tensor, top_p: Tensor, config: dict[str, int] | None = None
@@ -439,10 +443,18 @@ def run_sparse(logits: Tensor, temperature: Tensor, top_k: Tensor, top_p: Tensor
     """The kernels with a sparse output: no zeros written, each taken row's k probabilities by rank.
     -> (values [rows, FAST_K] fp32, ids [rows, FAST_K] int32: ranks k and above value 0 and id V, the rows left
     to the caller or None; their slots hold nothing). Same arguments and rules as run."""
-    n, vocab = logits.shape
-    if n == 0:
+    values, ids, pending = queue_sparse(logits, temperature, top_k, top_p, config)
+    return values, ids, pending()
+
+
+def queue_sparse(logits: Tensor, temperature: Tensor, top_k: Tensor, top_p: Tensor,
+                 config: dict[str, int] | None = None) -> tuple[Tensor, Tensor, Callable[[], Tensor | None]]:
+    """run_sparse without its synchronisation: the kernels are queued and (values, ids, left) come back at
+    once, `left()` the synchronisation that reads which rows the caller must build (None: no row). Work
+    queued on the outputs before left() runs after the kernels, as any work on the stream."""
+    if logits.shape[0] == 0:
         empty = torch.empty(0, FAST_K, device=logits.device)
-        return empty, empty.int(), None
+        return empty, empty.int(), lambda: None
     if logits.device.type != "cuda":
         return _launch(logits, temperature, top_k, top_p, config, sparse=True)
     with torch.cuda.device(logits.device):
@@ -450,8 +462,9 @@ def run_sparse(logits: Tensor, temperature: Tensor, top_k: Tensor, top_p: Tensor
 
 
 def _launch(logits: Tensor, temperature: Tensor, top_k: Tensor, top_p: Tensor, config: dict[str, int] | None,
-            sparse: bool = False) -> Any:
-    """(out, left), or (values, ids, left) when sparse."""
+            sparse: bool = False) -> tuple[Tensor, Tensor, Callable[[], Tensor | None]]:
+    """(out, ids, left): the output (dense [rows, V], or the sparse values), the sparse ids (the workspace when
+    dense: nothing to read), and the synchronisation that reads the rows left to the caller."""
     n, vocab = logits.shape
     if logits.stride(1) != 1:
         logits = logits.contiguous()
@@ -484,8 +497,11 @@ def _launch(logits: Tensor, temperature: Tensor, top_k: Tensor, top_p: Tensor, c
             PIECE=min(PIECE, samples), NARROW=min(cfg["NARROW"], CANDIDATES), FAST_K=FAST_K, TIE_BLOCK=TIE_BLOCK,
             TIE_SPAN=TIE_SPAN, SPARSE=sparse, num_warps=cfg["FINISH_WARPS"], **common)
     counters = ws[counters_at:]  # zeroed by the start kernel
-    left = None
-    if int(counters[ROUNDS]) != 0:
+
+    def left() -> Tensor | None:
+        if int(counters[ROUNDS]) == 0:  # the one synchronisation
+            return None
         status = FIELDS.index("status")
-        left = (ws[status * n:(status + 1) * n] >= 2).nonzero().squeeze(-1)
-    return (out, ids, left) if sparse else (out, left)
+        return (ws[status * n:(status + 1) * n] >= 2).nonzero().squeeze(-1)
+
+    return out, ids, left

@@ -1,0 +1,53 @@
+#!/usr/bin/env bash
+# The sparse verify path on a lent GPU host (README "The sparse verify path"): the GPU tests of the kernels, the
+# verify-step microbenchmark on every logit family, and the embedded A/B of dense vs sparse.
+#
+#   scripts/h200_sparse.sh [tests] [micro] [profile] [ab]    (default: tests micro ab, in that order)
+#
+# That host has torch, Triton and CUDA but no network: what the harness needs beyond its image travels as
+# wheels (WHEELS, default .whl: hydra-core, omegaconf, antlr4, math-verify, latex2sympy2-extended, orjson, dill,
+# rich), FlashInfer as ../shared/gpu's wheels with its top-k module (FLASHINFER, default .gpuk). Results go to
+# OUT: gpu.txt, gpu_tests.log, verify-step/{report.md,results.jsonl}, profile_sparse.log (scripts/
+# profile_sparse_step.py: the step's time per kernel), ab-console.log, ab.tgz (the campaign).
+# Environment: VOCABS (default 248320,151936,32000), FAMILIES (default all ten), PY (default python3).
+set -euo pipefail
+OUT=${OUT:?set OUT to the folder that receives the results}
+PY=${PY:-python3}
+WHEELS=${WHEELS:-.whl}
+FLASHINFER=${FLASHINFER:-.gpuk}
+FAMILIES=${FAMILIES:-iid,clustered,sorted,heavy_tail,peaked,bf16,padding,lm_like,smollm2,gemma3}
+steps=("$@")
+[ ${#steps[@]} -eq 0 ] && steps=(tests micro ab)
+
+"$PY" -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade --target /tmp/site \
+  "$WHEELS"/*.whl "$FLASHINFER"/*.whl
+mkdir -p /tmp/site/flashinfer/data/aot/topk && cp "$FLASHINFER"/flashinfer-aot-sm90a/topk/topk.so /tmp/site/flashinfer/data/aot/topk/
+export PYTHONPATH=/tmp/site TVM_FFI_DISABLE_TORCH_C_DLPACK=1 FLASHINFER_DISABLE_JIT=1 PYTHONUNBUFFERED=1
+{ nvidia-smi --query-gpu=name,driver_version,clocks.sm,clocks.max.sm,memory.total --format=csv
+  "$PY" -c 'import torch, triton, flashinfer; print("torch", torch.__version__, "triton", triton.__version__, "flashinfer", flashinfer.__version__)'
+} | tee "$OUT/gpu.txt"
+
+for step in "${steps[@]}"; do
+  case "$step" in
+    tests)
+      "$PY" -m pytest -q -p no:cacheprovider -m gpu tests/test_sparse_kernel.py tests/test_topk_fused.py \
+        tests/test_verify_builders.py 2>&1 | tee "$OUT/gpu_tests.log" || echo "GPU TESTS FAILED" | tee -a "$OUT/gpu_tests.log"
+      ;;
+    micro)
+      "$PY" -m harness.micro.verify_step --families "$FAMILIES" --vocabs "${VOCABS:-248320,151936,32000}" \
+        --steps 512 --gamma 7 --repeats 15 --bank tests/fixtures/logit_bank --out "$OUT/verify-step" \
+        || echo "MICROBENCHMARK FAILED"
+      ;;
+    profile)
+      OUT="$OUT" "$PY" scripts/profile_sparse_step.py || echo "PROFILE FAILED"
+      ;;
+    ab)
+      "$PY" -m harness.bench experiment=embedded_verify_sparse server.model_path=embedded:large results_dir=/tmp/ab \
+        report=false 'server.args=[--speculative-algorithm,DFLASH,--speculative-num-draft-tokens,"8",--draft-mode,sampled,--speculative-use-block-verification,--max-running-requests,"16",--enable-deterministic-inference,--device,cuda]' \
+        2>&1 | tee "$OUT/ab-console.log" || echo "A/B CAMPAIGN FAILED"
+      tar czf "$OUT/ab.tgz" -C /tmp/ab .
+      ;;
+    *) echo "unknown step $step (tests, micro, profile or ab)" >&2; exit 2 ;;
+  esac
+done
+echo "results under $OUT"
