@@ -1,13 +1,18 @@
 """Launch configurations of topk_fused's kernels in their sparse mode (run_sparse: the pass reads the logits and
 writes nothing), against one read of the logits timed in the same rounds. scripts/profile_sparse_step.py showed
 the pass at about 1.6x the read with the dense mode's configuration (1,024-logit blocks, 4 warps: a million
-4 KB programs at 4096 rows); this tries bigger blocks and more warps per program.
+4 KB programs at 4096 rows); this tries bigger blocks and more warps per program, and how a block appends
+(SPARSE_APPEND). (tune_stream.log in results/published/verify-step-h200-sparse was made with
+a streaming first pass, a few programs per multiprocessor each loading its next block before scanning the
+current one; no better than `base`, it was taken out again.)
 
 Per vocabulary and family, 4096 rows, top_k 20, top_p 0.95, T 1: the median ms of 15 interleaved rounds of each
 configuration and of the read floor, and whether each configuration's entries equal the first's (the kept sets
 do not depend on the launch). Prints a table and writes $OUT/tune_sparse_pass.log. On a CUDA host:
 
-    python scripts/tune_sparse_pass.py [vocabs, comma-separated] [families, comma-separated]
+    python scripts/tune_sparse_pass.py [vocabs, comma-separated] [families, comma-separated] [configurations]
+
+(configurations: names of CONFIGS, comma-separated; default all; `base` is always timed first.)
 """
 
 import os
@@ -28,6 +33,11 @@ CONFIGS = {
     "b4096w8": {"PASS_BLOCK": 4096, "PASS_WARPS": 8},
     "b4096w16": {"PASS_BLOCK": 4096, "PASS_WARPS": 16},
     "b8192w16": {"PASS_BLOCK": 8192, "PASS_WARPS": 16},
+    # how a block appends its logits above t (topk_fused.launch_config's SPARSE_APPEND)
+    "skip": {"SPARSE_APPEND": 1},
+    "skip_b2048": {"SPARSE_APPEND": 1, "PASS_BLOCK": 2048},
+    "loop": {"SPARSE_APPEND": 2},
+    "loop_b2048": {"SPARSE_APPEND": 2, "PASS_BLOCK": 2048},
 }
 
 
@@ -46,34 +56,37 @@ def timed(calls: dict, rounds: int = 15) -> dict[str, float]:
     return {n: statistics.median(t) for n, t in times.items()}
 
 
-def cell(family: str, vocab: int, rows: int = 4096) -> str:
+def cell(family: str, vocab: int, configs: dict, rows: int = 4096) -> str:
     x = make_family(family, rows, vocab, seed=0, device=torch.device("cuda"))
     t, k, p = (torch.ones(rows, device="cuda"), torch.full((rows,), 20, device="cuda"),
                torch.full((rows,), 0.95, device="cuda"))
-    calls = {n: (lambda c=c: topk_fused.run_sparse(x, t, k, p, c)) for n, c in CONFIGS.items()}
+    calls = {n: (lambda c=c: topk_fused.run_sparse(x, t, k, p, c)) for n, c in configs.items()}
     calls["read"] = lambda: x.amax(dim=-1)
     ref = topk_fused.run_sparse(x, t, k, p)
     same = []
-    for name, c in CONFIGS.items():
+    for name, c in configs.items():
         got = topk_fused.run_sparse(x, t, k, p, c)
         same.append(name if torch.equal(got[0], ref[0]) and torch.equal(got[1], ref[1]) else f"{name}:DIFFERS")
     med = timed(calls)
     floor = med["read"]
-    cells = " | ".join(f"{med[n]:.3f} ({med[n] / floor:.2f}x)" for n in CONFIGS)
+    cells = " | ".join(f"{med[n]:.3f} ({med[n] / floor:.2f}x)" for n in configs)
     return f"| {family} | {vocab:,} | {floor:.3f} | {cells} | {', '.join(s for s in same if 'DIFF' in s) or 'all equal'} |"
 
 
 def main() -> None:
     vocabs = [int(v) for v in (sys.argv[1] if len(sys.argv) > 1 else "248320,151936,32000").split(",")]
     families = (sys.argv[2] if len(sys.argv) > 2 else "iid,clustered,sorted,bf16,padding,lm_like").split(",")
+    names = ["base"] + [n for n in (sys.argv[3].split(",") if len(sys.argv) > 3 else CONFIGS) if n != "base"]
+    configs = {n: CONFIGS[n] for n in names}
     lines = [f"{torch.cuda.get_device_name()}: run_sparse ms (x the read floor), 4096 rows, median of 15 rounds",
-             "| family | vocab | read | " + " | ".join(CONFIGS) + " | entries |",
-             "|---|---:|---:|" + "---:|" * len(CONFIGS) + "---|"]
+             "| family | vocab | read | " + " | ".join(configs) + " | entries |",
+             "|---|---:|---:|" + "---:|" * len(configs) + "---|"]
     for vocab in vocabs:
         for family in families:
-            lines.append(cell(family, vocab))
+            lines.append(cell(family, vocab, configs))
             print(lines[-1], flush=True)
-    (Path(os.environ.get("OUT", ".")) / "tune_sparse_pass.log").write_text("\n".join(lines) + "\n")
+    name = os.environ.get("LOG", "tune_sparse_pass.log")
+    (Path(os.environ.get("OUT", ".")) / name).write_text("\n".join(lines) + "\n")
 
 
 if __name__ == "__main__":

@@ -15,7 +15,10 @@ seed's sizes, and one program streams it at a few GB/s):
    since a row's k largest are among its blocks' k largest: a row whose large logits crowd into a few id
    ranges (a script's tokens, a topic's, a sorted row) takes a few blocks' worth of its list, not all of it.
    With few blocks per row (a small vocabulary) the programs that run side by side take other rows, so that
-   their atomics hit other counters.
+   their atomics hit other counters. The per-lane atomics cost even where no lane is above t: the sparse mode
+   (no zeros to write, so the pass is no longer bound by the copy) skips them behind a scalar test of the
+   block's count (launch_config's SPARSE_APPEND; measured on an H200: run_sparse 1.71-1.89 -> 1.27-1.58 ms at
+   4096 x 248,320, results/published/verify-step-h200-sparse/tune_append.log).
 3. finish, a program per row: when the list holds every candidate (at most CANDIDATES) and at least k
    logits are >= t, the row's k largest logits are among the candidates, plus, when fewer than k are above
    t, the first ties with t by index (looked for in the row's first TIE_SPAN logits: an all-equal row finds
@@ -217,24 +220,63 @@ if triton is not None:
         return n
 
     @triton.jit
+    def _scan_block(x, offs, row, ws, wsf, n_rows, lanes, CANDIDATES: tl.constexpr, APPEND: tl.constexpr):
+        """The block's logits x (at offs) above the row's t go to its candidate list. A block with at most k
+        of them appends each (an atomic slot each: nothing block-wide, which measured slower); a block with
+        more appends only its own k largest (value, then lowest index; by repeated maximum), since a row's k
+        largest are among its blocks' k largest: a row whose large logits crowd into a few id ranges (a
+        script's tokens, a sorted row) fills its list with a few blocks' worth of them, not with all of them."""
+        t = tl.load(wsf + _T * n_rows + row)
+        k = tl.load(ws + _K * n_rows + row)
+        gt = x > t
+        cand = ws + _FIELDS * n_rows + tl.cast(row, tl.int64) * CANDIDATES
+        count = ws + _COUNT * n_rows + row
+        n_gt = tl.sum(gt.to(tl.int32), axis=0)
+        if APPEND > 0 and n_gt == 0:  # nothing to append: no per-lane atomics to issue
+            pass
+        elif (APPEND == 2) & (n_gt <= k):  # one atomic for the block, its n_gt indices by repeated minimum
+            base = tl.atomic_add(count, n_gt, sem="relaxed")
+            prev = tl.full([], -1, tl.int32)
+            for i in range(n_gt):
+                prev = tl.min(tl.where(gt & (offs > prev), offs, 2**31 - 1), axis=0)
+                if base + i < CANDIDATES:
+                    tl.store(cand + base + i, prev)
+        elif n_gt <= k:  # an atomic slot per logit above t
+            pos = tl.atomic_add(count + lanes * 0, 1, mask=gt, sem="relaxed")
+            tl.store(cand + pos, offs, mask=gt & (pos < CANDIDATES))
+        else:  # a crowded block: its k largest only
+            base = tl.atomic_add(count, k, sem="relaxed")
+            keys = tl.where(gt, _key(x, offs), -(2**63))
+            prev = tl.full([], 2**63 - 1, tl.int64)
+            for i in range(k):
+                m = tl.max(tl.where(keys < prev, keys, -(2**63)), axis=0)
+                at = base + i
+                if at < CANDIDATES:
+                    tl.store(cand + at, (0xFFFFFFFF - (m & 0xFFFFFFFF)).to(tl.int32))
+                prev = m
+
+    @triton.jit
+    def _place(item, n, blocks, INTERLEAVE: tl.constexpr):
+        """Work item -> (slot, block): with INTERLEAVE, programs running side by side work on other rows, so
+        that their atomics hit other counters (few blocks per row: a small vocabulary)."""
+        if INTERLEAVE:
+            slot, block = item % n, item // n
+        else:
+            slot, block = item // blocks, item % blocks
+        return slot, block
+
+    @triton.jit
     def _pass_kernel(logits_ptr, stride_row, out_ptr, ws, wsf, n_rows, vocab, ROUND: tl.constexpr,
                      CANDIDATES: tl.constexpr, redo, ROUNDS: tl.constexpr, BLOCK: tl.constexpr,
-                     INTERLEAVE: tl.constexpr, ZEROS: tl.constexpr):
+                     INTERLEAVE: tl.constexpr, ZEROS: tl.constexpr, APPEND: tl.constexpr):
         """Blocks of rows, one per step of each program: in the first round zeros over the output block (every
-        row: those left to the caller are overwritten by it); then the block's logits above the row's t go to
-        its candidate list. A block with at most k of them appends each (an atomic slot each: nothing
-        block-wide, which measured slower); a block with more appends only its own k largest (value, then
-        lowest index; by repeated maximum), since a row's k largest are among its blocks' k largest: a row
-        whose large logits crowd into a few id ranges (a script's tokens, a sorted row) fills its list with a
-        few blocks' worth of them, not with all of them. The zeros and the logits do not wait for t."""
+        row: those left to the caller are overwritten by it); then _scan_block. The zeros and the logits do
+        not wait for t."""
         blocks = tl.cdiv(vocab, BLOCK)
         n = _work_count(ws, n_rows, ROUND, CANDIDATES, redo, ROUNDS)
         lanes = tl.arange(0, BLOCK)
         for item in range(tl.program_id(0), n * blocks, tl.num_programs(0)):
-            if INTERLEAVE:  # programs running side by side work on other rows: their atomics hit other counters
-                slot, block = item % n, item // n
-            else:
-                slot, block = item // blocks, item % blocks
+            slot, block = _place(item, n, blocks, INTERLEAVE)
             row = _work(ws, n_rows, slot, ROUND, CANDIDATES, redo)
             offs = block * BLOCK + lanes
             inside = offs < vocab
@@ -242,26 +284,9 @@ if triton is not None:
                 if ZEROS:  # the dense output; the sparse one (run_sparse) has no zeros to write
                     tl.store(out_ptr + tl.cast(row, tl.int64) * vocab + offs, tl.zeros([BLOCK], tl.float32),
                              mask=inside)
-            t = tl.load(wsf + _T * n_rows + row)
-            k = tl.load(ws + _K * n_rows + row)
             x = tl.load(logits_ptr + tl.cast(row, tl.int64) * stride_row + offs, mask=inside,
                         other=float("-inf")).to(tl.float32)
-            gt = x > t
-            cand = ws + _FIELDS * n_rows + tl.cast(row, tl.int64) * CANDIDATES
-            count = ws + _COUNT * n_rows + row
-            if tl.sum(gt.to(tl.int32), axis=0) <= k:
-                pos = tl.atomic_add(count + lanes * 0, 1, mask=gt, sem="relaxed")
-                tl.store(cand + pos, offs, mask=gt & (pos < CANDIDATES))
-            else:  # a crowded block: its k largest only
-                base = tl.atomic_add(count, k, sem="relaxed")
-                keys = tl.where(gt, _key(x, offs), -(2**63))
-                prev = tl.full([], 2**63 - 1, tl.int64)
-                for i in range(k):
-                    m = tl.max(tl.where(keys < prev, keys, -(2**63)), axis=0)
-                    at = base + i
-                    if at < CANDIDATES:
-                        tl.store(cand + at, (0xFFFFFFFF - (m & 0xFFFFFFFF)).to(tl.int32))
-                    prev = m
+            _scan_block(x, offs, row, ws, wsf, n_rows, lanes, CANDIDATES, APPEND)
 
     @triton.jit
     def _write_probs(keys, k, temperature, top_p, dst, dst_ids, vocab, FAST_K: tl.constexpr, SPARSE: tl.constexpr):
@@ -415,9 +440,13 @@ def launch_config() -> dict[str, int]:
     blocks of PASS_BLOCK logits, the start kernel holds a row's samples (at most 1 / SAMPLE_SHARE of the row,
     runs of up to CHUNK) in registers, the finish kernel ranks NARROW keys (CANDIDATES when more).
     FIRST_ABOVE > 0 makes the first threshold leave that many samples above it instead of k (tests: a first
-    threshold that misses, on purpose)."""
+    threshold that misses, on purpose). DENSE_APPEND / SPARSE_APPEND, how a block appends its logits above t
+    (the dense and the sparse mode): 0 an atomic slot per logit (the per-lane atomics are issued for every
+    block), 1 the same behind a scalar test that skips blocks with none, 2 that test, then one atomic per
+    block and its indices by repeated minimum."""
     return {"PASS_BLOCK": 1024, "PASS_WARPS": 4, "START_WARPS": 8, "FINISH_WARPS": 2, "NARROW": 256,
-            "CHUNK": CHUNK, "SAMPLE_SHARE": SAMPLE_SHARE, "SAMPLES": SAMPLES, "INTERLEAVE_BLOCKS": 64, "FIRST_RANK": 0}
+            "CHUNK": CHUNK, "SAMPLE_SHARE": SAMPLE_SHARE, "SAMPLES": SAMPLES, "INTERLEAVE_BLOCKS": 64, "FIRST_RANK": 0,
+            "DENSE_APPEND": 0, "SPARSE_APPEND": 1}
 
 
 def run(logits: Tensor, temperature: Tensor, top_k: Tensor, top_p: Tensor, config: dict[str, int] | None = None
@@ -491,7 +520,7 @@ def _launch(logits: Tensor, temperature: Tensor, top_k: Tensor, top_p: Tensor, c
     for r in range(ROUNDS):
         _pass_kernel[(n * blocks if r == 0 else retry_programs,)](
             logits, stride, out, ws, wsf, n, vocab, ROUND=r, BLOCK=pass_block, INTERLEAVE=interleave,
-            ZEROS=not sparse, num_warps=cfg["PASS_WARPS"], **common)
+            ZEROS=not sparse, APPEND=cfg["SPARSE_APPEND" if sparse else "DENSE_APPEND"], num_warps=cfg["PASS_WARPS"], **common)
         _finish_kernel[(n if r == 0 else min(redo, retry_programs),)](
             logits, stride, out, ids, ws, wsf, n, vocab, ROUND=r, LAST=r == ROUNDS - 1, SAMPLES=samples, CHUNK=chunk,
             PIECE=min(PIECE, samples), NARROW=min(cfg["NARROW"], CANDIDATES), FAST_K=FAST_K, TIE_BLOCK=TIE_BLOCK,
