@@ -322,7 +322,7 @@ def tie_coin(case: Case, block: bool) -> float:
 # row for row
 # ---------------------------------------------------------------------------------------------
 
-KERNEL_CASES = {(16, 1), (16, 7)}  # harness.verify.sparse_kernel checked too (the interpreter is slow)
+KERNEL_CASES = {(16, 7)}  # harness.verify.sparse_kernel checked too (the interpreter is slow)
 SWEEP = [(16, g, 24) for g in range(1, 8)] + [(1000, g, 12) for g in (2, 5)] + [(32000, g, 4) for g in (1, 4, 7)]
 
 
