@@ -222,8 +222,8 @@ if triton is not None:
     @triton.jit
     def _scan_block(x, offs, row, ws, wsf, n_rows, lanes, CANDIDATES: tl.constexpr, APPEND: tl.constexpr):
         """The block's logits x (at offs) above the row's t go to its candidate list. A block with at most k
-        of them appends each (an atomic slot each: nothing block-wide, which measured slower); a block with
-        more appends only its own k largest (value, then lowest index; by repeated maximum), since a row's k
+        of them appends each (APPEND, launch_config's DENSE_APPEND / SPARSE_APPEND: 0 an atomic slot each,
+        1 the same unless none, 2 one atomic for the block); a block with more appends only its own k largest (value, then lowest index; by repeated maximum), since a row's k
         largest are among its blocks' k largest: a row whose large logits crowd into a few id ranges (a
         script's tokens, a sorted row) fills its list with a few blocks' worth of them, not with all of them."""
         t = tl.load(wsf + _T * n_rows + row)
