@@ -12,35 +12,21 @@ repository root on a CUDA host:
 """
 
 import os
-import statistics
 import sys
-from collections.abc import Callable
 from pathlib import Path
 
 import torch
 from torch.profiler import ProfilerActivity, profile
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+from profile_topk_fused import median_ms  # noqa: E402  (scripts/, this script's folder)
+
 from harness.micro.families import make_family  # noqa: E402
 from harness.verify import topk_fused  # noqa: E402
 from harness.verify.sparse import verify_step  # noqa: E402
 
 VOCAB, STEPS, GAMMA = 248_320, 512, 7
 SLEEP_CYCLES = 4_000_000  # about 2 ms on an H200
-
-
-def median_ms(fn: Callable[[], object], repeats: int = 20) -> float:
-    times = []
-    for i in range(repeats + 3):
-        torch.cuda.synchronize()
-        start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-        start.record()
-        fn()
-        end.record()
-        torch.cuda.synchronize()
-        if i >= 3:
-            times.append(start.elapsed_time(end))
-    return statistics.median(times)
 
 
 def family_lines(family: str, sleep_ms: float) -> list[str]:

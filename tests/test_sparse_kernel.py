@@ -14,11 +14,11 @@ from __future__ import annotations
 import pytest
 import torch
 from test_topk_fused import interpreter_or_skip
-from test_verify_sparse import SPARSE, chi_square, first_two_tokens
+from test_verify_sparse import SPARSE, chi_square, first_two_tokens, random_case
 
 from harness.micro.families import make_family
-from harness.verify import full_vocab_probs, topk_first_probs, verify_block, verify_tokenwise
 from harness.verify import sparse as sp
+from harness.verify import topk_first_probs, verify_block, verify_tokenwise
 from harness.verify.sparse import SparseProbs
 
 CUDA = torch.cuda.is_available()
@@ -34,26 +34,6 @@ def kernel_verifier(name: str):
     return verifier
 
 
-def close_case(n: int, vocab: int, gamma: int, draft: str, seed: int):
-    """Verify steps whose draft is close to the target (so that acceptances, rejections and bonus tokens all
-    happen): target = full_vocab over logits L (T 0.8, top_k 8, top_p 0.9); q = full_vocab over L plus 0.3 x noise
-    (top_k 16); drafts at q's argmax ("greedy", q None) or sampled from q; one coin per position."""
-    g = torch.Generator().manual_seed(seed)
-    logits = torch.randn(n, gamma + 1, vocab, generator=g) * 2
-    rows = n * (gamma + 1)
-    target = full_vocab_probs(logits.view(rows, vocab), torch.full((rows,), 0.8), torch.full((rows,), 8),
-                              torch.full((rows,), 0.9)).view(n, gamma + 1, vocab)
-    noisy = (logits[:, :gamma] + 0.3 * torch.randn(n, gamma, vocab, generator=g)).reshape(n * gamma, vocab)
-    ones = torch.ones(n * gamma)
-    q = full_vocab_probs(noisy, ones, torch.full((n * gamma,), 16), ones).view(n, gamma, vocab)
-    if draft == "greedy":
-        drafts, q_arg = q.argmax(dim=-1), None
-    else:
-        drafts = torch.multinomial(q.view(-1, vocab), 1, generator=g).view(n, gamma)
-        q_arg = q
-    return target, drafts, q_arg, torch.rand(n, gamma + 1, generator=g)
-
-
 def same_outputs(a, b) -> torch.Tensor:
     """Steps whose accepted count or tokens differ."""
     return (a.num_accepted != b.num_accepted) | (a.tokens != b.tokens).any(dim=-1)
@@ -66,7 +46,7 @@ def test_the_kernel_makes_the_sparse_verifiers_decisions(name, draft):
     """40 steps of gamma 5 over 256 ids: the same accepted counts and tokens as verify_*_sparse with the same
     coins, row for row."""
     interpreter_or_skip()
-    target, drafts, q, u = close_case(40, 256, 5, draft, seed=23)
+    target, drafts, q, u = random_case(40, 256, 5, draft, seed=23, near=0.3)
     entries = SparseProbs.from_dense(target)
     want = SPARSE[name](entries, drafts, q, uniforms=u)
     got = kernel_verifier(name)(entries, drafts, q, uniforms=u)
@@ -101,7 +81,7 @@ def test_garbage_entries_are_never_looked_up_in_q():
     interpreter_or_skip()
     from harness.verify import sparse_kernel  # noqa: PLC0415
 
-    target, drafts, q, u = close_case(2, 64, 3, "dense-q", seed=3)
+    target, drafts, q, u = random_case(2, 64, 3, "dense-q", seed=3, near=0.3)
     entries = SparseProbs.from_dense(target)
     ids = entries.ids.clone()
     ids[1] = torch.tensor([-7, -2**31, 10**6, -10**9]).repeat(ids.shape[-1] // 4 + 1)[: ids.shape[-1]]

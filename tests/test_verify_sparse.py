@@ -58,17 +58,23 @@ def test_sparse_probs_round_trip_and_lookups():
         SparseProbs.from_dense(dense, width=1)
 
 
-def random_case(n: int, vocab: int, gamma: int, draft: str, seed: int):
+def random_case(n: int, vocab: int, gamma: int, draft: str, seed: int, near: float | None = None):
     """A batch of verify steps: the target built by full_vocab (top_k 8, top_p 0.9, T 0.8: sparse), drafts
-    from another distribution (dense, top_k 16) or point masses at its argmax; one coin per position."""
+    from another distribution (dense, top_k 16) or point masses at its argmax; one coin per position. The
+    draft's logits are independent of the target's, or (near) the target's plus `near` x Gaussian noise, so
+    that acceptances, rejections and bonus tokens all happen."""
     g = torch.Generator().manual_seed(seed)
     rows = n * (gamma + 1)
     ones = torch.ones(rows)
-    target = full_vocab_probs(torch.randn(rows, vocab, generator=g) * 2, ones * 0.8, torch.full((rows,), 8),
-                              ones * 0.9).view(n, gamma + 1, vocab)
+    logits = torch.randn(rows, vocab, generator=g) * 2
+    target = full_vocab_probs(logits, ones * 0.8, torch.full((rows,), 8), ones * 0.9).view(n, gamma + 1, vocab)
     qrows = n * gamma
-    q = full_vocab_probs(torch.randn(qrows, vocab, generator=g) * 2, torch.ones(qrows), torch.full((qrows,), 16),
-                         torch.ones(qrows)).view(n, gamma, vocab)
+    if near is None:
+        q_logits = torch.randn(qrows, vocab, generator=g) * 2
+    else:
+        q_logits = (logits.view(n, gamma + 1, vocab)[:, :gamma]
+                    + near * torch.randn(n, gamma, vocab, generator=g)).reshape(qrows, vocab)
+    q = full_vocab_probs(q_logits, torch.ones(qrows), torch.full((qrows,), 16), torch.ones(qrows)).view(n, gamma, vocab)
     if draft == "greedy":
         drafts, q_arg = q.argmax(dim=-1), None
     else:
