@@ -7,8 +7,9 @@ a streaming first pass, a few programs per multiprocessor each loading its next 
 current one; no better than `base`, it was taken out again.)
 
 Per vocabulary and family, 4096 rows, top_k 20, top_p 0.95, T 1: the median ms of 15 interleaved rounds of each
-configuration and of the read floor, and whether each configuration's entries equal the first's (the kept sets
-do not depend on the launch). Prints a table and writes $OUT/tune_sparse_pass.log. On a CUDA host:
+configuration and of the read floor (harness.micro.measure.time_interleaved: each round in a seeded shuffled
+order; the logs of 2026-12-03 were made with a fixed order, the script's own loop then), and whether each
+configuration's entries equal the first's (the kept sets do not depend on the launch). Prints a table and writes $OUT/tune_sparse_pass.log. On a CUDA host:
 
     python scripts/tune_sparse_pass.py [vocabs, comma-separated] [families, comma-separated] [configurations]
 
@@ -23,6 +24,7 @@ from pathlib import Path
 import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+from harness.micro import measure  # noqa: E402
 from harness.micro.families import make_family  # noqa: E402
 from harness.verify import topk_fused  # noqa: E402
 
@@ -41,33 +43,19 @@ CONFIGS = {
 }
 
 
-def timed(calls: dict, rounds: int = 15) -> dict[str, float]:
-    times: dict[str, list[float]] = {n: [] for n in calls}
-    for r in range(rounds + 2):
-        for name, fn in calls.items():
-            torch.cuda.synchronize()
-            start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-            start.record()
-            fn()
-            end.record()
-            torch.cuda.synchronize()
-            if r >= 2:
-                times[name].append(start.elapsed_time(end))
-    return {n: statistics.median(t) for n, t in times.items()}
-
-
 def cell(family: str, vocab: int, configs: dict, rows: int = 4096) -> str:
     x = make_family(family, rows, vocab, seed=0, device=torch.device("cuda"))
     t, k, p = (torch.ones(rows, device="cuda"), torch.full((rows,), 20, device="cuda"),
                torch.full((rows,), 0.95, device="cuda"))
-    calls = {n: (lambda c=c: topk_fused.run_sparse(x, t, k, p, c)) for n, c in configs.items()}
-    calls["read"] = lambda: x.amax(dim=-1)
+    calls = {n: (lambda x, c=c: topk_fused.run_sparse(x, t, k, p, c)[0]) for n, c in configs.items()}
+    calls["read"] = lambda x: x.amax(dim=-1)
     ref = topk_fused.run_sparse(x, t, k, p)
     same = []
     for name, c in configs.items():
         got = topk_fused.run_sparse(x, t, k, p, c)
         same.append(name if torch.equal(got[0], ref[0]) and torch.equal(got[1], ref[1]) else f"{name}:DIFFERS")
-    med = timed(calls)
+    times = measure.time_interleaved(calls, [x], warmup=2, repeats=15)
+    med = {n: statistics.median(ms) for n, ms in times.items()}
     floor = med["read"]
     cells = " | ".join(f"{med[n]:.3f} ({med[n] / floor:.2f}x)" for n in configs)
     return f"| {family} | {vocab:,} | {floor:.3f} | {cells} | {', '.join(s for s in same if 'DIFF' in s) or 'all equal'} |"

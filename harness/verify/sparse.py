@@ -123,7 +123,6 @@ def _merged(logits: Tensor, temperature: Tensor, top_k: Tensor, top_p: Tensor, v
     vocab = logits.shape[1]
     ids = ids32.long()
     if left is not None:
-        values = values.clone()  # the kernels' output may be read by work queued before (verify_step)
         rest = sparse_probs(logits[left], temperature[left], top_k[left], top_p[left])
         if rest.width > values.shape[-1]:
             pad = rest.width - values.shape[-1]
