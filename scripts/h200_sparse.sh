@@ -8,7 +8,8 @@
 # wheels (WHEELS, default .whl: hydra-core, omegaconf, antlr4, math-verify, latex2sympy2-extended, orjson, dill,
 # rich), FlashInfer as ../shared/gpu's wheels with its top-k module (FLASHINFER, default .gpuk). Results go to
 # OUT: gpu.txt, gpu_tests.log, verify-step/{report.md,results.jsonl}, profile_sparse.log (scripts/
-# profile_sparse_step.py: the step's time per kernel), ab-console.log, ab.tgz (the campaign).
+# profile_sparse_step.py: the step's time per kernel), ab-console.log, ab.tgz (the campaign). A step that fails
+# does not stop the later ones; the script then names the failed steps and exits 1.
 # Environment: VOCABS (default 248320,151936,32000), FAMILIES (default all ten), PY (default python3).
 set -euo pipefail
 OUT=${OUT:?set OUT to the folder that receives the results}
@@ -17,6 +18,7 @@ WHEELS=${WHEELS:-.whl}
 FLASHINFER=${FLASHINFER:-.gpuk}
 FAMILIES=${FAMILIES:-iid,clustered,sorted,heavy_tail,peaked,bf16,padding,lm_like,smollm2,gemma3}
 steps=("$@")
+failed=()  # a step that fails is named at the end and the script exits 1; the later steps still run
 [ ${#steps[@]} -eq 0 ] && steps=(tests micro ab)
 
 "$PY" -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade --target /tmp/site \
@@ -31,23 +33,24 @@ for step in "${steps[@]}"; do
   case "$step" in
     tests)
       "$PY" -m pytest -q -p no:cacheprovider -m gpu tests/test_sparse_kernel.py tests/test_topk_fused.py \
-        tests/test_verify_builders.py 2>&1 | tee "$OUT/gpu_tests.log" || echo "GPU TESTS FAILED" | tee -a "$OUT/gpu_tests.log"
+        tests/test_verify_builders.py 2>&1 | tee "$OUT/gpu_tests.log" || failed+=(tests)
       ;;
     micro)
       "$PY" -m harness.micro.verify_step --families "$FAMILIES" --vocabs "${VOCABS:-248320,151936,32000}" \
         --steps 512 --gamma 7 --repeats 15 --bank tests/fixtures/logit_bank --out "$OUT/verify-step" \
-        || echo "MICROBENCHMARK FAILED"
+        || failed+=(micro)
       ;;
     profile)
-      OUT="$OUT" "$PY" scripts/profile_sparse_step.py || echo "PROFILE FAILED"
+      OUT="$OUT" "$PY" scripts/profile_sparse_step.py || failed+=(profile)
       ;;
     ab)
       "$PY" -m harness.bench experiment=embedded_verify_sparse server.model_path=embedded:large results_dir=/tmp/ab \
         report=false 'server.args=[--speculative-algorithm,DFLASH,--speculative-num-draft-tokens,"8",--draft-mode,sampled,--speculative-use-block-verification,--max-running-requests,"16",--enable-deterministic-inference,--device,cuda]' \
-        2>&1 | tee "$OUT/ab-console.log" || echo "A/B CAMPAIGN FAILED"
-      tar czf "$OUT/ab.tgz" -C /tmp/ab .
+        2>&1 | tee "$OUT/ab-console.log" || failed+=(ab)
+      tar czf "$OUT/ab.tgz" -C /tmp/ab .  # a failed campaign's runs too
       ;;
     *) echo "unknown step $step (tests, micro, profile or ab)" >&2; exit 2 ;;
   esac
 done
 echo "results under $OUT"
+if [ ${#failed[@]} -gt 0 ]; then echo "FAILED: ${failed[*]}" >&2; exit 1; fi
