@@ -2,13 +2,15 @@
 # The sparse verify path on a lent GPU host (README "The sparse verify path"): the GPU tests of the kernels, the
 # verify-step microbenchmark on every logit family, and the embedded A/B of dense vs sparse.
 #
-#   scripts/h200_sparse.sh [tests] [micro] [profile] [ab]    (default: tests micro ab, in that order)
+#   scripts/h200_sparse.sh [tests] [micro] [profile] [probe] [tune] [ab]    (default: tests micro ab, in that order)
 #
 # That host has torch, Triton and CUDA but no network: what the harness needs beyond its image travels as
 # wheels (WHEELS, default .whl: hydra-core, omegaconf, antlr4, math-verify, latex2sympy2-extended, orjson, dill,
 # rich), FlashInfer as ../shared/gpu's wheels with its top-k module (FLASHINFER, default .gpuk). Results go to
 # OUT: gpu.txt, gpu_tests.log, verify-step/{report.md,results.jsonl}, profile_sparse.log (scripts/
-# profile_sparse_step.py: the step's time per kernel), ab-console.log, ab.tgz (the campaign). A step that fails
+# profile_sparse_step.py: the step's time per kernel), probe_read_shape.log
+# (scripts/probe_read_shape.py: the pass's grid shape against bare Triton reads), tune_sparse_pass.log
+# (scripts/tune_sparse_pass.py, TUNE_CONFIGS, TUNE_LOG: launch configurations of the sparse builder), ab-console.log, ab.tgz (the campaign). A step that fails
 # does not stop the later ones; the script then names the failed steps and exits 1.
 # Environment: VOCABS (default 248320,151936,32000), FAMILIES (default all ten), PY (default python3).
 set -euo pipefail
@@ -43,13 +45,20 @@ for step in "${steps[@]}"; do
     profile)
       OUT="$OUT" "$PY" scripts/profile_sparse_step.py || failed+=(profile)
       ;;
+    probe)
+      OUT="$OUT" "$PY" scripts/probe_read_shape.py || failed+=(probe)
+      ;;
+    tune)
+      OUT="$OUT" LOG="${TUNE_LOG:-tune_sparse_pass.log}" "$PY" scripts/tune_sparse_pass.py "${VOCABS:-248320,151936,32000}" \
+        iid,clustered,sorted,bf16,padding,lm_like "${TUNE_CONFIGS:-skip,noloop,stages1,noloop_stages1}" || failed+=(tune)
+      ;;
     ab)
       "$PY" -m harness.bench experiment=embedded_verify_sparse server.model_path=embedded:large results_dir=/tmp/ab \
         report=false 'server.args=[--speculative-algorithm,DFLASH,--speculative-num-draft-tokens,"8",--draft-mode,sampled,--speculative-use-block-verification,--max-running-requests,"16",--enable-deterministic-inference,--device,cuda]' \
         2>&1 | tee "$OUT/ab-console.log" || failed+=(ab)
       tar czf "$OUT/ab.tgz" -C /tmp/ab .  # a failed campaign's runs too
       ;;
-    *) echo "unknown step $step (tests, micro, profile or ab)" >&2; exit 2 ;;
+    *) echo "unknown step $step (tests, micro, profile, probe, tune or ab)" >&2; exit 2 ;;
   esac
 done
 echo "results under $OUT"

@@ -40,6 +40,15 @@ CONFIGS = {
     "skip_b2048": {"SPARSE_APPEND": 1, "PASS_BLOCK": 2048},
     "loop": {"SPARSE_APPEND": 2},
     "loop_b2048": {"SPARSE_APPEND": 2, "PASS_BLOCK": 2048},
+    # the first round's pass without the loop (PASS_LOOP 0) or without software pipelining (PASS_STAGES 1)
+    "noloop": {"PASS_LOOP": 0},
+    "stages1": {"PASS_STAGES": 1},
+    "noloop_stages1": {"PASS_LOOP": 0, "PASS_STAGES": 1},
+    "noloop_loop_b2048": {"PASS_LOOP": 0, "SPARSE_APPEND": 2, "PASS_BLOCK": 2048},
+    "noloop_loop": {"PASS_LOOP": 0, "SPARSE_APPEND": 2},
+    # the start kernel's samples: the same count in runs of 16 (64 bytes), or half as many
+    "noloop_chunk16": {"PASS_LOOP": 0, "CHUNK": 16},
+    "noloop_samples4096": {"PASS_LOOP": 0, "SAMPLES": 4096},
 }
 
 

@@ -330,6 +330,8 @@ def test_the_sparse_output_is_the_dense_output_without_its_zeros(family):
     assert left is not None and left.tolist() == [5, 7]
     assert values.shape == ids.shape == (n, topk_fused.FAST_K) and int(ids[0, 20]) == 4096  # ranks >= k: id V
     taken = torch.ones(n, dtype=torch.bool).index_fill_(0, left, False)
-    for append in ((0, 2) if family in ("iid", "sorted") else ()):  # the other ways a block appends: the same
-        v2, i2, left2 = topk_fused.run_sparse(logits, temperature, top_k, top_p, {"SPARSE_APPEND": append})
+    # the other ways a block appends, the wide vocabularies' blocks, the loop of the first round: the same
+    others = ({"SPARSE_APPEND": 0}, {"SPARSE_APPEND": 2, "PASS_BLOCK": 2048}, {"PASS_LOOP": 1})
+    for config in (others if family in ("iid", "sorted") else ()):
+        v2, i2, left2 = topk_fused.run_sparse(logits, temperature, top_k, top_p, config)
         assert torch.equal(left2, left) and torch.equal(v2[taken], values[taken]) and torch.equal(i2[taken], ids[taken])

@@ -266,27 +266,39 @@ if triton is not None:
         return slot, block
 
     @triton.jit
+    def _pass_item(logits_ptr, stride_row, out_ptr, ws, wsf, n_rows, vocab, item, n, blocks, lanes,
+                   ROUND: tl.constexpr, CANDIDATES: tl.constexpr, redo, BLOCK: tl.constexpr,
+                   INTERLEAVE: tl.constexpr, ZEROS: tl.constexpr, APPEND: tl.constexpr):
+        """One block of one row: in the first round zeros over the output block (every row: those left to the
+        caller are overwritten by it); then _scan_block. The zeros and the logits do not wait for t."""
+        slot, block = _place(item, n, blocks, INTERLEAVE)
+        row = _work(ws, n_rows, slot, ROUND, CANDIDATES, redo)
+        offs = block * BLOCK + lanes
+        inside = offs < vocab
+        if ROUND == 0:
+            if ZEROS:  # the dense output; the sparse one (run_sparse) has no zeros to write
+                tl.store(out_ptr + tl.cast(row, tl.int64) * vocab + offs, tl.zeros([BLOCK], tl.float32),
+                         mask=inside)
+        x = tl.load(logits_ptr + tl.cast(row, tl.int64) * stride_row + offs, mask=inside,
+                    other=float("-inf")).to(tl.float32)
+        _scan_block(x, offs, row, ws, wsf, n_rows, lanes, CANDIDATES, APPEND)
+
+    @triton.jit
     def _pass_kernel(logits_ptr, stride_row, out_ptr, ws, wsf, n_rows, vocab, ROUND: tl.constexpr,
                      CANDIDATES: tl.constexpr, redo, ROUNDS: tl.constexpr, BLOCK: tl.constexpr,
-                     INTERLEAVE: tl.constexpr, ZEROS: tl.constexpr, APPEND: tl.constexpr):
-        """Blocks of rows, one per step of each program: in the first round zeros over the output block (every
-        row: those left to the caller are overwritten by it); then _scan_block. The zeros and the logits do
-        not wait for t."""
+                     INTERLEAVE: tl.constexpr, ZEROS: tl.constexpr, APPEND: tl.constexpr, LOOP: tl.constexpr):
+        """Blocks of rows (_pass_item): in the first round without LOOP, the block of the program's id (a
+        program per block: no loop for Triton to pipeline); else one per step of each program."""
         blocks = tl.cdiv(vocab, BLOCK)
         n = _work_count(ws, n_rows, ROUND, CANDIDATES, redo, ROUNDS)
         lanes = tl.arange(0, BLOCK)
-        for item in range(tl.program_id(0), n * blocks, tl.num_programs(0)):
-            slot, block = _place(item, n, blocks, INTERLEAVE)
-            row = _work(ws, n_rows, slot, ROUND, CANDIDATES, redo)
-            offs = block * BLOCK + lanes
-            inside = offs < vocab
-            if ROUND == 0:
-                if ZEROS:  # the dense output; the sparse one (run_sparse) has no zeros to write
-                    tl.store(out_ptr + tl.cast(row, tl.int64) * vocab + offs, tl.zeros([BLOCK], tl.float32),
-                             mask=inside)
-            x = tl.load(logits_ptr + tl.cast(row, tl.int64) * stride_row + offs, mask=inside,
-                        other=float("-inf")).to(tl.float32)
-            _scan_block(x, offs, row, ws, wsf, n_rows, lanes, CANDIDATES, APPEND)
+        if (ROUND == 0) & (not LOOP):
+            _pass_item(logits_ptr, stride_row, out_ptr, ws, wsf, n_rows, vocab, tl.program_id(0), n, blocks, lanes,
+                       ROUND, CANDIDATES, redo, BLOCK, INTERLEAVE, ZEROS, APPEND)
+        else:
+            for item in range(tl.program_id(0), n * blocks, tl.num_programs(0)):
+                _pass_item(logits_ptr, stride_row, out_ptr, ws, wsf, n_rows, vocab, item, n, blocks, lanes,
+                           ROUND, CANDIDATES, redo, BLOCK, INTERLEAVE, ZEROS, APPEND)
 
     @triton.jit
     def _write_probs(keys, k, temperature, top_p, dst, dst_ids, vocab, FAST_K: tl.constexpr, SPARSE: tl.constexpr):
@@ -412,6 +424,7 @@ def available() -> bool:
     return triton is not None
 
 
+WIDE_VOCAB = 100_000  # launch_config: the sparse mode's wide blocks from this many ids
 SAMPLE_SHARE = 8  # a row's samples are at most 1 / SAMPLE_SHARE of it (a small vocabulary samples fewer)
 RUNS = 16  # at least this many places are sampled (runs of up to CHUNK contiguous logits)
 
@@ -435,7 +448,7 @@ def _multiprocessors(device: torch.device) -> int:
     return torch.cuda.get_device_properties(device).multi_processor_count
 
 
-def launch_config() -> dict[str, int]:
+def launch_config(vocab: int = 0, sparse: bool = False) -> dict[str, int]:
     """Block sizes and warps of the kernels, and the sampling layout (measured on an H200): the pass takes
     blocks of PASS_BLOCK logits, the start kernel holds a row's samples (at most 1 / SAMPLE_SHARE of the row,
     runs of up to CHUNK) in registers, the finish kernel ranks NARROW keys (CANDIDATES when more).
@@ -443,10 +456,18 @@ def launch_config() -> dict[str, int]:
     threshold that misses, on purpose). DENSE_APPEND / SPARSE_APPEND, how a block appends its logits above t
     (the dense and the sparse mode): 0 an atomic slot per logit (the per-lane atomics are issued for every
     block), 1 the same behind a scalar test that skips blocks with none, 2 that test, then one atomic per
-    block and its indices by repeated minimum."""
-    return {"PASS_BLOCK": 1024, "PASS_WARPS": 4, "START_WARPS": 8, "FINISH_WARPS": 2, "NARROW": 256,
-            "CHUNK": CHUNK, "SAMPLE_SHARE": SAMPLE_SHARE, "SAMPLES": SAMPLES, "INTERLEAVE_BLOCKS": 64, "FIRST_RANK": 0,
-            "DENSE_APPEND": 0, "SPARSE_APPEND": 1}
+    block and its indices by repeated minimum. PASS_LOOP 0: the first round's pass has one block per program and
+    no loop; 1: the loop of the retry rounds (a program per block all the same). PASS_STAGES: Triton's
+    num_stages for the pass (its software pipelining of loads in loops).
+    The sparse mode (run_sparse) of a vocabulary of WIDE_VOCAB ids or more reads 2,048-logit blocks and appends
+    by repeated minimum (SPARSE_APPEND 2): on an H200, 4096 rows, 6 synthetic families, that took the builder
+    from 1.19-1.55 to 1.17-1.45 ms at 248,320 ids and from 0.81-1.14 to 0.80-1.12 ms at 151,936; at 32,000 it
+    was up to 1.9x slower (rows with many candidates), so smaller vocabularies keep 1,024 and SPARSE_APPEND 1
+    (results/published/verify-step-h200-sparse, tune_noloop.log)."""
+    wide = sparse and vocab >= WIDE_VOCAB
+    return {"PASS_BLOCK": 2048 if wide else 1024, "PASS_WARPS": 4, "START_WARPS": 8, "FINISH_WARPS": 2,
+            "NARROW": 256, "CHUNK": CHUNK, "SAMPLE_SHARE": SAMPLE_SHARE, "SAMPLES": SAMPLES, "INTERLEAVE_BLOCKS": 64,
+            "FIRST_RANK": 0, "DENSE_APPEND": 0, "SPARSE_APPEND": 2 if wide else 1, "PASS_LOOP": 0, "PASS_STAGES": 3}
 
 
 def run(logits: Tensor, temperature: Tensor, top_k: Tensor, top_p: Tensor, config: dict[str, int] | None = None
@@ -497,7 +518,7 @@ def _launch(logits: Tensor, temperature: Tensor, top_k: Tensor, top_p: Tensor, c
     n, vocab = logits.shape
     if logits.stride(1) != 1:
         logits = logits.contiguous()
-    cfg = launch_config() if config is None else {**launch_config(), **config}
+    cfg = {**launch_config(vocab, sparse), **(config or {})}
     device = logits.device
     samples = samples_for(vocab, cfg["SAMPLE_SHARE"], cfg["SAMPLES"])
     if device.type == "cuda":
@@ -520,7 +541,8 @@ def _launch(logits: Tensor, temperature: Tensor, top_k: Tensor, top_p: Tensor, c
     for r in range(ROUNDS):
         _pass_kernel[(n * blocks if r == 0 else retry_programs,)](
             logits, stride, out, ws, wsf, n, vocab, ROUND=r, BLOCK=pass_block, INTERLEAVE=interleave,
-            ZEROS=not sparse, APPEND=cfg["SPARSE_APPEND" if sparse else "DENSE_APPEND"], num_warps=cfg["PASS_WARPS"], **common)
+            ZEROS=not sparse, APPEND=cfg["SPARSE_APPEND" if sparse else "DENSE_APPEND"], LOOP=cfg["PASS_LOOP"],
+            num_warps=cfg["PASS_WARPS"], num_stages=cfg["PASS_STAGES"], **common)
         _finish_kernel[(n if r == 0 else min(redo, retry_programs),)](
             logits, stride, out, ids, ws, wsf, n, vocab, ROUND=r, LAST=r == ROUNDS - 1, SAMPLES=samples, CHUNK=chunk,
             PIECE=min(PIECE, samples), NARROW=min(cfg["NARROW"], CANDIDATES), FAST_K=FAST_K, TIE_BLOCK=TIE_BLOCK,
