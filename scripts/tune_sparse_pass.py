@@ -49,6 +49,9 @@ CONFIGS = {
     # the start kernel's samples: the same count in runs of 16 (64 bytes), or half as many
     "noloop_chunk16": {"PASS_LOOP": 0, "CHUNK": 16},
     "noloop_samples4096": {"PASS_LOOP": 0, "SAMPLES": 4096},
+    # the start kernel's warps (8 by default)
+    "start_w4": {"START_WARPS": 4},
+    "start_w16": {"START_WARPS": 16},
 }
 
 
