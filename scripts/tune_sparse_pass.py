@@ -13,7 +13,9 @@ configuration's entries equal the first's (the kept sets do not depend on the la
 
     python scripts/tune_sparse_pass.py [vocabs, comma-separated] [families, comma-separated] [configurations]
 
-(configurations: names of CONFIGS, comma-separated; default all; `base` is always timed first.)
+(configurations: names of CONFIGS, comma-separated; default all; `base` is always timed first. Each
+overrides topk_fused.launch_config(vocab, sparse=True), the defaults for the vocabulary, which changed between
+the published logs: each log's header says what its `base` was.)
 """
 
 import os
