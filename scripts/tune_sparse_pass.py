@@ -54,6 +54,10 @@ CONFIGS = {
     # the start kernel's warps (8 by default)
     "start_w4": {"START_WARPS": 4},
     "start_w16": {"START_WARPS": 16},
+    # the start kernel's sampled runs: 4, 16 or 32 contiguous logits per place (8 by default), the same count
+    "chunk4": {"CHUNK": 4},
+    "chunk16": {"CHUNK": 16},
+    "chunk32": {"CHUNK": 32},
 }
 
 
