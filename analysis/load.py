@@ -479,14 +479,18 @@ def load(paths: list[str | Path], force_slow: bool = False) -> Loaded:
     runs = _runs_table(campaigns)
     items = _items_table(campaigns)
     todo = [(int(r.run), Path(r.records_path)) for r in runs.itertuples() if r.records_path]
+    scored = _scored_runs(runs)
     with ThreadPoolExecutor(max_workers=os.cpu_count() or 1) as pool:  # pyarrow releases the GIL
-        results = list(pool.map(lambda job: read_records_file(job[1], force_slow), todo))
+        record_jobs = [pool.submit(read_records_file, path, force_slow) for _, path in todo]
+        score_jobs = [pool.submit(read_scores_file, Path(runs["scores_path"].iat[r])) for r in scored]
+        results = [job.result() for job in record_jobs]
+        scores = {r: job.result() for r, job in zip(scored, score_jobs, strict=True)}
     tables = [_tag(table, run) for (run, _), (table, _, _) in zip(todo, results, strict=True)]
     bad = [b for _, lines, _ in results for b in lines]
     slow = [str(path) for (_, path), (_, _, was_slow) in zip(todo, results, strict=True) if was_slow]
     table = pa.concat_tables(tables) if tables else _tag(RECORD_SCHEMA.empty_table(), 0)
     records = _records_frame(table, items)
-    bad += _apply_scores(records, runs)
+    bad += _apply_scores(records, runs, scores)
     return Loaded(campaigns, runs, items, records, _histograms(table), _chunks(table), bad, slow)
 
 
@@ -767,9 +771,17 @@ def read_scores_file(path: Path) -> tuple[pa.Table, list[BadLine]]:
     return pa.Table.from_pylist(rows, schema=SCORE_SCHEMA), bad
 
 
-def _apply_scores(records: pd.DataFrame, runs: pd.DataFrame) -> list[BadLine]:
-    """Schema-2 runs: `correct` of each record from its run's scores.jsonl, joined on request_index
-    (NaN when the run has no scores file or the record no score). Schema 1 keeps the record's own."""
+def _scored_runs(runs: pd.DataFrame) -> list[int]:
+    """The rows of `runs` whose records take `correct` from a scores.jsonl (schema 2, the file present)."""
+    v2 = runs["schema_version"].to_numpy() >= 2
+    return [int(r) for r in np.flatnonzero(v2 & (runs["scores_path"] != "").to_numpy())]
+
+
+def _apply_scores(records: pd.DataFrame, runs: pd.DataFrame,
+                  scores: dict[int, tuple[pa.Table, list[BadLine]]]) -> list[BadLine]:
+    """Schema-2 runs: `correct` of each record from its run's scores.jsonl (read_scores_file's result per
+    _scored_runs row, in `scores`), joined on request_index (NaN when the run has no scores file or the record
+    no score). Schema 1 keeps the record's own."""
     v2 = runs["schema_version"].to_numpy() >= 2
     if not v2.any():
         return []
@@ -778,8 +790,8 @@ def _apply_scores(records: pd.DataFrame, runs: pd.DataFrame) -> list[BadLine]:
     correct[v2[run]] = np.nan
     index = records["request_index"].to_numpy()
     bad: list[BadLine] = []
-    for r in np.flatnonzero(v2 & (runs["scores_path"] != "").to_numpy()):
-        table, lines = read_scores_file(Path(runs["scores_path"].iat[r]))
+    for r in _scored_runs(runs):
+        table, lines = scores[r]
         bad += lines
         idx = table.column("request_index").to_numpy(zero_copy_only=False).astype(float)
         val = pc.cast(table.column("correct"), pa.float64()).to_numpy(zero_copy_only=False)
