@@ -129,6 +129,18 @@ def test_samples_stay_inside_the_row_for_every_vocabulary():
         assert samples * run > 0 and 0 <= first and last < vocab, vocab
 
 
+def test_only_the_sparse_mode_of_a_wide_vocabulary_takes_wide_blocks():
+    """launch_config: 2,048-logit blocks appending by repeated minimum for run_sparse from WIDE_VOCAB ids (faster
+    there on the H200), 1,024 and the scalar-test append below it and in the dense mode; no loop in the first
+    round's pass in either mode."""
+    wide = topk_fused.launch_config(248_320, sparse=True)
+    assert (wide["PASS_BLOCK"], wide["SPARSE_APPEND"], wide["PASS_LOOP"]) == (2048, 2, 0)
+    for vocab, sparse_mode in ((topk_fused.WIDE_VOCAB - 1, True), (32_000, True), (248_320, False)):
+        cfg = topk_fused.launch_config(vocab, sparse_mode)
+        assert (cfg["PASS_BLOCK"], cfg["SPARSE_APPEND"], cfg["DENSE_APPEND"], cfg["PASS_LOOP"]) == (1024, 1, 0, 0)
+    assert topk_fused.launch_config(topk_fused.WIDE_VOCAB, sparse=True)["PASS_BLOCK"] == 2048
+
+
 def interpreter_ready() -> bool:
     return importlib.util.find_spec("triton") is not None and os.environ.get("TRITON_INTERPRET") == "1"
 
