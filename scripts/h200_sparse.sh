@@ -8,10 +8,10 @@
 # wheels (WHEELS, default .whl: hydra-core, omegaconf, antlr4, math-verify, latex2sympy2-extended, orjson, dill,
 # rich), FlashInfer as ../shared/gpu's wheels with its top-k module (FLASHINFER, default .gpuk). Results go to
 # OUT: gpu.txt, gpu_tests.log, verify-step/{report.md,results.jsonl}, profile_sparse.log (scripts/
-# profile_sparse_step.py: the step's time per kernel), probe_read_shape.log
-# (scripts/probe_read_shape.py: the pass's grid shape against bare Triton reads), tune_sparse_pass.log
-# (scripts/tune_sparse_pass.py, TUNE_CONFIGS, TUNE_LOG: launch configurations of the sparse builder), ab-console.log, ab.tgz (the campaign). A step that fails
-# does not stop the later ones; the script then names the failed steps and exits 1.
+# profile_sparse_step.py: the step's time per kernel), probe_read_shape.log (scripts/probe_read_shape.py: the
+# pass's grid shape against bare Triton reads), tune_sparse_pass.log (scripts/tune_sparse_pass.py with the
+# configurations TUNE_CONFIGS, into TUNE_LOG), ab-console.log, ab.tgz (the campaign). A step that fails does not
+# stop the later ones; the script then names the failed steps and exits 1.
 # Environment: VOCABS (default 248320,151936,32000), FAMILIES (default all ten), PY (default python3).
 set -euo pipefail
 OUT=${OUT:?set OUT to the folder that receives the results}
