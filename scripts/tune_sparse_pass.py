@@ -59,6 +59,10 @@ CONFIGS = {
     "chunk4": {"CHUNK": 4},
     "chunk16": {"CHUNK": 16},
     "chunk32": {"CHUNK": 32},
+    # the first threshold's rank among the samples (0: rank_table's, 5 at 248,320 and 9 at 151,936 for k 20)
+    "rank3": {"FIRST_RANK": 3},
+    "rank4": {"FIRST_RANK": 4},
+    "rank7": {"FIRST_RANK": 7},
 }
 
 
