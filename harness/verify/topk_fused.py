@@ -452,7 +452,7 @@ def launch_config(vocab: int = 0, sparse: bool = False) -> dict[str, int]:
     """Block sizes and warps of the kernels, and the sampling layout (measured on an H200): the pass takes
     blocks of PASS_BLOCK logits, the start kernel holds a row's samples (at most 1 / SAMPLE_SHARE of the row,
     runs of up to CHUNK) in registers, the finish kernel ranks NARROW keys (CANDIDATES when more).
-    FIRST_ABOVE > 0 makes the first threshold leave that many samples above it instead of k (tests: a first
+    FIRST_RANK > 0 makes the first threshold the sample of that rank instead of rank_table's (tests: a first
     threshold that misses, on purpose). DENSE_APPEND / SPARSE_APPEND, how a block appends its logits above t
     (the dense and the sparse mode): 0 an atomic slot per logit (the per-lane atomics are issued for every
     block), 1 the same behind a scalar test that skips blocks with none, 2 that test, then one atomic per
