@@ -10,7 +10,8 @@ Per vocabulary and family, 4096 rows, top_k 20, top_p 0.95, T 1: the median ms o
 configuration and of the read floor (harness.micro.measure.time_interleaved: each round in a seeded shuffled
 order; the logs of 2026-12-03 were made with a fixed order, the script's own loop then), and whether each
 configuration's entries equal the first's in the rows both wrote (the kept sets do not depend on the launch),
-with the count of rows a configuration left to the caller (logs before tune_chunk.log compared whole outputs). Prints a table and writes $OUT/tune_sparse_pass.log. On a CUDA host:
+with the count of rows a configuration left to the caller (logs before tune_chunk.log compared whole outputs).
+Prints a table and writes $OUT/$LOG (default tune_sparse_pass.log). On a CUDA host:
 
     python scripts/tune_sparse_pass.py [vocabs, comma-separated] [families, comma-separated] [configurations]
 
