@@ -779,8 +779,8 @@ def _scored_runs(runs: pd.DataFrame) -> list[int]:
 
 def _apply_scores(records: pd.DataFrame, runs: pd.DataFrame,
                   scores: dict[int, tuple[pa.Table, list[BadLine]]]) -> list[BadLine]:
-    """Schema-2 runs: `correct` of each record from its run's scores.jsonl (read_scores_file's result per
-    _scored_runs row, in `scores`), joined on request_index (NaN when the run has no scores file or the record
+    """Schema-2 runs: `correct` of each record from its run's scores.jsonl (`scores`: read_scores_file's
+    result by row of `runs`, for the _scored_runs rows), joined on request_index (NaN when the run has no scores file or the record
     no score). Schema 1 keeps the record's own."""
     v2 = runs["schema_version"].to_numpy() >= 2
     if not v2.any():
@@ -790,8 +790,7 @@ def _apply_scores(records: pd.DataFrame, runs: pd.DataFrame,
     correct[v2[run]] = np.nan
     index = records["request_index"].to_numpy()
     bad: list[BadLine] = []
-    for r in _scored_runs(runs):
-        table, lines = scores[r]
+    for r, (table, lines) in scores.items():
         bad += lines
         idx = table.column("request_index").to_numpy(zero_copy_only=False).astype(float)
         val = pc.cast(table.column("correct"), pa.float64()).to_numpy(zero_copy_only=False)

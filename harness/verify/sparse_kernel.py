@@ -18,6 +18,7 @@ from __future__ import annotations
 import torch
 from torch import Tensor
 
+from harness.verify.topk_fused import launch_device
 from harness.verify.verifiers import VerifyOutput
 
 try:
@@ -128,14 +129,8 @@ def verify_entries(values: Tensor, ids: Tensor, vocab: int, draft_tokens: Tensor
     k = max(16, triton.next_power_of_2(width))
     gp = max(2, triton.next_power_of_2(gamma + 1))
 
-    def launch() -> None:
+    with launch_device(values.device):
         _verify_kernel[(bsz,)](values, ids, width, width, draft_tokens.contiguous(), q,
                                uniforms.float().contiguous(), tokens, accepted, vocab, GAMMA=gamma, GP=gp, K=k,
                                BLOCK_VERIFY=block, DENSE_Q=draft_probs is not None, num_warps=4 if k <= 128 else 8)
-
-    if values.device.type == "cuda":
-        with torch.cuda.device(values.device):  # Triton launches on the current device
-            launch()
-    else:
-        launch()
     return VerifyOutput(num_accepted=accepted, tokens=tokens)

@@ -45,6 +45,7 @@ row: 2,096 bytes a row (8.2 MiB at 4,096 rows).
 
 from __future__ import annotations
 
+import contextlib
 import functools
 import math
 from collections.abc import Callable
@@ -480,11 +481,8 @@ def run(logits: Tensor, temperature: Tensor, top_k: Tensor, top_p: Tensor, confi
     n, vocab = logits.shape
     if n == 0:
         return torch.empty(0, vocab, dtype=torch.float32, device=logits.device), None
-    if logits.device.type != "cuda":
+    with launch_device(logits.device):
         out, _, pending = _launch(logits, temperature, top_k, top_p, config)
-    else:
-        with torch.cuda.device(logits.device):  # Triton launches on the current device
-            out, _, pending = _launch(logits, temperature, top_k, top_p, config)
     return out, pending()
 
 
@@ -505,10 +503,13 @@ def queue_sparse(logits: Tensor, temperature: Tensor, top_k: Tensor, top_p: Tens
     if logits.shape[0] == 0:
         empty = torch.empty(0, FAST_K, device=logits.device)
         return empty, empty.int(), lambda: None
-    if logits.device.type != "cuda":
+    with launch_device(logits.device):
         return _launch(logits, temperature, top_k, top_p, config, sparse=True)
-    with torch.cuda.device(logits.device):
-        return _launch(logits, temperature, top_k, top_p, config, sparse=True)
+
+
+def launch_device(device: torch.device) -> contextlib.AbstractContextManager:
+    """Triton launches on the current CUDA device: make it the tensors' (a CPU, under the interpreter: nothing)."""
+    return torch.cuda.device(device) if device.type == "cuda" else contextlib.nullcontext()
 
 
 def _launch(logits: Tensor, temperature: Tensor, top_k: Tensor, top_p: Tensor, config: dict[str, int] | None,
