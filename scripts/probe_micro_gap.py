@@ -13,9 +13,8 @@ from pathlib import Path
 
 import torch
 
-from harness.micro import bank, measure
+from harness.micro import measure
 from harness.micro import verify_step as vs
-from harness.micro.families import FAMILIES, make_family
 from harness.micro.inputs import rotated_copies
 
 STEPS, GAMMA = 512, 7
@@ -28,11 +27,7 @@ def main() -> None:
     families = (sys.argv[1] if len(sys.argv) > 1 else "iid,lm_like,sorted").split(",")
     vocab = int(sys.argv[2]) if len(sys.argv) > 2 else 248_320
     for fam in families:
-        model = FAMILIES[fam].bank
-        rows = bank.load_rows(BANK, model)[0] if model else None
-        x = make_family(fam, STEPS * (GAMMA + 1), vocab, seed=0, device=torch.device("cuda"), bank_rows=rows)
-        drafts = vs.draft_tokens(x, STEPS, GAMMA, seed=1)
-        coins = torch.rand(STEPS, GAMMA + 1, generator=torch.Generator().manual_seed(2)).to("cuda")
+        x, drafts, coins = vs.cell_inputs(fam, vocab, STEPS, GAMMA, torch.device("cuda"), BANK)
         calls = vs.paths(STEPS, GAMMA, drafts, coins)
         inputs = rotated_copies(x, 256 * 2**20)
         for way, names in WAYS.items():

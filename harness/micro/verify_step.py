@@ -86,14 +86,22 @@ def peak_bytes(call: measure.Call, x: Tensor) -> int | None:
     return torch.cuda.max_memory_allocated() - base
 
 
+def cell_inputs(family: str, vocab: int, steps: int, gamma: int, device: torch.device,
+                bank_dir: Path | None) -> tuple[Tensor, Tensor, Tensor]:
+    """A cell's seeded inputs: the family's logits [steps * (gamma + 1), V], the point-mass drafts [steps, gamma]
+    and the coins [steps, gamma + 1]."""
+    model = FAMILIES[family].bank
+    bank_rows = bank.load_rows(bank_dir, model)[0] if model and bank_dir else None
+    logits = make_family(family, steps * (gamma + 1), vocab, seed=0, device=device, bank_rows=bank_rows)
+    drafts = draft_tokens(logits, steps, gamma, seed=1)
+    coins = torch.rand(steps, gamma + 1, generator=torch.Generator().manual_seed(2)).to(device)
+    return logits, drafts, coins
+
+
 def one_cell(family: str, vocab: int, steps: int, gamma: int, device: torch.device, repeats: int,
              bank_dir: Path | None) -> dict:
     rows = steps * (gamma + 1)
-    model = FAMILIES[family].bank
-    bank_rows = bank.load_rows(bank_dir, model)[0] if model and bank_dir else None
-    logits = make_family(family, rows, vocab, seed=0, device=device, bank_rows=bank_rows)
-    drafts = draft_tokens(logits, steps, gamma, seed=1)
-    coins = torch.rand(steps, gamma + 1, generator=torch.Generator().manual_seed(2)).to(device)
+    logits, drafts, coins = cell_inputs(family, vocab, steps, gamma, device, bank_dir)
     calls = paths(steps, gamma, drafts, coins)
     ref = calls["dense_topk_first"](logits)
     differ = {n: int((calls[n](logits) != ref).any(dim=-1).sum()) for n in calls if n != "read_floor"}
