@@ -92,6 +92,7 @@ def run(cfg_node: DictConfig, console: Console, stops: StopSignals,
         return 1, campaign.root
     try:
         code = after_runs(cfg, campaign, statuses, console, sweep, resume)
+        stops.check()  # a signal that Python noted but could not raise while the report was written
     except Stopped as stop:
         console.print(f"[bold red]interrupted[/] ({stop.name}) while writing the report: every run had ended "
                       f"({summary(statuses)}); the records are in {campaign.root}; "

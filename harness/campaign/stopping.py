@@ -7,6 +7,9 @@ The runner installs its own handlers for both at start-up. A stop signal:
   progress fails ("interrupted by SIGINT"), its server is stopped and its manifest written, and then raises
   `Stopped`;
 - at any other moment (composing, loading the workload, writing the report): raises `Stopped` at once.
+A signal that lands while Python runs code whose exceptions it cannot raise (a weakref callback inside the import
+machinery, a `__del__`) is not lost: it is noted (`signum`), the "Exception ignored" report of that `Stopped` is
+silenced, and the next phase boundary (`check()`, `run()`) raises it.
 A second signal while the stop is under way is reported and otherwise ignored, so the stop always ends
 cleanly (every wait on the way is bounded: servers get SIGTERM, then SIGKILL after server.stop_timeout_s).
 The command exits with 128 + the signal's number: 130 for SIGINT, 143 for SIGTERM, as shells report it.
@@ -79,6 +82,7 @@ class StopSignals:
         self._task: asyncio.Task | None = None
         self._loop: asyncio.AbstractEventLoop | None = None
         self._deferred = False
+        self._previous_hook = sys.unraisablehook
 
     @classmethod
     def ensure(cls) -> StopSignals:
@@ -89,7 +93,15 @@ class StopSignals:
         stops = cls()
         for sig in STOP_SIGNALS:
             signal.signal(sig, stops._on_signal)
+        sys.unraisablehook = stops._unraisable
         return stops
+
+    def _unraisable(self, unraisable: Any) -> None:
+        """sys.unraisablehook: a Stopped that Python could not raise (see the module's docstring) is already
+        noted in `signum`; anything else goes to the previous hook."""
+        if isinstance(unraisable.exc_value, Stopped) and self.signum is not None:
+            return
+        self._previous_hook(unraisable)
 
     @property
     def reason(self) -> str:
