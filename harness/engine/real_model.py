@@ -206,12 +206,12 @@ class RealLM:
     @classmethod
     def load(cls, model_path: str, dtype: str, device: torch.device, draft_layers: int | None,
              cache: Path | None = None) -> RealLM:
+        cache = cache or model_cache()
+        source = resolve_source(model_path, cache)  # a bad path or name is named before transformers loads
         from transformers import AutoModelForCausalLM, AutoTokenizer  # noqa: PLC0415  (the `real` extra)
         from transformers.utils import logging as hf_logging  # noqa: PLC0415
 
         hf_logging.disable_progress_bar()
-        cache = cache or model_cache()
-        source = resolve_source(model_path, cache)
         folder, provenance = converted_folder(source, cache)
         torch_dtype = DTYPES[dtype] or (torch.bfloat16 if device.type == "cuda" else torch.float32)
         hf: Any = AutoModelForCausalLM.from_pretrained(str(folder), dtype=torch_dtype)
