@@ -102,13 +102,16 @@ def _changes(ge: np.ndarray, steps: np.ndarray, arm: np.ndarray, item: np.ndarra
     n_groups = 1 + len(labels)  # column block 0: pooled; 1..: seeds
     width = gamma + 1  # steps, then at least 1..gamma
     values = np.column_stack([steps, ge]).astype(float)
-    matrix = np.zeros((n_items, n_groups * n_arms * width))
-    for g, mask in enumerate([np.ones(len(arm), bool), *[group == s for s in range(len(labels))]]):
-        for a in range(n_arms):
-            sel = mask & (arm == a)
-            base = (g * n_arms + a) * width
-            for q in range(width):
-                matrix[:, base + q] += np.bincount(item[sel], weights=values[sel, q], minlength=n_items)
+    sums = np.zeros((n_groups, n_arms, n_items, width))  # integer counts: float sums are exact in any order
+    cell = arm * n_items + item
+    blocks = [(0, 1, cell, np.ones(len(arm), bool))]  # (first group, groups, bincount key, rows): pooled
+    if labels:  # then one group per seed
+        blocks.append((1, len(labels), group * (n_arms * n_items) + cell, (group >= 0) & (group < len(labels))))
+    for first, groups, key, sel in blocks:
+        for q in range(width):
+            sums[first:first + groups, ..., q] = np.bincount(
+                key[sel], weights=values[sel, q], minlength=groups * n_arms * n_items).reshape(groups, n_arms, n_items)
+    matrix = sums.transpose(2, 0, 1, 3).reshape(n_items, n_groups * n_arms * width)  # column (g, arm, q)
     point = matrix.sum(axis=0)
     boot = bootstrap_sums(matrix, n_boot, np.random.default_rng([seed, 5]))
     b = m.arms.index(m.baseline)

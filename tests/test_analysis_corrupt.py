@@ -112,6 +112,21 @@ def test_mistyped_campaign_plan_is_refused_naming_file_and_key(tmp_path, capsys,
     assert "campaign.json: plan[1].base_seed=[1] is of type list; expected int" in err
 
 
+@pytest.mark.parametrize(("value", "message"), [
+    (True, "workload.items[1].seed_offset=True is a boolean; expected int or null"),
+    (2**64, "workload.items[1].seed_offset=18446744073709551616 is out of the 64-bit integer range"),
+    (1.5, "workload.items[1].seed_offset=1.5 is of type float; expected int or null"),
+    ("7", "workload.items[1].seed_offset='7' is of type str; expected int or null"),
+])
+def test_mistyped_workload_item_is_refused_naming_its_index(capsys, clean_campaign, value, message):
+    """The item list is checked column-wise first (a campaign lists up to 10^5 items); any doubt falls back to
+    the element-wise walk, which names the first bad element."""
+    camp = clean_campaign
+    edit_json(camp / "campaign.json", lambda c: c["workload"]["items"][1].update(seed_offset=value))
+    assert main([str(camp)]) == 2
+    assert message in capsys.readouterr().err
+
+
 def test_missing_manifest_is_named_not_reported_as_a_metadata_mismatch(tmp_path, clean_campaign):
     camp = clean_campaign
     (camp / "runs" / "r1-block-100" / "manifest.json").unlink()
