@@ -2,12 +2,13 @@
 # The sparse verify path on a lent GPU host (README "The sparse verify path"): the GPU tests of the kernels, the
 # verify-step microbenchmark on every logit family, and the embedded A/B of dense vs sparse.
 #
-#   scripts/h200_sparse.sh [tests] [micro] [profile] [probe] [tune] [ab]    (default: tests micro ab, in that order)
+#   scripts/h200_sparse.sh [tests] [micro] [builders] [profile] [probe] [tune] [ab]    (default: tests micro ab)
 #
 # That host has torch, Triton and CUDA but no network: what the harness needs beyond its image travels as
 # wheels (WHEELS, default .whl: hydra-core, omegaconf, antlr4, math-verify, latex2sympy2-extended, orjson, dill,
 # rich), FlashInfer as ../shared/gpu's wheels with its top-k module (FLASHINFER, default .gpuk). Results go to
-# OUT: gpu.txt, gpu_tests.log, verify-step/{report.md,results.jsonl}, profile_sparse.log (scripts/
+# OUT: gpu.txt, gpu_tests.log, verify-step/{report.md,results.jsonl}, verify-probs/ (`builders`: the dense
+# builders' seed-size set, `python -m harness.micro micro=seed_h200`, every family), profile_sparse.log (scripts/
 # profile_sparse_step.py: the step's time per kernel), probe_read_shape.log (scripts/probe_read_shape.py: the
 # pass's grid shape against bare Triton reads), tune_sparse_pass.log (scripts/tune_sparse_pass.py with the
 # configurations TUNE_CONFIGS, into TUNE_LOG), ab-console.log, ab.tgz (the campaign). A step that fails does not
@@ -42,6 +43,10 @@ for step in "${steps[@]}"; do
         --steps 512 --gamma 7 --repeats 15 --bank tests/fixtures/logit_bank --out "$OUT/verify-step" \
         || failed+=(micro)
       ;;
+    builders)
+      "$PY" -m harness.micro micro=seed_h200 micro.bank=tests/fixtures/logit_bank "micro.out_dir=$OUT/verify-probs" \
+        || failed+=(builders)
+      ;;
     profile)
       OUT="$OUT" "$PY" scripts/profile_sparse_step.py || failed+=(profile)
       ;;
@@ -58,7 +63,7 @@ for step in "${steps[@]}"; do
         2>&1 | tee "$OUT/ab-console.log" || failed+=(ab)
       tar czf "$OUT/ab.tgz" -C /tmp/ab .  # a failed campaign's runs too
       ;;
-    *) echo "unknown step $step (tests, micro, profile, probe, tune or ab)" >&2; exit 2 ;;
+    *) echo "unknown step $step (tests, micro, builders, profile, probe, tune or ab)" >&2; exit 2 ;;
   esac
 done
 echo "results under $OUT"
