@@ -309,24 +309,30 @@ def check_doc(path: Path, doc: Any, cls: type, where: str = "") -> None:
 
 def _plainly_typed(docs: Any, cls: type) -> bool:
     """True when every element of `docs` is a JSON object that check_doc would accept against `cls` (which
-    nests nothing), decided per key over all elements at once: the value types are declared ones (a bool only
-    where bool is), integers in the 64-bit range, floats finite. False sends the caller to check_doc's
-    per-element walk, which names the first problem. Only JSON-parsed values (exact built-in types) pass."""
+    nests nothing), decided per key from a few representative values (_deciding_values) instead of every
+    element. False sends the caller to check_doc's per-element walk, which names the first problem."""
     if not isinstance(docs, list) or nested(cls) or not all(type(d) is dict for d in docs):
         return False
     for key, kinds in json_types(cls).items():
         values = [d.get(key) for d in docs]
-        seen = set(map(type, values))
-        if object not in kinds and not seen <= {*kinds, type(None)}:
+        if not {type(v) for v in values} <= _JSON_TYPES:
             return False
-        if not seen <= {str, int, float, bool, dict, list, type(None)}:
-            return False
-        ints = [v for v in values if type(v) is int]
-        if ints and not (_INT64_MIN <= min(ints) and max(ints) <= _INT64_MAX):
-            return False
-        if float in seen and not all(math.isfinite(v) for v in values if type(v) is float):
+        if any(_type_problem(v, kinds) for v in _deciding_values(values)):
             return False
     return True
+
+
+_JSON_TYPES = {str, int, float, bool, dict, list, type(None)}  # what json.loads makes
+
+
+def _deciding_values(values: list[Any]) -> list[Any]:
+    """Values of JSON types whose _type_problem verdicts are those of all `values`: one of each type (the
+    verdict depends on the type alone), the smallest and largest int (the range) and a non-finite float if any."""
+    picked = list({type(v): v for v in values}.values())
+    ints = [v for v in values if type(v) is int]
+    picked += [min(ints), max(ints)] if ints else []
+    picked += [v for v in values if type(v) is float and not math.isfinite(v)][:1]
+    return picked
 
 
 def read_campaign(path: Path) -> CampaignDir:
