@@ -64,6 +64,13 @@ CONFIGS = {
     "rank3": {"FIRST_RANK": 3},
     "rank4": {"FIRST_RANK": 4},
     "rank7": {"FIRST_RANK": 7},
+    # a missed row's next threshold in the finish kernel: its samples read in pieces of PIECE (1,024 by default,
+    # rank x 8 dependent reads at 248,320 ids), by FINISH_WARPS warps (2 by default)
+    "w8": {"FINISH_WARPS": 8},
+    "piece8192_w8": {"PIECE": 8192, "FINISH_WARPS": 8},
+    "piece8192_w4": {"PIECE": 8192, "FINISH_WARPS": 4},
+    "piece2048_w4": {"PIECE": 2048, "FINISH_WARPS": 4},
+    "rank4_piece8192_w8": {"FIRST_RANK": 4, "PIECE": 8192, "FINISH_WARPS": 8},
 }
 
 

@@ -459,15 +459,20 @@ def launch_config(vocab: int = 0, sparse: bool = False) -> dict[str, int]:
     block), 1 the same behind a scalar test that skips blocks with none, 2 that test, then one atomic per
     block and its indices by repeated minimum. PASS_LOOP 0: the first round's pass has one block per program and
     no loop; 1: the loop of the retry rounds (a program per block all the same). PASS_STAGES: Triton's
-    num_stages for the pass (its software pipelining of loads in loops).
+    num_stages for the pass (its software pipelining of loads in loops). PIECE: a missed row's next threshold
+    reads its samples in pieces of this many in the finish kernel (PIECE = SAMPLES: all at once).
     The sparse mode (run_sparse) of a vocabulary of WIDE_VOCAB ids or more reads 2,048-logit blocks and appends
     by repeated minimum (SPARSE_APPEND 2): on an H200, 4096 rows, 6 synthetic families, that took the builder
     from 1.19-1.55 to 1.17-1.45 ms at 248,320 ids and from 0.81-1.14 to 0.80-1.12 ms at 151,936; at 32,000 it
     was up to 1.9x slower (rows with many candidates), so smaller vocabularies keep 1,024 and SPARSE_APPEND 1
-    (results/published/verify-step-h200-sparse, tune_noloop.log)."""
+    (results/published/verify-step-h200-sparse, tune_noloop.log). The dense mode's finish runs 4 warps and reads
+    a missed row's samples at once: 2%-6% faster at 248,320 and 32,000 ids on iid, bf16, sorted and lm_like rows
+    (4096 rows, H200, 20 interleaved rounds); the sparse mode's was mixed there (iid 4% faster, sorted, padding
+    and lm_like 4% slower) and keeps 2 warps and pieces of PIECE (results/published/verify-probs-h200-families,
+    tune_finish_dense.log, tune_finish_sparse.log)."""
     wide = sparse and vocab >= WIDE_VOCAB
-    return {"PASS_BLOCK": 2048 if wide else 1024, "PASS_WARPS": 4, "START_WARPS": 8, "FINISH_WARPS": 2,
-            "NARROW": 256, "CHUNK": CHUNK, "SAMPLE_SHARE": SAMPLE_SHARE, "SAMPLES": SAMPLES, "INTERLEAVE_BLOCKS": 64,
+    return {"PASS_BLOCK": 2048 if wide else 1024, "PASS_WARPS": 4, "START_WARPS": 8,
+            "FINISH_WARPS": 2 if sparse else 4, "PIECE": PIECE if sparse else SAMPLES, "NARROW": 256, "CHUNK": CHUNK, "SAMPLE_SHARE": SAMPLE_SHARE, "SAMPLES": SAMPLES, "INTERLEAVE_BLOCKS": 64,
             "FIRST_RANK": 0, "DENSE_APPEND": 0, "SPARSE_APPEND": 2 if wide else 1, "PASS_LOOP": 0, "PASS_STAGES": 3}
 
 
@@ -546,7 +551,7 @@ def _launch(logits: Tensor, temperature: Tensor, top_k: Tensor, top_p: Tensor, c
             num_warps=cfg["PASS_WARPS"], num_stages=cfg["PASS_STAGES"], **common)
         _finish_kernel[(n if r == 0 else min(redo, retry_programs),)](
             logits, stride, out, ids, ws, wsf, n, vocab, ROUND=r, LAST=r == ROUNDS - 1, SAMPLES=samples, CHUNK=chunk,
-            PIECE=min(PIECE, samples), NARROW=min(cfg["NARROW"], CANDIDATES), FAST_K=FAST_K, TIE_BLOCK=TIE_BLOCK,
+            PIECE=min(cfg["PIECE"], samples), NARROW=min(cfg["NARROW"], CANDIDATES), FAST_K=FAST_K, TIE_BLOCK=TIE_BLOCK,
             TIE_SPAN=TIE_SPAN, SPARSE=sparse, num_warps=cfg["FINISH_WARPS"], **common)
     counters = ws[counters_at:]  # zeroed by the start kernel
 
