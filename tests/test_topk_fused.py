@@ -14,6 +14,7 @@ TOLERANCE of full_vocab's (the softmax sums run in another order: not bitwise).
 from __future__ import annotations
 
 import importlib.util
+import itertools
 import os
 from pathlib import Path
 
@@ -74,19 +75,20 @@ def test_on_a_cpu_the_name_takes_the_topk_first_path():
     assert torch.equal(got, verify.topk_first_probs(logits, temperature, top_k, top_p))
 
 
-def sample_positions(vocab: int) -> torch.Tensor:
+def sample_positions(vocab: int, chunk: int = topk_fused.CHUNK) -> torch.Tensor:
     """The logits the threshold reads (as harness.verify.topk_fused._threshold): runs of run_length
-    contiguous logits at samples // run evenly spaced places."""
+    contiguous logits at samples // run evenly spaced places (runs of at most `chunk`: CHUNK in the sparse mode,
+    DENSE_CHUNK in the dense one, launch_config)."""
     samples = topk_fused.samples_for(vocab)
-    run = topk_fused.run_length(samples)
+    run = topk_fused.run_length(samples, chunk)
     j = torch.arange(samples)
     stride = vocab // (samples // run)
     return (j // run) * stride + (stride - run) // 2 + j % run
 
 
-def threshold_reference(row: torch.Tensor, rank: int) -> float:
+def threshold_reference(row: torch.Tensor, rank: int, chunk: int = topk_fused.CHUNK) -> float:
     """The rank-th largest distinct sample value of the row, else its smallest sample value."""
-    values = torch.unique(row[sample_positions(row.numel())]).flip(0)
+    values = torch.unique(row[sample_positions(row.numel(), chunk)]).flip(0)
     return float(values[min(rank, values.numel()) - 1])
 
 
@@ -112,21 +114,23 @@ def test_rank_k_plus_1_always_leaves_k_logits_above_t(family):
     row has one value: its ties are looked up by index)."""
     x = make_family(family, 16, 248_320, seed=0, device=torch.device("cpu"))
     for row in x:
-        t = threshold_reference(row, 21)
-        above = int((row > t).sum())
-        assert above == 0 if family == "padding" else above >= 20, (family, above)
+        for chunk in (topk_fused.CHUNK, topk_fused.DENSE_CHUNK):  # the sparse and the dense mode's samples
+            t = threshold_reference(row, 21, chunk)
+            above = int((row > t).sum())
+            assert above == 0 if family == "padding" else above >= 20, (family, chunk, above)
 
 
 def test_samples_stay_inside_the_row_for_every_vocabulary():
     """The threshold reads samples // run runs of `run` contiguous logits, one in the middle of each stretch of
     `vocab // (samples // run)` (as harness.verify.topk_fused._sample_at): all inside the row, for any vocabulary."""
-    for vocab in [*range(2, 5000), 32_000, 151_936, 248_320]:
+    for vocab, chunk in itertools.product([*range(2, 5000), 32_000, 151_936, 248_320],
+                                          (topk_fused.CHUNK, topk_fused.DENSE_CHUNK)):
         samples = topk_fused.samples_for(vocab)
-        run = topk_fused.run_length(samples)
+        run = topk_fused.run_length(samples, chunk)
         places = samples // run
         stride = vocab // places
         first, last = (stride - run) // 2, (places - 1) * stride + (stride - run) // 2 + run - 1
-        assert samples * run > 0 and 0 <= first and last < vocab, vocab
+        assert samples * run > 0 and 0 <= first and last < vocab, (vocab, chunk)
 
 
 def test_only_the_sparse_mode_of_a_wide_vocabulary_takes_wide_blocks():
@@ -209,10 +213,10 @@ def interpreter_or_skip() -> None:
 
 
 def top_at_the_first_samples(n: int, vocab: int) -> torch.Tensor:
-    """Rows whose 30 largest logits sit where the first 30 samples are read: a threshold with a few samples
-    above it lets only those few logits through."""
+    """Rows whose 30 largest logits sit where the first 30 samples of the dense mode (topk_fused.run) are read:
+    a threshold with a few samples above it lets only those few logits through."""
     logits = torch.randn(n, vocab, generator=torch.Generator().manual_seed(1))
-    logits[:, sample_positions(vocab)[:30]] = 10 + torch.arange(30, 0, -1).float()
+    logits[:, sample_positions(vocab, topk_fused.DENSE_CHUNK)[:30]] = 10 + torch.arange(30, 0, -1).float()
     return logits
 
 

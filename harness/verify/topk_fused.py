@@ -63,6 +63,7 @@ except ImportError:  # a CPU-only install: the name stays usable through the top
 
 SAMPLES = 8192  # logits sampled per row for the threshold at most: runs of CHUNK contiguous logits
 CHUNK = 8  # contiguous logits per sampled place (one 32-byte sector of fp32): many places, spread evenly
+DENSE_CHUNK = 16  # the dense mode's: half as many places of 64 bytes (launch_config)
 FAST_K = 64  # the largest top_k the kernels handle; larger rows take the topk_first path
 CANDIDATES = 512  # per row: indices of the logits above the threshold
 ROUNDS = 3  # thresholds tried per row before it is left to the caller (at most 7: the start kernel zeroes
@@ -469,11 +470,15 @@ def launch_config(vocab: int = 0, sparse: bool = False) -> dict[str, int]:
     a missed row's samples at once: 2%-6% faster at 248,320 and 32,000 ids on iid, bf16, sorted and lm_like rows
     (4096 rows, H200, 20 interleaved rounds); the sparse mode's was mixed there (iid 4% faster, sorted, padding
     and lm_like 4% slower) and keeps 2 warps and pieces of PIECE (results/published/verify-probs-h200-families,
-    tune_finish_dense.log, tune_finish_sparse.log)."""
+    tune_finish_dense.log, tune_finish_sparse.log). The dense mode samples runs of DENSE_CHUNK (64 bytes: half as
+    many places, the same count): 1%-12% faster on every family tried at 32,000 to 248,320 ids; in the sparse
+    mode lm_like rows were 8% slower with it at 248,320 (a noisier threshold) and it keeps CHUNK
+    (tune_chunk16_dense.log; tune_chunk.log in results/published/verify-step-h200-sparse)."""
     wide = sparse and vocab >= WIDE_VOCAB
     return {"PASS_BLOCK": 2048 if wide else 1024, "PASS_WARPS": 4, "START_WARPS": 8,
-            "FINISH_WARPS": 2 if sparse else 4, "PIECE": PIECE if sparse else SAMPLES, "NARROW": 256, "CHUNK": CHUNK, "SAMPLE_SHARE": SAMPLE_SHARE, "SAMPLES": SAMPLES, "INTERLEAVE_BLOCKS": 64,
-            "FIRST_RANK": 0, "DENSE_APPEND": 0, "SPARSE_APPEND": 2 if wide else 1, "PASS_LOOP": 0, "PASS_STAGES": 3}
+            "FINISH_WARPS": 2 if sparse else 4, "PIECE": PIECE if sparse else SAMPLES, "NARROW": 256,
+            "CHUNK": CHUNK if sparse else DENSE_CHUNK, "SAMPLE_SHARE": SAMPLE_SHARE, "SAMPLES": SAMPLES,
+            "INTERLEAVE_BLOCKS": 64, "FIRST_RANK": 0, "DENSE_APPEND": 0, "SPARSE_APPEND": 2 if wide else 1, "PASS_LOOP": 0, "PASS_STAGES": 3}
 
 
 def run(logits: Tensor, temperature: Tensor, top_k: Tensor, top_p: Tensor, config: dict[str, int] | None = None
