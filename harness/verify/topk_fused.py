@@ -471,9 +471,10 @@ def launch_config(vocab: int = 0, sparse: bool = False) -> dict[str, int]:
     (4096 rows, H200, 20 interleaved rounds); the sparse mode's was mixed there (iid 4% faster, sorted, padding
     and lm_like 4% slower) and keeps 2 warps and pieces of PIECE (results/published/verify-probs-h200-families,
     tune_finish_dense.log, tune_finish_sparse.log). The dense mode samples runs of DENSE_CHUNK (64 bytes: half as
-    many places, the same count): 1%-12% faster on every family tried at 32,000 to 248,320 ids; in the sparse
-    mode lm_like rows were 8% slower with it at 248,320 (a noisier threshold) and it keeps CHUNK
-    (tune_chunk16_dense.log; tune_chunk.log in results/published/verify-step-h200-sparse)."""
+    many places, the same count): faster in 19 of 24 cells (6 families at 32,000 to 248,320 ids, 1%-6%), iid rows
+    2%-3% slower at 32,000 and 49,152; in the sparse mode lm_like rows were 8% slower with it at 248,320 (a
+    noisier threshold) and it keeps CHUNK (tune_chunk16_dense.log; tune_chunk.log in
+    results/published/verify-step-h200-sparse)."""
     wide = sparse and vocab >= WIDE_VOCAB
     return {"PASS_BLOCK": 2048 if wide else 1024, "PASS_WARPS": 4, "START_WARPS": 8,
             "FINISH_WARPS": 2 if sparse else 4, "PIECE": PIECE if sparse else SAMPLES, "NARROW": 256,
