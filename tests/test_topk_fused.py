@@ -143,6 +143,11 @@ def test_only_the_sparse_mode_of_a_wide_vocabulary_takes_wide_blocks():
         cfg = topk_fused.launch_config(vocab, sparse_mode)
         assert (cfg["PASS_BLOCK"], cfg["SPARSE_APPEND"], cfg["DENSE_APPEND"], cfg["PASS_LOOP"]) == (1024, 1, 0, 0)
     assert topk_fused.launch_config(topk_fused.WIDE_VOCAB, sparse=True)["PASS_BLOCK"] == 2048
+    # the dense mode's finish: 4 warps, a missed row's samples at once; its samples in runs of DENSE_CHUNK
+    for vocab in (32_000, 248_320):
+        dense, sparse_cfg = topk_fused.launch_config(vocab), topk_fused.launch_config(vocab, sparse=True)
+        assert (dense["FINISH_WARPS"], dense["PIECE"], dense["CHUNK"]) == (4, topk_fused.SAMPLES, 16)
+        assert (sparse_cfg["FINISH_WARPS"], sparse_cfg["PIECE"], sparse_cfg["CHUNK"]) == (2, topk_fused.PIECE, 8)
 
 
 def interpreter_ready() -> bool:

@@ -479,7 +479,8 @@ def launch_config(vocab: int = 0, sparse: bool = False) -> dict[str, int]:
     return {"PASS_BLOCK": 2048 if wide else 1024, "PASS_WARPS": 4, "START_WARPS": 8,
             "FINISH_WARPS": 2 if sparse else 4, "PIECE": PIECE if sparse else SAMPLES, "NARROW": 256,
             "CHUNK": CHUNK if sparse else DENSE_CHUNK, "SAMPLE_SHARE": SAMPLE_SHARE, "SAMPLES": SAMPLES,
-            "INTERLEAVE_BLOCKS": 64, "FIRST_RANK": 0, "DENSE_APPEND": 0, "SPARSE_APPEND": 2 if wide else 1, "PASS_LOOP": 0, "PASS_STAGES": 3}
+            "INTERLEAVE_BLOCKS": 64, "FIRST_RANK": 0, "DENSE_APPEND": 0, "SPARSE_APPEND": 2 if wide else 1,
+            "PASS_LOOP": 0, "PASS_STAGES": 3}
 
 
 def run(logits: Tensor, temperature: Tensor, top_k: Tensor, top_p: Tensor, config: dict[str, int] | None = None
@@ -557,8 +558,8 @@ def _launch(logits: Tensor, temperature: Tensor, top_k: Tensor, top_p: Tensor, c
             num_warps=cfg["PASS_WARPS"], num_stages=cfg["PASS_STAGES"], **common)
         _finish_kernel[(n if r == 0 else min(redo, retry_programs),)](
             logits, stride, out, ids, ws, wsf, n, vocab, ROUND=r, LAST=r == ROUNDS - 1, SAMPLES=samples, CHUNK=chunk,
-            PIECE=min(cfg["PIECE"], samples), NARROW=min(cfg["NARROW"], CANDIDATES), FAST_K=FAST_K, TIE_BLOCK=TIE_BLOCK,
-            TIE_SPAN=TIE_SPAN, SPARSE=sparse, num_warps=cfg["FINISH_WARPS"], **common)
+            PIECE=min(cfg["PIECE"], samples), NARROW=min(cfg["NARROW"], CANDIDATES), FAST_K=FAST_K,
+            TIE_BLOCK=TIE_BLOCK, TIE_SPAN=TIE_SPAN, SPARSE=sparse, num_warps=cfg["FINISH_WARPS"], **common)
     counters = ws[counters_at:]  # zeroed by the start kernel
 
     def left() -> Tensor | None:
