@@ -71,6 +71,9 @@ CONFIGS = {
     "piece8192_w4": {"PIECE": 8192, "FINISH_WARPS": 4},
     "piece2048_w4": {"PIECE": 2048, "FINISH_WARPS": 4},
     "rank4_piece8192_w8": {"FIRST_RANK": 4, "PIECE": 8192, "FINISH_WARPS": 8},
+    # the sample runs of 16 logits (the dense mode's DENSE_CHUNK) with the first rank one or two above the table's
+    "chunk16_rank6": {"CHUNK": 16, "FIRST_RANK": 6},
+    "chunk16_rank7": {"CHUNK": 16, "FIRST_RANK": 7},
 }
 
 
