@@ -60,10 +60,6 @@ CONFIGS = {
     "chunk4": {"CHUNK": 4},
     "chunk16": {"CHUNK": 16},
     "chunk32": {"CHUNK": 32},
-    # the first threshold's rank among the samples (0: rank_table's, 5 at 248,320 and 9 at 151,936 for k 20)
-    "rank3": {"FIRST_RANK": 3},
-    "rank4": {"FIRST_RANK": 4},
-    "rank7": {"FIRST_RANK": 7},
     # a missed row's next threshold in the finish kernel: its samples read in pieces of PIECE (1,024 by default,
     # rank x 8 dependent reads at 248,320 ids), by FINISH_WARPS warps (2 by default)
     "w8": {"FINISH_WARPS": 8},
@@ -71,10 +67,11 @@ CONFIGS = {
     "piece8192_w4": {"PIECE": 8192, "FINISH_WARPS": 4},
     "piece2048_w4": {"PIECE": 2048, "FINISH_WARPS": 4},
     "rank4_piece8192_w8": {"FIRST_RANK": 4, "PIECE": 8192, "FINISH_WARPS": 8},
-    # the sample runs of 16 logits (the dense mode's DENSE_CHUNK) with the first rank one or two above the table's
-    "chunk16_rank6": {"CHUNK": 16, "FIRST_RANK": 6},
-    "chunk16_rank7": {"CHUNK": 16, "FIRST_RANK": 7},
 }
+# the first threshold's rank among the samples fixed for every row, 3 to 12 (0, the default: rank_table's, 5 at
+# 248,320 and 9 at 151,936 for top_k 20), with the sample runs of 8 (rankR) and of 16 logits (chunk16_rankR)
+CONFIGS.update({f"rank{r}": {"FIRST_RANK": r} for r in range(3, 13)})
+CONFIGS.update({f"chunk16_rank{r}": {"CHUNK": 16, "FIRST_RANK": r} for r in range(3, 13)})
 
 
 def taken(left: torch.Tensor | None, rows: int) -> torch.Tensor:
