@@ -8,7 +8,7 @@ seed's sizes, and one program streams it at a few GB/s):
    1 / SAMPLE_SHARE of the row (a small vocabulary samples fewer), in runs of CHUNK contiguous logits, one in
    the middle of each of many evenly spaced stretches (never at the row's ends, where sorted rows and a
    tokenizer's frequent tokens keep their largest logits); r chosen per top_k so that both ways of missing
-   are rare on i.i.d. rows (best_rank).
+   are rare on i.i.d. rows (best_rank; in the sparse mode the smallest r that keeps the first rare enough).
 2. pass, a program per BLOCK of a row (the copy-like part, near the bandwidth limit): the block of the output
    is written with zeros; a block with at most k logits above t appends the index of each to the row's
    candidate list (an atomic slot each), a crowded block only its own k largest (value, then lowest index),
@@ -62,10 +62,10 @@ except ImportError:  # a CPU-only install: the name stays usable through the top
     triton = None
 
 SAMPLES = 8192  # logits sampled per row for the threshold at most: runs of CHUNK contiguous logits
-CHUNK = 8  # contiguous logits per sampled place (one 32-byte sector of fp32): many places, spread evenly
-DENSE_CHUNK = 16  # the dense mode's: half as many places of 64 bytes (launch_config)
+CHUNK = 16  # contiguous logits per sampled place (64 bytes of fp32, two sectors): many places, spread evenly
 FAST_K = 64  # the largest top_k the kernels handle; larger rows take the topk_first path
 CANDIDATES = 512  # per row: indices of the logits above the threshold
+FAIL_BOUND = 0.002  # best_rank's rule 1: the most often a first threshold may leave fewer than k logits >= t
 ROUNDS = 3  # thresholds tried per row before it is left to the caller (at most 7: the start kernel zeroes
 # ROUNDS + 1 counters with one 8-lane store)
 REDO = 1 << 30  # the most rows a retry round takes (every row: a missed row is retried, whatever its batch)
@@ -88,23 +88,31 @@ def _poisson_cdf(m: int, lam: float) -> float:
     return total
 
 
-def best_rank(k: int, vocab: int, samples: int) -> int:
+def best_rank(k: int, vocab: int, samples: int, rule: int = 0) -> int:
     """The rank r (1 = largest) of the sampled logit used as threshold t for a row's top-k. The row fails
     when t is among its k-1 largest logits (r or more samples there: fewer than k logits >= t) and
     overflows when more than CANDIDATES logits exceed t (fewer than r samples among its CANDIDATES largest);
     with samples spread over the row, the samples that land among a row's m largest logits are about
-    Poisson(m x samples / vocab). r balances the two (at the seed's sizes: both under 0.05% for k <= 20,
-    under 0.6% up to k = 64)."""
+    Poisson(m x samples / vocab). Rule 0 (balance): r balances the two (at the seed's sizes: both under 0.05%
+    for k <= 20, under 0.6% up to k = 64), also where both are negligible, at the price of candidates (167 a
+    row at 151,936 ids for k 20). Rule 1 (bound): the smallest r whose chance of failing is at most FAIL_BOUND
+    (fewer candidates, each costing the pass and the finish kernel), unless it would then overflow more often
+    than that (then rule 0)."""
     lam_fail, lam_over = (k - 1) * samples / vocab, CANDIDATES * samples / vocab
-    cost = {r: max(1 - _poisson_cdf(r - 1, lam_fail), _poisson_cdf(r - 1, lam_over)) for r in range(1, 64)}
-    return min(cost, key=cost.__getitem__)
+    fail = {r: 1 - _poisson_cdf(r - 1, lam_fail) for r in range(1, 64)}
+    over = {r: _poisson_cdf(r - 1, lam_over) for r in range(1, 64)}
+    if rule == 1:
+        bound = next((r for r in fail if fail[r] <= FAIL_BOUND), None)
+        if bound is not None and over[bound] <= FAIL_BOUND:
+            return bound
+    return min(fail, key=lambda r: max(fail[r], over[r]))
 
 
 @functools.lru_cache(maxsize=64)
-def rank_table(vocab: int, samples: int, device: str) -> Tensor:
+def rank_table(vocab: int, samples: int, device: str, rule: int = 0) -> Tensor:
     """best_rank for every k in 0..FAST_K (index k), int32 on `device`: looked up per row without a sync."""
-    return torch.tensor([1] + [best_rank(k, vocab, samples) for k in range(1, FAST_K + 1)], dtype=torch.int32,
-                        device=device)
+    ranks = [1] + [best_rank(k, vocab, samples, rule) for k in range(1, FAST_K + 1)]
+    return torch.tensor(ranks, dtype=torch.int32, device=device)
 
 
 if triton is not None:
@@ -470,15 +478,18 @@ def launch_config(vocab: int = 0, sparse: bool = False) -> dict[str, int]:
     a missed row's samples at once: 2%-6% faster at 248,320 and 32,000 ids on iid, bf16, sorted and lm_like rows
     (4096 rows, H200, 20 interleaved rounds); the sparse mode's was mixed there (iid 4% faster, sorted, padding
     and lm_like 4% slower) and keeps 2 warps and pieces of PIECE (results/published/verify-probs-h200-families,
-    tune_finish_dense.log, tune_finish_sparse.log). The dense mode samples runs of DENSE_CHUNK (64 bytes: half as
-    many places, the same count): faster in 19 of 24 cells (6 families at 32,000 to 248,320 ids, 1%-6%), iid rows
-    2%-3% slower at 32,000 and 49,152; in the sparse mode lm_like rows were 8% slower with it at 248,320 (a
-    noisier threshold) and it keeps CHUNK (tune_chunk16_dense.log; tune_chunk.log in
-    results/published/verify-step-h200-sparse)."""
+    tune_finish_dense.log, tune_finish_sparse.log). Both modes sample runs of CHUNK = 16 logits (64 bytes; 8 before:
+    half as many places, the same count): the dense builder faster in 19 of 24 cells (6 families at 32,000 to
+    248,320 ids, 1%-6%; iid rows 2%-3% slower at 32,000 and 49,152; tune_chunk16_dense.log). RANK_RULE, the
+    first threshold's rank (best_rank's rule): the sparse mode takes rule 1 (bound); with it and the runs of 16,
+    run_sparse's worst family of 6 went from 1.53x to 1.46x the read at 248,320 ids, 1.92x to 1.69x at 151,936,
+    2.99x to 2.62x at 32,000 (lm_like rows slower at 248,320: 1.30x -> 1.39x; tune_rank_sweep.log in
+    results/published/verify-step-h200-sparse, fixed ranks equal to the rule's for top_k 20). The dense mode
+    keeps rule 0 (not measured with rule 1)."""
     wide = sparse and vocab >= WIDE_VOCAB
     return {"PASS_BLOCK": 2048 if wide else 1024, "PASS_WARPS": 4, "START_WARPS": 8,
             "FINISH_WARPS": 2 if sparse else 4, "PIECE": PIECE if sparse else SAMPLES, "NARROW": 256,
-            "CHUNK": CHUNK if sparse else DENSE_CHUNK, "SAMPLE_SHARE": SAMPLE_SHARE, "SAMPLES": SAMPLES,
+            "CHUNK": CHUNK, "RANK_RULE": int(sparse), "SAMPLE_SHARE": SAMPLE_SHARE, "SAMPLES": SAMPLES,
             "INTERLEAVE_BLOCKS": 64, "FIRST_RANK": 0, "DENSE_APPEND": 0, "SPARSE_APPEND": 2 if wide else 1,
             "PASS_LOOP": 0, "PASS_STAGES": 3}
 
@@ -544,9 +555,9 @@ def _launch(logits: Tensor, temperature: Tensor, top_k: Tensor, top_p: Tensor, c
     wsf = ws.view(torch.float32)
     common = {"CANDIDATES": CANDIDATES, "redo": redo, "ROUNDS": ROUNDS}
     stride, chunk = logits.stride(0), run_length(samples, cfg["CHUNK"])
-    _start_kernel[(n,)](logits, stride, temperature, top_k, top_p, rank_table(vocab, samples, str(device)), ws, wsf,
-                        n, vocab, cfg["FIRST_RANK"], redo, GREEDY=GREEDY_TEMPERATURE, FAST_K=FAST_K, SAMPLES=samples,
-                        CHUNK=chunk, CANDIDATES=CANDIDATES, ROUNDS=ROUNDS, num_warps=cfg["START_WARPS"])
+    ranks = rank_table(vocab, samples, str(device), cfg["RANK_RULE"])
+    _start_kernel[(n,)](logits, stride, temperature, top_k, top_p, ranks, ws, wsf, n, vocab, cfg["FIRST_RANK"], redo,
+                        GREEDY=GREEDY_TEMPERATURE, FAST_K=FAST_K, SAMPLES=samples, CHUNK=chunk, CANDIDATES=CANDIDATES, ROUNDS=ROUNDS, num_warps=cfg["START_WARPS"])
     out = torch.empty(n, FAST_K if sparse else vocab, dtype=torch.float32, device=device)
     ids = torch.empty(n, FAST_K, dtype=torch.int32, device=device) if sparse else ws
     blocks = triton.cdiv(vocab, pass_block)
