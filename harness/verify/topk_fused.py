@@ -557,7 +557,8 @@ def _launch(logits: Tensor, temperature: Tensor, top_k: Tensor, top_p: Tensor, c
     stride, chunk = logits.stride(0), run_length(samples, cfg["CHUNK"])
     ranks = rank_table(vocab, samples, str(device), cfg["RANK_RULE"])
     _start_kernel[(n,)](logits, stride, temperature, top_k, top_p, ranks, ws, wsf, n, vocab, cfg["FIRST_RANK"], redo,
-                        GREEDY=GREEDY_TEMPERATURE, FAST_K=FAST_K, SAMPLES=samples, CHUNK=chunk, CANDIDATES=CANDIDATES, ROUNDS=ROUNDS, num_warps=cfg["START_WARPS"])
+                        GREEDY=GREEDY_TEMPERATURE, FAST_K=FAST_K, SAMPLES=samples, CHUNK=chunk, CANDIDATES=CANDIDATES,
+                        ROUNDS=ROUNDS, num_warps=cfg["START_WARPS"])
     out = torch.empty(n, FAST_K if sparse else vocab, dtype=torch.float32, device=device)
     ids = torch.empty(n, FAST_K, dtype=torch.int32, device=device) if sparse else ws
     blocks = triton.cdiv(vocab, pass_block)
