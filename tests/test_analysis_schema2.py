@@ -219,6 +219,23 @@ def test_fast_and_line_by_line_readers_agree_on_chunk_arrays():
     assert squash(fast.markdown) == squash(slow.markdown.replace("; 4 file(s) read by the line-by-line reader", ""))
 
 
+def test_chunk_lists_flatten_across_sliced_empty_and_null_chunks():
+    """The flat chunk arrays (analysis.load._list_parts) of a column in several chunks: a sliced chunk, an empty
+    one, null lists (empty, not present), and a null list whose child values are stale (dropped)."""
+    import pyarrow as pa  # noqa: PLC0415
+
+    from analysis.load import _list_parts  # noqa: PLC0415
+
+    lists = pa.array([[1, 2], [3], None, [], [4, 5, 6]], pa.list_(pa.int64()))
+    stale = pa.ListArray.from_arrays(pa.array([0, 2, 4, 5], pa.int32()), pa.array([7, 8, 9, 10, 11], pa.int64()),
+                                     mask=pa.array([False, True, False]))
+    column = pa.chunked_array([lists.slice(1, 3), pa.array([], pa.list_(pa.int64())), stale, lists])
+    offsets, values, present = _list_parts(column, len(column))
+    assert offsets.tolist() == [0, 1, 1, 1, 3, 3, 4, 6, 7, 7, 7, 10]
+    assert values.tolist() == [3, 7, 8, 11, 1, 2, 3, 4, 5, 6]
+    assert present.tolist() == [True, False, True, True, False, True, True, True, False, True, True]
+
+
 def test_a_mistyped_chunk_list_is_a_bad_line(tmp_path):
     camp = copy_campaign(V2, tmp_path / "golden" / "c1")
     edit_records(camp / "runs" / "r1-block-100" / "records.jsonl",
