@@ -56,8 +56,10 @@ CONFIGS = {
     # the start kernel's warps (8 by default)
     "start_w4": {"START_WARPS": 4},
     "start_w16": {"START_WARPS": 16},
-    # the start kernel's sampled runs: 4, 16 or 32 contiguous logits per place (8 by default), the same count
+    # the start kernel's sampled runs: 4, 8, 16 or 32 contiguous logits per place (16 by default since b79fec9, 8
+    # before: the logs' chunk16 column was then the variant), the same count
     "chunk4": {"CHUNK": 4},
+    "chunk8": {"CHUNK": 8},
     "chunk16": {"CHUNK": 16},
     "chunk32": {"CHUNK": 32},
     # a missed row's next threshold in the finish kernel: its samples read in pieces of PIECE (1,024 by default,
@@ -68,9 +70,10 @@ CONFIGS = {
     "piece2048_w4": {"PIECE": 2048, "FINISH_WARPS": 4},
     "rank4_piece8192_w8": {"FIRST_RANK": 4, "PIECE": 8192, "FINISH_WARPS": 8},
 }
-# the first threshold's rank among the samples fixed for every row, 3 to 12 (0, the default: rank_table's, 5 at
-# 248,320 and 9 at 151,936 for top_k 20), with the sample runs of 8 (rankR) and of 16 logits (chunk16_rankR)
-CONFIGS.update({f"rank{r}": {"FIRST_RANK": r} for r in range(3, 13)})
+# the first threshold's rank among the samples fixed for every row, 3 to 12 (0, the default: rank_table's; for
+# top_k 20 the sparse mode's rule 1 gives 5, 6, 6 at 248,320, 151,936, 32,000, rule 0 gave 5, 9, 10), with the
+# sample runs of 8 (rankR, the layout of the logs before b79fec9) and of 16 logits (chunk16_rankR, today's CHUNK)
+CONFIGS.update({f"rank{r}": {"CHUNK": 8, "FIRST_RANK": r} for r in range(3, 13)})
 CONFIGS.update({f"chunk16_rank{r}": {"CHUNK": 16, "FIRST_RANK": r} for r in range(3, 13)})
 
 
