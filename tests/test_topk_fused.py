@@ -150,11 +150,11 @@ def test_only_the_sparse_mode_of_a_wide_vocabulary_takes_wide_blocks():
         cfg = topk_fused.launch_config(vocab, sparse_mode)
         assert (cfg["PASS_BLOCK"], cfg["SPARSE_APPEND"], cfg["DENSE_APPEND"], cfg["PASS_LOOP"]) == (1024, 1, 0, 0)
     assert topk_fused.launch_config(topk_fused.WIDE_VOCAB, sparse=True)["PASS_BLOCK"] == 2048
-    # the dense mode's finish: 4 warps, a missed row's samples at once; the sparse mode's first rank: rule 1
+    # the dense mode's finish: 4 warps, a missed row's samples at once; both modes' first rank: rule 1
     for vocab in (32_000, 248_320):
         dense, sparse_cfg = topk_fused.launch_config(vocab), topk_fused.launch_config(vocab, sparse=True)
         keys = ("FINISH_WARPS", "PIECE", "CHUNK", "RANK_RULE")
-        assert [dense[key] for key in keys] == [4, topk_fused.SAMPLES, 16, 0]
+        assert [dense[key] for key in keys] == [4, topk_fused.SAMPLES, 16, 1]
         assert [sparse_cfg[key] for key in keys] == [2, topk_fused.PIECE, 16, 1]
 
 
