@@ -100,6 +100,16 @@ class PlanKeys:
         return self.run * self.n_items + self.item
 
 
+@dataclass(frozen=True)
+class Picked:
+    """What the figures use, fixed before any check runs: the planned requests and the record masks (the
+    metrics read only this, so they can be computed while the checks run)."""
+
+    plan: PlanKeys
+    selection: Selection
+    key: np.ndarray  # per record, its plan key (-1 when it is not a planned request)
+
+
 @dataclass
 class Audit:
     checks: list[Check]
@@ -307,9 +317,16 @@ def _key_frame(data: Loaded, run: np.ndarray, item: np.ndarray) -> pd.DataFrame:
 # the checks
 
 
-def run_audit(data: Loaded, arms: list[str], baseline: str, mismatches: list[Mismatch], allow_mismatch: bool) -> Audit:
+def pick(data: Loaded) -> Picked:
+    """The planned requests and which records the figures use."""
     plan = plan_keys(data)
-    sel, key = select(data, plan)
+    selection, key = select(data, plan)
+    return Picked(plan, selection, key)
+
+
+def run_audit(data: Loaded, picked: Picked, arms: list[str], baseline: str, mismatches: list[Mismatch],
+              allow_mismatch: bool) -> Audit:
+    plan, sel, key = picked.plan, picked.selection, picked.key
     cov = coverage(data, plan, sel, key)
     arm_diffs = compare_arms(data, arms, baseline)
     variants = run_variants(data)

@@ -34,7 +34,7 @@ from dataclasses import dataclass
 import numpy as np
 import pandas as pd
 
-from analysis.audit import Audit, foreign_load, recompute_hit_cap
+from analysis.audit import Picked, foreign_load, recompute_hit_cap
 from analysis.load import Chunks, Loaded
 
 PERCENTILES = (50, 90, 99)
@@ -102,13 +102,13 @@ def arm_order(data: Loaded, baseline: str) -> list[str]:
     return [a for a in ordered if a]
 
 
-def compute(data: Loaded, audit: Audit, arms: list[str], baseline: str) -> Metrics:
+def compute(data: Loaded, picked: Picked, arms: list[str], baseline: str) -> Metrics:
     arm_of_run = pd.Index(arms).get_indexer(data.runs["arm"]).astype(np.int64)
     parts = partitions(data)
-    req = request_frame(data, audit, arm_of_run)
-    itl = sort_by_run(itl_values(data.chunks, np.flatnonzero(audit.selection.used), req["run"].to_numpy()),
+    req = request_frame(data, picked, arm_of_run)
+    itl = sort_by_run(itl_values(data.chunks, np.flatnonzero(picked.selection.used), req["run"].to_numpy()),
                       len(data.runs))
-    runs = run_table(data, audit, req, itl, arm_of_run)
+    runs = run_table(data, picked, req, itl, arm_of_run)
     latency, counts = pooled_latency(req, itl, len(arms), arms)
     return Metrics(
         arms=arms,
@@ -116,10 +116,10 @@ def compute(data: Loaded, audit: Audit, arms: list[str], baseline: str) -> Metri
         requests=req,
         partitions=parts,
         ratios=ratio_table(req, parts, arms),
-        outcomes=outcome_table(data, audit, req, parts, arms, arm_of_run),
+        outcomes=outcome_table(data, picked, req, parts, arms, arm_of_run),
         runs=runs,
         seed_runs=seed_run_table(runs),
-        histogram=histogram_table(data, audit, arm_of_run, arms),
+        histogram=histogram_table(data, picked, arm_of_run, arms),
         pooled_latency=latency,
         pooled_counts=counts,
         open_loop=any(c.open_loop for c in data.campaigns),
@@ -161,8 +161,8 @@ def _chunk_ends(chunks: Chunks, rows: np.ndarray) -> tuple[np.ndarray, np.ndarra
     return aligned, first, last, first_tokens
 
 
-def request_frame(data: Loaded, audit: Audit, arm_of_run: np.ndarray) -> pd.DataFrame:
-    used = audit.selection.used
+def request_frame(data: Loaded, picked: Picked, arm_of_run: np.ndarray) -> pd.DataFrame:
+    used = picked.selection.used
     rows = np.flatnonzero(used)
     rec = data.records
     run = rec["_run"].to_numpy()[used]
@@ -444,12 +444,12 @@ def ratio_table(req: pd.DataFrame, parts: dict[str, Partition], arms: list[str])
 
 
 def outcome_table(
-    data: Loaded, audit: Audit, req: pd.DataFrame, parts: dict[str, Partition], arms: list[str],
+    data: Loaded, picked: Picked, req: pd.DataFrame, parts: dict[str, Partition], arms: list[str],
     arm_of_run: np.ndarray,
 ) -> pd.DataFrame:
-    plan = audit.plan
+    plan = picked.plan
     rec = data.records
-    err = audit.selection.errored
+    err = picked.selection.errored
     err_run, err_item = rec["_run"].to_numpy()[err], rec["_item"].to_numpy()[err]
     run, item, arm = req["run"].to_numpy(), req["item"].to_numpy(), req["arm"].to_numpy()
     correct = req["correct"].to_numpy()
@@ -472,10 +472,10 @@ def outcome_table(
     return out
 
 
-def run_table(data: Loaded, audit: Audit, req: pd.DataFrame, itl: SortedItl, arm_of_run: np.ndarray) -> pd.DataFrame:
+def run_table(data: Loaded, picked: Picked, req: pd.DataFrame, itl: SortedItl, arm_of_run: np.ndarray) -> pd.DataFrame:
     runs = data.runs
     rec = data.records
-    meas = audit.selection.measured
+    meas = picked.selection.measured
     m_run = rec["_run"].to_numpy()[meas]
     n = len(runs)
     tokens = np.bincount(m_run, weights=np.nan_to_num(rec["completion_tokens"].to_numpy()[meas]), minlength=n)
@@ -563,10 +563,10 @@ def seed_run_table(runs: pd.DataFrame) -> pd.DataFrame:
     return out.reset_index()
 
 
-def histogram_table(data: Loaded, audit: Audit, arm_of_run: np.ndarray, arms: list[str]) -> pd.DataFrame:
+def histogram_table(data: Loaded, picked: Picked, arm_of_run: np.ndarray, arms: list[str]) -> pd.DataFrame:
     """Verify steps by number of correct drafts, summed over the used requests of each arm."""
     hist = data.hist
-    keep = audit.selection.used & hist.present
+    keep = picked.selection.used & hist.present
     if not keep.any():
         return pd.DataFrame()
     arm = arm_of_run[data.records["_run"].to_numpy()]

@@ -13,10 +13,11 @@ import argparse
 import json
 import os
 import sys
+from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
 from analysis import acceptance, markdown, plots, pr, summary
-from analysis.audit import Mismatch, metadata_mismatches, run_audit
+from analysis.audit import Mismatch, metadata_mismatches, pick, run_audit
 from analysis.compare import POWER_CHANGES, compare, power_table
 from analysis.load import InputError, load
 from analysis.metrics import arm_order, compute
@@ -58,11 +59,16 @@ def build_report(
         raise MismatchError(mismatches)
     baseline = data.campaigns[0].baseline or (data.campaigns[0].arm_names or [""])[0]
     arms = arm_order(data, baseline)
-    audit = run_audit(data, arms, baseline, mismatches, allow_mismatch)
-    metrics = compute(data, audit, arms, baseline)
-    comparison = compare(metrics, n_boot, seed)
+    picked = pick(data)
+    # two at a time (numpy's and pandas' loops release the GIL): the checks beside the metrics, the per-position
+    # bootstrap beside the comparison's; each reads the loaded data only, so the results do not depend on it
+    with ThreadPoolExecutor(max_workers=2) as pool:
+        audit_job = pool.submit(run_audit, data, picked, arms, baseline, mismatches, allow_mismatch)
+        metrics = compute(data, picked, arms, baseline)
+        positions_job = pool.submit(acceptance.compute, data, picked.selection.used, metrics, n_boot, seed)
+        comparison = compare(metrics, n_boot, seed)
+        audit, positions = audit_job.result(), positions_job.result()
     tables = build(metrics, comparison, data.campaigns[0].meta.get("max_new_tokens"), len(data.campaigns) > 1)
-    positions = acceptance.compute(data, audit.selection.used, metrics, n_boot, seed)
     report = Report(
         inputs=[Path(p) for p in paths], data=data, arms=arms, baseline=baseline, audit=audit,
         metrics=metrics, comparison=comparison, tables=tables, figures=plots.figure_specs(metrics, positions),
