@@ -487,7 +487,8 @@ def launch_config(vocab: int = 0, sparse: bool = False) -> dict[str, int]:
     results/published/verify-step-h200-sparse, fixed ranks equal to the rule's for top_k 20). The dense mode
     takes rule 1 too: faster in 20 of 30 cells (6 families at 32,000 to 248,320 ids, 4096 rows, the same
     rounds), its worst family 1.34x -> 1.26x the copy at 151,936, 1.43x -> 1.30x at 128,256, 2.28x -> 2.10x at
-    32,000, 1.18x -> 1.20x at 248,320 (tune_rank_rule_dense.log in results/published/verify-probs-h200-families)."""
+    32,000, 1.18x -> 1.20x at 248,320 (the same rank there for top_k 20: noise; tune_rank_rule_dense.log in
+    results/published/verify-probs-h200-families)."""
     wide = sparse and vocab >= WIDE_VOCAB
     return {"PASS_BLOCK": 2048 if wide else 1024, "PASS_WARPS": 4, "START_WARPS": 8,
             "FINISH_WARPS": 2 if sparse else 4, "PIECE": PIECE if sparse else SAMPLES, "NARROW": 256,
