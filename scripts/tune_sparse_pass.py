@@ -71,7 +71,7 @@ CONFIGS = {
     "rank4_piece8192_w8": {"FIRST_RANK": 4, "PIECE": 8192, "FINISH_WARPS": 8},
 }
 # the first threshold's rank among the samples fixed for every row, 3 to 12 (0, the default: rank_table's; for
-# top_k 20 the sparse mode's rule 1 gives 5, 6, 6 at 248,320, 151,936, 32,000, rule 0 gave 5, 9, 10), with the
+# top_k 20 rule 1, both modes' today, gives 5, 6, 6 at 248,320, 151,936, 32,000, rule 0 gave 5, 9, 10), with the
 # sample runs of 8 (rankR, the layout of the logs before b79fec9) and of 16 logits (chunk16_rankR, today's CHUNK)
 CONFIGS.update({f"rank{r}": {"CHUNK": 8, "FIRST_RANK": r} for r in range(3, 13)})
 CONFIGS.update({f"chunk16_rank{r}": {"CHUNK": 16, "FIRST_RANK": r} for r in range(3, 13)})

@@ -8,7 +8,7 @@ seed's sizes, and one program streams it at a few GB/s):
    1 / SAMPLE_SHARE of the row (a small vocabulary samples fewer), in runs of CHUNK contiguous logits, one in
    the middle of each of many evenly spaced stretches (never at the row's ends, where sorted rows and a
    tokenizer's frequent tokens keep their largest logits); r chosen per top_k so that both ways of missing
-   are rare on i.i.d. rows (best_rank; in the sparse mode the smallest r that keeps the first rare enough).
+   are rare on i.i.d. rows (best_rank: the smallest r that keeps the first rare enough, launch_config's RANK_RULE).
 2. pass, a program per BLOCK of a row (the copy-like part, near the bandwidth limit): the block of the output
    is written with zeros; a block with at most k logits above t appends the index of each to the row's
    candidate list (an atomic slot each), a crowded block only its own k largest (value, then lowest index),
@@ -88,7 +88,7 @@ def _poisson_cdf(m: int, lam: float) -> float:
     return total
 
 
-def best_rank(k: int, vocab: int, samples: int, rule: int = 0) -> int:
+def best_rank(k: int, vocab: int, samples: int, rule: int) -> int:
     """The rank r (1 = largest) of the sampled logit used as threshold t for a row's top-k. The row fails
     when t is among its k-1 largest logits (r or more samples there: fewer than k logits >= t) and
     overflows when more than CANDIDATES logits exceed t (fewer than r samples among its CANDIDATES largest);
@@ -109,7 +109,7 @@ def best_rank(k: int, vocab: int, samples: int, rule: int = 0) -> int:
 
 
 @functools.lru_cache(maxsize=64)
-def rank_table(vocab: int, samples: int, device: str, rule: int = 0) -> Tensor:
+def rank_table(vocab: int, samples: int, device: str, rule: int) -> Tensor:
     """best_rank for every k in 0..FAST_K (index k), int32 on `device`: looked up per row without a sync."""
     ranks = [1] + [best_rank(k, vocab, samples, rule) for k in range(1, FAST_K + 1)]
     return torch.tensor(ranks, dtype=torch.int32, device=device)
