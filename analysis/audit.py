@@ -120,8 +120,7 @@ class Audit:
     arm_diffs: list[ArmDiff]
     variants: list[RunVariant]
     mismatches: list[Mismatch]
-    selection: Selection
-    plan: PlanKeys
+    picked: Picked  # the planned requests and the records the figures use
 
     @property
     def failed(self) -> list[Check]:
@@ -355,7 +354,7 @@ def run_audit(data: Loaded, picked: Picked, arms: list[str], baseline: str, mism
     return Audit(
         checks=checks, coverage=cov["table"].reindex(order), missing=cov["missing"], duplicated=cov["duplicated"],
         errored=cov["errored"], arm_diffs=arm_diffs, variants=variants, mismatches=mismatches,
-        selection=sel, plan=plan,
+        picked=picked,
     )
 
 
