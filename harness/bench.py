@@ -10,7 +10,8 @@ Examples:
 
 This module only installs the stop-signal handlers (harness.campaign.stopping, which imports nothing heavy)
 before anything else is imported, so that Ctrl-C or SIGTERM during start-up is a clean stop too, from the
-first line of main() on (a signal that comes earlier interrupts Python's own start-up, about the first
+first lines of this module on when it runs as `python -m harness.bench`, from the first line of main() on
+for the `specbench-bench` command (a signal that comes earlier interrupts Python's own start-up, about the first
 30 ms, the way Python does it: a KeyboardInterrupt from its import machinery, or death by the signal); the
 command itself is harness.campaign.command, a multirun's jobs and its end are harness.campaign.sweep's.
 """
@@ -20,18 +21,30 @@ from __future__ import annotations
 import signal
 import sys
 
+# The stop signals that came before the runner's own handlers (harness.campaign.stopping) were in: main() acts on
+# the first. Module state because the handler must be in before main() is even called (below).
+NOTED: list[int] = []
+
+
+def _note(signum: int, frame: object) -> None:
+    NOTED.append(signum)
+
+
+if __name__ == "__main__":  # run as a program: noted from here on, so that no signal lands between these first
+    for _sig in (signal.SIGINT, signal.SIGTERM):  # lines and main()'s (the eval loop checks for one on every call)
+        signal.signal(_sig, _note)
+
 
 def main() -> None:
     """`python -m harness.bench` and the `specbench-bench` command."""
-    noted: list[int] = []  # a signal while the handlers' own module loads: noted, acted on just after
-    for sig in (signal.SIGINT, signal.SIGTERM):
-        signal.signal(sig, lambda signum, frame: noted.append(signum))
+    for sig in (signal.SIGINT, signal.SIGTERM):  # a signal while the handlers' own module loads: noted
+        signal.signal(sig, _note)
     from harness.campaign.stopping import DONE, STARTING, STOPPED_WHERE, Stopped, StopSignals  # noqa: PLC0415
 
     stops = StopSignals.ensure()
     try:
-        if noted:
-            raise Stopped(noted[0])
+        if NOTED:
+            raise Stopped(NOTED[0])
         from harness.campaign import command  # noqa: PLC0415  (Hydra, the runner, the workloads: after the handlers)
 
         command.main(stops)
