@@ -112,6 +112,7 @@ def test_bad_values_are_named():
     ("client.timeout_s=-1", r"client.timeout_s=-1.0 must be a finite number in \(0, inf\)"),
     ("client.request_rate=nan", r"client.request_rate \(requests/s; null for closed loop\)=nan"),
     ("server.ready_timeout_s=0", r"server.ready_timeout_s=0.0 must be a finite number in \(0, inf\)"),
+    ("server.health_timeout_s=0", r"server.health_timeout_s=0.0 must be a finite number in \(0, inf\)"),
     ("experiment.warmup.requests=-1", r"experiment.warmup.requests=-1 must be >= 0"),
     ("experiment.max_failed_requests=-1", r"experiment.max_failed_requests=-1 must be >= 0"),
     ("campaign=../elsewhere", r"campaign='../elsewhere' is not a safe directory name"),

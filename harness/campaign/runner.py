@@ -204,9 +204,6 @@ class SlotGate:
         await self.event.wait()
 
 
-END_HEALTH_TIMEOUT_S = 10.0
-
-
 def check_failed_requests(ctx: RunContext) -> None:
     """The run's failure policy, part 1: RunFailed when more requests errored, timed out or were aborted
     than experiment.max_failed_requests allows (default 0)."""
@@ -223,9 +220,9 @@ async def check_server_health(ctx: RunContext, server: Server) -> None:
     if not server.alive():
         raise RunFailed(f"the server exited (code {server.started().returncode}) during the run; "
                         f"see {ctx.spec.log_path}")
-    if not await responds(ctx.spec.base_url, "/health", END_HEALTH_TIMEOUT_S):
-        raise RunFailed(f"the server did not answer /health within {END_HEALTH_TIMEOUT_S:.0f} s at the end of the "
-                        f"run (hung or dying); see {ctx.spec.log_path}")
+    if not await responds(ctx.spec.base_url, "/health", ctx.spec.health_timeout_s):
+        raise RunFailed(f"the server did not answer /health within {ctx.spec.health_timeout_s:g} s "
+                        f"(server.health_timeout_s) at the end of the run (hung or dying); see {ctx.spec.log_path}")
 
 
 async def run_one(c: Campaign, run: PlannedRun, progress: Progress, gate: SlotGate | None = None) -> str:
@@ -263,7 +260,7 @@ async def measure_and_score(c: Campaign, run: PlannedRun, progress: Progress, ga
             await drive_run(ctx)
             ctx.manifest.machine.after = await machine.sample(c.cfg.load_sample_s)
             check_failed_requests(ctx)
-            ctx.manifest.server_info_end = await get_json(spec.base_url, "/server_info", END_HEALTH_TIMEOUT_S)
+            ctx.manifest.server_info_end = await get_json(spec.base_url, "/server_info", spec.health_timeout_s)
             checks.at_end = check_log(spec.log_path, spec.log_checks)
             await check_server_health(ctx, server)
             if not checks.at_end.passed:

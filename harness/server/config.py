@@ -44,6 +44,7 @@ class ServerConfig:
     seed_arg: str | None = "--random-seed"  # passed the run's base seed; null to pass none
     ready_timeout_s: float = 900.0
     stop_timeout_s: float = 30.0
+    health_timeout_s: float = 10.0  # a run's server must answer /health and /server_info within this at its end
     log_checks: LogChecks = field(default_factory=LogChecks)
     # backend sglang: check every planned argv with the server interpreter's own SGLang before a dry run
     # says "ok" and before a real run launches anything. require = a refused argv, or one that could not
@@ -59,6 +60,7 @@ class ServerConfig:
             raise ConfigError(f"server.port={self.port} is out of range; use 0 for a free port or 1-65535")
         check_range("server.ready_timeout_s", self.ready_timeout_s, 0, low_open=True)
         check_range("server.stop_timeout_s", self.stop_timeout_s, 0, low_open=True)
+        check_range("server.health_timeout_s", self.health_timeout_s, 0, low_open=True)
 
 
 WORKTREE = "WORKTREE"  # a source ref: the repository's checkout as it is now, uncommitted changes included

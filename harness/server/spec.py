@@ -30,6 +30,7 @@ class LaunchSpec:
     log_checks: LogChecks
     ready_timeout_s: float
     stop_timeout_s: float
+    health_timeout_s: float = 10.0  # /health and /server_info at the end of a run
     cpus: list[int] = field(default_factory=list)  # pin the server to these CPUs; [] = no pinning
     cwd: Path | None = None  # the server's working directory: a source arm's snapshot; None = the runner's
     module: str = "harness.engine"  # the served module (`python -m MODULE`)
@@ -65,6 +66,7 @@ def build_spec(server: ServerConfig, arm: ArmConfig, *, port: int, base_seed: in
     return LaunchSpec(argv=argv, env_overrides=env, host=server.host, port=port, log_path=log_path,
                       log_checks=merge_log_checks(server.log_checks, arm.log_checks),
                       ready_timeout_s=server.ready_timeout_s, stop_timeout_s=server.stop_timeout_s,
+                      health_timeout_s=server.health_timeout_s,
                       cpus=list(server.cpus), cwd=Path(source.snapshot) if source else None, module=server.module)
 
 
