@@ -1,8 +1,9 @@
 """SGLang's own benchmark client (`python -m sglang.benchmark.serving`) against the embedded server.
 
 One embedded server (DFLASH, sampled drafts) serves three client runs, one per backend: `sglang`
-(native /generate), `sglang-oai-chat` (/v1/chat/completions) and `sglang-oai` (/v1/completions). Each
-must complete every request. No `--tokenizer`: the client loads the tokenizer folder that
+(native /generate), `sglang-oai-chat` (/v1/chat/completions) and `sglang-oai` (/v1/completions), one
+after the other in one client process (the CLI module run as `python -m` runs it). Each must complete
+every request. No `--tokenizer`: the client loads the tokenizer folder that
 `/model_info`'s `tokenizer_path` names, offline.
 
 Dataset: `random-ids`. `--dataset-name random` cuts prompts out of ShareGPT, which it downloads from
@@ -25,7 +26,7 @@ import sys
 from pathlib import Path
 
 import pytest
-from serverutil import HOST, engine_server, get_json
+from serverutil import HOST, engine_server
 from sglang_support import import_sglang
 
 pytestmark = [pytest.mark.sglang, pytest.mark.slow]
@@ -52,25 +53,61 @@ def server(cache_home: Path):
         yield s
 
 
-def run_client(port: int, backend: str, out_dir: Path) -> tuple[subprocess.CompletedProcess, dict]:
-    """One `sglang.benchmark.serving` run; its output JSON line."""
-    output = out_dir / f"{backend}.jsonl"
-    cmd = [sys.executable, "-m", "sglang.benchmark.serving", "--backend", backend, "--host", HOST,
-           "--port", str(port), "--dataset-name", "random-ids", "--num-prompts", str(NUM_PROMPTS),
-           "--random-input-len", str(INPUT_LEN), "--random-output-len", str(OUTPUT_LEN),
-           "--random-range-ratio", str(RANGE_RATIO), "--seed", "1", "--flush-cache", "--disable-tqdm",
-           "--output-file", str(output), "--output-details", "--ready-check-timeout-sec", "10"]
-    env = {**os.environ, **OFFLINE}
-    proc = subprocess.run(cmd, cwd=out_dir, env=env, capture_output=True, text=True, timeout=CLIENT_TIMEOUT_S)
-    assert proc.returncode == 0, f"{backend}: exit {proc.returncode}\n{proc.stdout[-4000:]}\n{proc.stderr[-4000:]}"
-    lines = output.read_text().splitlines()
-    assert len(lines) == 1, lines
-    return proc, json.loads(lines[0])
+BACKENDS = ["sglang", "sglang-oai-chat", "sglang-oai"]
+
+# SGLang's client CLI once per backend, in ONE process (its imports cost about 9 CPU-s): each run executes the
+# module as `python -m` does (runpy, as __main__, with its argv; a fresh module namespace per run), its stdout
+# captured, and the server's /server_info read right after it.
+CLIENT_RUNS = """
+import contextlib, io, json, runpy, sys, traceback, urllib.request
+url, runs = sys.argv[1], json.loads(sys.argv[2])
+done = {}
+for backend, argv in runs.items():
+    sys.argv, out, code = ["python -m sglang.benchmark.serving", *argv], io.StringIO(), 0
+    try:
+        with contextlib.redirect_stdout(out):
+            runpy.run_module("sglang.benchmark.serving", run_name="__main__", alter_sys=True)
+    except SystemExit as exc:
+        code = exc.code if isinstance(exc.code, int) else 1
+    except Exception:
+        code, out = 1, io.StringIO(out.getvalue() + traceback.format_exc())
+    with urllib.request.urlopen(url + "/server_info", timeout=30) as r:
+        info = json.load(r)
+    done[backend] = {"returncode": code, "stdout": out.getvalue(), "server_info": info}
+print(json.dumps(done))
+"""
 
 
-@pytest.mark.parametrize("backend", ["sglang", "sglang-oai-chat", "sglang-oai"])
-def test_bench_client_completes_every_request(server, backend: str, tmp_path: Path, cache_home: Path) -> None:
-    proc, result = run_client(server.port, backend, tmp_path)
+def client_argv(port: int, backend: str, output: Path) -> list[str]:
+    return ["--backend", backend, "--host", HOST, "--port", str(port), "--dataset-name", "random-ids",
+            "--num-prompts", str(NUM_PROMPTS), "--random-input-len", str(INPUT_LEN),
+            "--random-output-len", str(OUTPUT_LEN), "--random-range-ratio", str(RANGE_RATIO), "--seed", "1",
+            "--flush-cache", "--disable-tqdm", "--output-file", str(output), "--output-details",
+            "--ready-check-timeout-sec", "10"]
+
+
+@pytest.fixture(scope="module")
+def client_runs(server, tmp_path_factory) -> dict[str, dict]:
+    """Every backend's run: exit code, stdout, the server's /server_info after it, and its output JSON line."""
+    out_dir = tmp_path_factory.mktemp("client")
+    runs = {b: client_argv(server.port, b, out_dir / f"{b}.jsonl") for b in BACKENDS}
+    proc = subprocess.run([sys.executable, "-c", CLIENT_RUNS, server.url, json.dumps(runs)], cwd=out_dir,
+                          env={**os.environ, **OFFLINE}, capture_output=True, text=True,
+                          timeout=CLIENT_TIMEOUT_S * len(BACKENDS))
+    assert proc.returncode == 0, f"exit {proc.returncode}\n{proc.stdout[-4000:]}\n{proc.stderr[-4000:]}"
+    done = json.loads(proc.stdout.strip().splitlines()[-1])
+    for backend, run in done.items():
+        lines = (out_dir / f"{backend}.jsonl").read_text().splitlines() if run["returncode"] == 0 else []
+        run["result"] = json.loads(lines[0]) if len(lines) == 1 else {"output lines": lines}
+    return done
+
+
+@pytest.mark.parametrize("backend", BACKENDS)
+def test_bench_client_completes_every_request(client_runs, backend: str, cache_home: Path) -> None:
+    run = client_runs[backend]
+    assert run["returncode"] == 0, f"{backend}: exit {run['returncode']}\n{run['stdout'][-4000:]}"
+    result, stdout = run["result"], run["stdout"]
+    assert "output lines" not in result, result  # one JSON line per run
     errors = [e for e in result["errors"] if e]
     assert result["completed"] == NUM_PROMPTS and not errors, errors[:3]
     low = int(OUTPUT_LEN * RANGE_RATIO)
@@ -83,6 +120,6 @@ def test_bench_client_completes_every_request(server, backend: str, tmp_path: Pa
     # the accept length it printed: the server's lifetime figure since --flush-cache, in (1, gamma + 1]
     accept_length = result["accept_length"]
     assert accept_length is not None and 1.0 < accept_length <= NUM_DRAFT_TOKENS
-    assert re.search(rf"^Accept length:\s+{accept_length:.2f}\s*$", proc.stdout, re.MULTILINE), proc.stdout[-2000:]
-    state = get_json(server.url + "/server_info")["internal_states"][0]
-    assert state["avg_spec_accept_length"] == accept_length  # nothing has run since
+    assert re.search(rf"^Accept length:\s+{accept_length:.2f}\s*$", stdout, re.MULTILINE), stdout[-2000:]
+    state = run["server_info"]["internal_states"][0]  # read right after this backend's run
+    assert state["avg_spec_accept_length"] == accept_length

@@ -23,27 +23,45 @@ def run_python(*args: str, timeout: int = 300) -> subprocess.CompletedProcess:
     return subprocess.run([sys.executable, *args], cwd=REPO, capture_output=True, text=True, timeout=timeout)
 
 
-@pytest.mark.parametrize("top_k,top_p", [(20, 0.95), (-1, 1.0)], ids=["k20-p0.95", "whole-vocab"])
-def test_micro_times_sglang_and_it_equals_full_vocab_bitwise(tmp_path, top_k, top_p):
+CASES = [(20, 0.95), (-1, 1.0)]
+
+
+@pytest.fixture(scope="module")
+def micro_runs(tmp_path_factory) -> dict[tuple[int, float], Path]:
+    """One `python -m harness.micro -m` (a Hydra multirun: one process pays SGLang's imports once) over top_k x
+    top_p; each job's folder by its (top_k, top_p), read from its own results."""
     import_sglang()  # fails (or skips) with the reason when SGLang is absent
-    proc = run_python("-m", "harness.micro", "micro.vocab=[4096]", "micro.logits=[iid]", "micro.rows=[4,16]",
-                      f"micro.top_k={top_k}",
-                      f"micro.top_p={top_p}", "micro.temperature=0.8", "micro.padding_fraction=0.25",
-                      "micro.impls=[full_vocab,sglang]", "micro.repeats=2", "micro.warmup=1",
-                      "micro.min_rotate_bytes=65536", "micro.device=cpu", f"micro.out_dir={tmp_path}")
+    out = tmp_path_factory.mktemp("micro")
+    proc = run_python("-m", "harness.micro", "-m", "micro.vocab=[4096]", "micro.logits=[iid]", "micro.rows=[4,16]",
+                      f"micro.top_k={','.join(str(k) for k, _ in CASES)}",
+                      f"micro.top_p={','.join(str(p) for _, p in CASES)}", "micro.temperature=0.8",
+                      "micro.padding_fraction=0.25", "micro.impls=[full_vocab,sglang]", "micro.repeats=2",
+                      "micro.warmup=1", "micro.min_rotate_bytes=65536", "micro.device=cpu",
+                      f"micro.out_dir={out}/${{hydra:job.num}}")
     assert proc.returncode == 0, proc.stderr[-3000:]
-    rows = [json.loads(line) for line in (tmp_path / "results.jsonl").read_text().splitlines()]
+    assert "skipped" not in proc.stdout
+    jobs = {}
+    for folder in sorted(out.iterdir()):
+        first = json.loads((folder / "results.jsonl").read_text().splitlines()[0])
+        jobs[(first["top_k"], first["top_p"])] = folder
+    return jobs
+
+
+@pytest.mark.parametrize("top_k,top_p", CASES, ids=["k20-p0.95", "whole-vocab"])
+def test_micro_times_sglang_and_it_equals_full_vocab_bitwise(micro_runs, top_k, top_p):
+    folder = micro_runs[(top_k, top_p)]
+    rows = [json.loads(line) for line in (folder / "results.jsonl").read_text().splitlines()]
     sg = [r for r in rows if r["impl"] == "sglang"]
     assert [r["rows"] for r in sg] == [4, 16]
     for r in sg:
         assert r["status"] == "ok" and r["note"] == "", r
+        assert (r["top_k"], r["top_p"], r["temperature"]) == (top_k, top_p, 0.8), r
         assert r["bitwise_equal"] is True and r["baseline"] == "full_vocab", r
         assert r["repeats"] == 2 and 0 < r["min_ms"] <= r["median_ms"] <= r["max_ms"], r
-    manifest = json.loads((tmp_path / "manifest.json").read_text())
+    manifest = json.loads((folder / "manifest.json").read_text())
     info = manifest["impls"]["sglang"]
     assert info["available"] is True and info["function"] == SGLANG_FUNCTION and info["note"] == SGLANG_FUNCTION
     assert manifest["versions"]["sglang"] == import_sglang().__version__
-    assert "skipped" not in proc.stdout
 
 
 SIMULATED_CUDA_HOST = """
