@@ -58,6 +58,7 @@ def run(cfg_node: DictConfig, console: Console, stops: StopSignals,
     caller says nothing was launched); during the runs and the report it is handled here."""
     stops.phase = STARTING  # (a sweep's jobs run one after another in one process)
     cfg = to_typed(cfg_node)
+    stops.resume()  # deferred by harness.bench over the imports and Hydra's composition: a signal then stops here
     if cfg.campaign is None and sweep is not None:
         cfg.campaign = sweep.campaign_id(cfg.client.concurrency)
     sources = resolve_sources(cfg)  # each arm's git ref, once: a commit and its snapshot

@@ -136,6 +136,17 @@ class StopSignals:
         if self.signum is not None:
             raise Stopped(self.signum)
 
+    def defer(self) -> None:
+        """From now until `resume()`, a stop signal is noted, not raised: for library code that an exception
+        raised at an arbitrary line leaves broken (Hydra's and OmegaConf's imports and composition: OmegaConf's
+        clean-up then raises an AttributeError in the Stopped's place, a traceback instead of a clean stop)."""
+        self._deferred = True
+
+    def resume(self) -> None:
+        """Signals raise again; Stopped now if one came while they were deferred."""
+        self._deferred = False
+        self.check()
+
     def run(self, coro: Coroutine[Any, Any, T]) -> T:
         """asyncio.run(coro), such that a stop signal cancels it (its `finally` blocks and `async with` exits
         run: servers stop, manifests are written) and then raises Stopped. The phase is RUNS meanwhile, REPORT
