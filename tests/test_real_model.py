@@ -124,6 +124,52 @@ def test_a_rolled_back_cache_gives_what_a_fresh_forward_over_the_kept_tokens_giv
     torch.testing.assert_close(after, fresh, rtol=1e-4, atol=1e-4)
 
 
+def test_rows_of_equal_lengths_share_one_forward_and_keep_their_own_caches(real, monkeypatch):
+    """forward_many: three rows with caches and feeds of the same lengths run as one batched forward, a fourth
+    (another length) alone; each row's logits and, after it, its cache are what forwards row by row give."""
+    ids = prompt_ids(real)
+    base = real.new_cache()
+    real.forward(base, ids[:-1])
+    other = real.tokenizer.encode("Once upon a time")
+    fourth = real.new_cache()
+    real.forward(fourth, other[:-1])
+    feeds = [[ids[-1]], [11], [ids[-1]], [other[-1], 5]]
+    mine = [copy.deepcopy(base) for _ in range(3)] + [fourth]
+    alone = copy.deepcopy(mine)
+    runs = []
+    run = real._run
+    monkeypatch.setattr(real, "_run", lambda cache, x, *a: runs.append(tuple(x.shape)) or run(cache, x, *a))
+    held = [real.cached(cache) for cache in mine]
+    for layers in (4, None):  # a draft forward (the first 4 layers), cropped as the worker does, then a target one
+        for cache, n in zip(mine + alone, held + held, strict=True):
+            real.crop(cache, n)
+        batched = real.forward_many(mine, feeds, layers=layers, last_only=True)
+        for cache, feed, got in zip(alone, feeds, batched, strict=True):
+            torch.testing.assert_close(got, real.forward(cache, feed, layers=layers, last_only=True),
+                                       rtol=1e-4, atol=1e-4)
+    assert runs[:2] == [(3, 1), (1, 2)]  # per forward_many: the three rows batched, the fourth alone
+    for cache, other in zip(mine, alone, strict=True):
+        assert [real.cached(cache, i) for i in range(real.num_layers)] == \
+            [real.cached(other, i) for i in range(real.num_layers)]
+        torch.testing.assert_close(real.forward(cache, [99], last_only=True),
+                                   real.forward(other, [99], last_only=True), rtol=1e-4, atol=1e-4)
+
+
+def test_deterministic_inference_never_batches_rows(real, monkeypatch):
+    def refuse(*args, **kwargs):
+        raise AssertionError("a batched forward in deterministic mode")
+
+    monkeypatch.setattr(real, "forward_many", refuse)
+    worker = RealWorker(real, WorkerConfig(gamma=2, draft_mode="sampled", block_verification=True,
+                                           builder="full_vocab", deterministic=True))
+    requests = [Request(rid=str(s), prompt_ids=prompt_ids(real), params=SamplingParams(max_new_tokens=4, top_k=20),
+                        generator=torch.Generator().manual_seed(s), tokenizer=real.tokenizer, spec=SpecCounters(2),
+                        stream=False) for s in range(2)]
+    for r, tokens in zip(requests, worker.prefill(worker.batch_input(requests)).tokens, strict=True):
+        r.extend(tokens)
+    assert len(worker.decode(worker.batch_input(requests)).tokens) == 2
+
+
 def _first_verified_tokens(real: RealLM, block: bool, trials: int, wrong: bool = False) -> tuple[list[int], torch.Tensor]:
     """`trials` speculative steps from one cached context (prompt + its first output token), each with its own
     seed: the token each emits at the first verified position, and the target's distribution there."""

@@ -277,9 +277,45 @@ class RealLM:
     def forward(self, cache: Any, ids: list[int], layers: int | None = None, last_only: bool = False) -> Tensor:
         """Feed `ids` after the cached prefix through the first `layers` layers (all by default), then the final
         norm and LM head -> float32 logits [len(ids), V] (or [1, V] for the last position only)."""
+        return self._run(cache, torch.tensor([ids], dtype=torch.int64, device=self.device), layers, last_only)[0]
+
+    @torch.inference_mode()
+    def forward_many(self, caches: list[Any], feeds: list[list[int]], layers: int | None = None,
+                     last_only: bool = False) -> list[Tensor]:
+        """`forward` for many rows: rows whose caches hold as many positions as each other in every layer and whose
+        feeds are as long share ONE batched forward (the weights are read once for all of them, not once per row:
+        SmolLM2's forwards are bound by that read on a CPU); the others run alone. A batched row's floats may
+        differ from its forward alone by rounding, so deterministic inference never calls this."""
+        groups: dict[tuple[int, ...], list[int]] = {}
+        for i, (cache, ids) in enumerate(zip(caches, feeds, strict=True)):
+            groups.setdefault((len(ids), *(layer.get_seq_length() for layer in cache.layers)), []).append(i)
+        out: list[Tensor] = [torch.empty(0)] * len(caches)
+        for rows in groups.values():
+            if len(rows) == 1 or not all(_plain_layers(caches[i]) for i in rows):
+                for i in rows:
+                    out[i] = self.forward(caches[i], feeds[i], layers, last_only)
+                continue
+            merged = self._stacked([caches[i] for i in rows])
+            logits = self._run(merged, torch.tensor([feeds[i] for i in rows], dtype=torch.int64, device=self.device),
+                               layers, last_only)
+            _unstack(merged, [caches[i] for i in rows])
+            for j, i in enumerate(rows):
+                out[i] = logits[j]
+        return out
+
+    def _stacked(self, caches: list[Any]) -> Any:
+        """One cache holding the rows of `caches` (of equal lengths), in their order."""
+        merged = self.new_cache()
+        for i, layer in enumerate(merged.layers):
+            parts = [c.layers[i] for c in caches]
+            if parts[0].get_seq_length() > 0:
+                _set_layer(layer, torch.cat([p.keys for p in parts]), torch.cat([p.values for p in parts]))
+        return merged
+
+    def _run(self, cache: Any, x: Tensor, layers: int | None, last_only: bool) -> Tensor:
+        """input ids [n, T] after the cache's prefix -> float32 logits [n, T or 1, V]."""
         depth = self.num_layers if layers is None else layers
         probe = self.cached(cache, depth) if depth < self.num_layers else None
-        x = torch.tensor([ids], dtype=torch.int64, device=self.device)
         self.config.num_hidden_layers = depth
         try:
             out = self.hf(input_ids=x, past_key_values=cache, use_cache=True, logits_to_keep=1 if last_only else 0)
@@ -288,4 +324,25 @@ class RealLM:
         if probe is not None and self.cached(cache, depth) != probe:
             raise RuntimeError(f"{type(self.hf).__name__} ran past layer {depth}: its forward ignores "
                                "num_hidden_layers, so it cannot draft by early exit")
-        return out.logits[0].float()
+        return out.logits.float()
+
+
+def _plain_layers(cache: Any) -> bool:
+    """Every layer is a plain growing one (transformers' DynamicLayer): what stacking and splitting handle."""
+    from transformers.cache_utils import DynamicLayer  # noqa: PLC0415
+
+    return all(type(layer) is DynamicLayer for layer in cache.layers)
+
+
+def _set_layer(layer: Any, keys: Tensor, values: Tensor) -> None:
+    if not layer.is_initialized:
+        layer.lazy_initialization(keys, values)
+    layer.keys, layer.values = keys, values
+
+
+def _unstack(merged: Any, caches: list[Any]) -> None:
+    """Each row's entries of a stacked cache back into its own cache (a copy: the stacked one is dropped)."""
+    for i, layer in enumerate(merged.layers):
+        if layer.get_seq_length() > 0:
+            for j, cache in enumerate(caches):
+                _set_layer(cache.layers[i], layer.keys[j:j + 1].clone(), layer.values[j:j + 1].clone())

@@ -6,9 +6,10 @@ A step feeds what is not cached yet: the prompt at prefill, else the last emitte
 drafts gamma tokens through the first L layers (each a one-token forward on the shared cache), crops the draft's
 entries, scores [last token, d_1..d_gamma] with ONE target forward, verifies with harness.verify (token-wise or
 block, dense or sparse, the builder as configured) and crops the cache to the accepted prefix: a rejected suffix
-is rolled back, never recomputed. The model runs request by request (caches of different lengths are not
-padded into one batch), so a request's floats never depend on its neighbours: a seeded request gets the same
-tokens at any concurrency. A failed step is retried from the same cache (it is cropped back to `fed` first).
+is rolled back, never recomputed. With deterministic inference the model runs request by request (caches of
+different lengths are never padded into one batch), so a request's floats never depend on its neighbours: a
+seeded request gets the same tokens at any concurrency. Without it, requests whose caches and feeds are as long
+as each other share one batched forward (the weights read once for all of them). A failed step is retried from the same cache (it is cropped back to `fed` first).
 """
 
 from __future__ import annotations
@@ -49,12 +50,19 @@ class RealWorker(Worker):
 
     def _next_logits(self, batch: BatchInput) -> Tensor:
         """Each row's next-token logits after its whole sequence -> [B, V] float32."""
-        rows = []
-        for state, seq in batch.sequences:
-            self._rewind(state, seq)
-            rows.append(self.real.forward(state.cache, seq[state.fed:], last_only=True))
+        states, feeds = self._rewound(batch)
+        rows = self._forward(states, feeds, last_only=True)
+        for state, (_, seq) in zip(states, batch.sequences, strict=True):
             state.fed = len(seq)
         return torch.cat(rows)
+
+    def _rewound(self, batch: BatchInput) -> tuple[list[RealState], list[list[int]]]:
+        """Every row's state with its cache rewound (`_rewind`), and what the step feeds it: what it does not hold."""
+        states: list[RealState] = []
+        for state, seq in batch.sequences:
+            self._rewind(state, seq)
+            states.append(state)
+        return states, [seq[state.fed:] for state, (_, seq) in zip(states, batch.sequences, strict=True)]
 
     def _rewind(self, state: RealState, seq: list[int]) -> None:
         """Crop the cache to what the step may keep: at most all but the last token (a step retried after a failure
@@ -62,23 +70,26 @@ class RealWorker(Worker):
         state.fed = min(state.fed, len(seq) - 1)
         self.real.crop(state.cache, state.fed)
 
+    def _forward(self, states: list[RealState], feeds: list[list[int]], layers: int | None = None,
+                 last_only: bool = False) -> list[Tensor]:
+        """Each row's forward: row by row in deterministic mode (a row's floats never depend on its neighbours),
+        else rows of equal lengths batched (RealLM.forward_many)."""
+        if self.config.deterministic:
+            return [self.real.forward(s.cache, f, layers, last_only) for s, f in zip(states, feeds, strict=True)]
+        return self.real.forward_many([s.cache for s in states], feeds, layers, last_only)
+
     def _speculative(self, batch: BatchInput) -> StepOutput:
-        bsz, gamma = len(batch), self.config.gamma
+        gamma = self.config.gamma
         knobs = self._knobs(batch)
         sampled = self.config.draft_mode == "sampled"
         u = verify.draw_uniforms(batch.generators, gamma, self.device) if sampled else None  # [B, G]
-        drafts = torch.empty(bsz, gamma, dtype=torch.int64, device=self.device)
-        draft_probs: list[Tensor] = []
-        target = []
-        for b, (state, seq) in enumerate(batch.sequences):
-            q = self._draft_row(state, seq, drafts[b], knobs.row(b), None if u is None else u[b])
-            if q is not None:
-                draft_probs.append(q)
+        states, feeds = self._rewound(batch)
+        drafts = self._draft_rows(states, feeds, knobs, u)
+        for state in states:
             self.real.crop(state.cache, state.fed)  # the draft's own entries past the verified prefix
-            logits = self.real.forward(state.cache, seq[state.fed:] + drafts[b].tolist())
-            target.append(logits[-(gamma + 1):])  # [G+1, V]: the positions after x_n, d_1, ..., d_G
-        probs = torch.stack(draft_probs) if sampled else None  # [B, G, V]
-        out = self._verify(torch.stack(target), drafts, probs, knobs, batch.generators)
+        target = self._forward(states, [f + d for f, d in zip(feeds, drafts.tokens.tolist(), strict=True)])
+        logits = torch.stack([t[-(gamma + 1):] for t in target])  # [B, G+1, V]: after x_n, d_1, ..., d_G
+        out = self._verify(logits, drafts.tokens, drafts.probs, knobs, batch.generators)
         n_acc = out.num_accepted.tolist()
         for (state, seq), n in zip(batch.sequences, n_acc, strict=True):
             state.fed = len(seq) + n  # x_n and the accepted drafts; the bonus token is fed next step
@@ -86,22 +97,30 @@ class RealWorker(Worker):
         tokens = out.tokens.tolist()
         return StepOutput(tokens=[row[:n + 1] for row, n in zip(tokens, n_acc, strict=True)], num_accepted=n_acc)
 
-    def _draft_row(self, state: RealState, seq: list[int], out: Tensor, knobs: Any, u: Tensor | None) -> Tensor | None:
-        """gamma draft tokens of one request into out [G], through the first L layers; their distributions
-        [G, V] when sampled (None: point masses)."""
-        self._rewind(state, seq)
-        feed, probs = seq[state.fed:], []
-        for i in range(self.config.gamma):
-            logits = self.real.forward(state.cache, feed, layers=self.real.draft_layers, last_only=True)  # [1, V]
-            if u is None:
-                token = logits.argmax(dim=-1)
-            else:
-                q = self._builder(logits, knobs.temperature, knobs.top_k, knobs.top_p)  # [1, V]
-                token = verify.sample_from_probs(q, u[i:i + 1])
-                probs.append(q[0])
-            out[i] = token[0]
-            feed = [int(token[0])]
-        return torch.stack(probs) if u is not None else None
+    def _draft_rows(self, states: list[RealState], feeds: list[list[int]], knobs: Any, u: Tensor | None) -> _Drafts:
+        """gamma draft tokens per row [B, G], one draft forward of every row per position through the first L
+        layers; their distributions [B, G, V] when sampled (None: point masses)."""
+        bsz, gamma = len(states), self.config.gamma
+        tokens = torch.empty(bsz, gamma, dtype=torch.int64, device=self.device)
+        probs: list[list[Tensor]] = [[] for _ in range(bsz)]
+        for i in range(gamma):
+            rows = self._forward(states, feeds, layers=self.real.draft_layers, last_only=True)  # B x [1, V]
+            for b, logits in enumerate(rows):
+                if u is None:
+                    tokens[b, i] = logits[0].argmax()
+                else:
+                    k = knobs.row(b)
+                    q = self._builder(logits, k.temperature, k.top_k, k.top_p)  # [1, V]
+                    tokens[b, i] = verify.sample_from_probs(q, u[b, i:i + 1])[0]
+                    probs[b].append(q[0])
+            feeds = [[int(t)] for t in tokens[:, i].tolist()]
+        return _Drafts(tokens, torch.stack([torch.stack(p) for p in probs]) if u is not None else None)
+
+
+@dataclass
+class _Drafts:
+    tokens: Tensor  # [B, G]
+    probs: Tensor | None  # [B, G, V] when sampled
 
 
 def run_alone(worker: Worker, request: Request) -> Request:
