@@ -1,12 +1,16 @@
 """Ask a server's own interpreter a question: run one of the harness's probe scripts with that interpreter, in
 the server's environment, and read the JSON line the script prints after its mark (the argv preflight and
-the provenance probe both work this way, so that facts are read where the server will run)."""
+the provenance probe both work this way, so that facts are read where the server will run). Several questions
+(an experiment's arms on their own interpreters) are asked at once, side by side."""
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import subprocess
+import time
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -15,18 +19,69 @@ class AskError(RuntimeError):
     """The interpreter could not answer: it cannot be run, it timed out, or it printed no answer."""
 
 
+@dataclass(frozen=True)
+class Question:
+    """`python script ARGS` in our environment plus `env`, `stdin` written to it, the answer after `mark`."""
+
+    python: str
+    script: Path
+    args: list[str]
+    mark: str
+    env: dict[str, str]
+    timeout_s: float
+    stdin: str | None = None
+    cwd: Path | None = None
+    what: str = "the probe"
+
+
 def ask(python: str, script: Path, args: list[str], *, mark: str, env: dict[str, str], timeout_s: float,
         stdin: str | None = None, cwd: Path | None = None, what: str = "the probe") -> dict[str, Any]:
     """The last `mark`-prefixed JSON line `python script ARGS` prints (its environment: ours plus `env`)."""
+    answer = ask_all([Question(python, script, args, mark, env, timeout_s, stdin, cwd, what)])[0]
+    if isinstance(answer, AskError):
+        raise answer
+    return answer
+
+
+def ask_all(questions: list[Question]) -> list[dict[str, Any] | AskError]:
+    """Every question at once, a process each running side by side: the answer of each, or the AskError that
+    says why it has none. Each has its own time limit, counted from when they all start. Whatever ends this
+    call (a stop signal included) leaves no probe running."""
+    procs: list[subprocess.Popen | AskError] = []
     try:
-        proc = subprocess.run([python, str(script), *args], input=stdin, capture_output=True, text=True,
-                              timeout=timeout_s, env={**os.environ, **env}, cwd=cwd, check=False)
+        for q in questions:
+            procs.append(_start(q))
+        started = time.monotonic()
+        return [p if isinstance(p, AskError) else _answer(q, p, started) for q, p in zip(questions, procs, strict=True)]
+    finally:
+        for p in procs:
+            if isinstance(p, subprocess.Popen) and p.poll() is None:
+                p.kill()
+                p.wait()
+
+
+def _start(q: Question) -> subprocess.Popen | AskError:
+    try:
+        proc = subprocess.Popen([q.python, str(q.script), *q.args], stdin=subprocess.PIPE, stdout=subprocess.PIPE,
+                                stderr=subprocess.PIPE, text=True, env={**os.environ, **q.env}, cwd=q.cwd)
     except (FileNotFoundError, PermissionError, NotADirectoryError) as exc:
-        raise AskError(f"the server interpreter {python} cannot be run ({exc.strerror or exc})") from None
+        return AskError(f"the server interpreter {q.python} cannot be run ({exc.strerror or exc})")
+    stdin, proc.stdin = proc.stdin, None  # communicate() has nothing left to write
+    # a small request: it fits the pipe, so each probe reads it (to its end) whenever it gets to it
+    with contextlib.suppress(BrokenPipeError):  # one that exited before reading: its output says why
+        stdin.write(q.stdin or "")  # type: ignore[union-attr]
+    with contextlib.suppress(BrokenPipeError):
+        stdin.close()  # type: ignore[union-attr]
+    return proc
+
+
+def _answer(q: Question, proc: subprocess.Popen, started: float) -> dict[str, Any] | AskError:
+    try:
+        out, err = proc.communicate(timeout=max(0.0, started + q.timeout_s - time.monotonic()))
     except subprocess.TimeoutExpired:
-        raise AskError(f"{what} in {python} did not answer within {timeout_s:.0f} s") from None
-    marked = [line[len(mark):] for line in proc.stdout.splitlines() if line.startswith(mark)]
+        return AskError(f"{q.what} in {q.python} did not answer within {q.timeout_s:.0f} s")
+    marked = [line[len(q.mark):] for line in out.splitlines() if line.startswith(q.mark)]
     if not marked:
-        tail = "\n".join((proc.stderr or proc.stdout).strip().splitlines()[-8:])
-        raise AskError(f"{what} in {python} exited with code {proc.returncode} without an answer:\n{tail}")
+        tail = "\n".join((err or out).strip().splitlines()[-8:])
+        return AskError(f"{q.what} in {q.python} exited with code {proc.returncode} without an answer:\n{tail}")
     return json.loads(marked[-1])

@@ -22,7 +22,7 @@ from pathlib import Path
 from rich.console import Console
 from rich.markup import escape
 
-from harness.server.ask import AskError, ask
+from harness.server.ask import AskError, Question, ask_all
 from harness.server.config import ServerConfig
 from harness.server.spec import PlannedLaunch
 
@@ -178,35 +178,38 @@ def planned_argv(launch: PlannedLaunch) -> PlannedArgv:
                        sources=launch.sources)
 
 
-def probe(python: str, env: dict[str, str], argvs: list[tuple[str, ...]], timeout_s: float = PROBE_TIMEOUT_S) -> dict:
-    """Run the probe in `python`; its answer ({"sglang_version", "results"}), or PreflightError saying why not."""
-    request = json.dumps({"argvs": [list(a) for a in argvs]})
-    try:
-        answer = ask(python, PROBE, [], mark=RESULT_MARK, env={**env, **PROBE_ENV}, timeout_s=timeout_s,
-                     stdin=request)
-    except AskError as err:
-        raise PreflightError(str(err)) from None
+def _question(python: str, env: dict[str, str], argvs: list[tuple[str, ...]], timeout_s: float) -> Question:
+    return Question(python, PROBE, [], RESULT_MARK, {**env, **PROBE_ENV}, timeout_s,
+                    stdin=json.dumps({"argvs": [list(a) for a in argvs]}))
+
+
+def _checked(python: str, answer: dict | AskError) -> dict:
+    """The probe's answer ({"sglang_version", "results"}), or PreflightError saying why there is none."""
+    if isinstance(answer, AskError):
+        raise PreflightError(str(answer))
     if "error" in answer:
         raise PreflightError(f"{answer['error']} (interpreter {python})")
     return answer
 
 
 def check_planned(items: list[PlannedArgv], timeout_s: float = PROBE_TIMEOUT_S) -> PreflightReport:
-    """Check the items, one probe per (interpreter, environment), each distinct argv once."""
+    """Check the items, one probe per (interpreter, environment), each distinct argv once; the probes run side
+    by side (two arms on two SGLang installs take the time of one)."""
     groups: dict[tuple[str, tuple], list[PlannedArgv]] = {}
     for item in items:
         groups.setdefault((item.python, item.env), []).append(item)
+    argvs = {key: list(dict.fromkeys(i.args for i in group)) for key, group in groups.items()}
+    answers = ask_all([_question(python, dict(env), argvs[(python, env)], timeout_s) for python, env in groups])
     found: dict[tuple, Outcome] = {}
-    for (python, env), group in groups.items():
-        argvs = list(dict.fromkeys(i.args for i in group))
+    for ((python, env), group), answer in zip(groups.items(), answers, strict=True):
         try:
-            answer = probe(python, dict(env), argvs, timeout_s)
+            checked = _checked(python, answer)
         except PreflightError as exc:
-            found.update({(python, env, a): Outcome(group[0], unchecked=str(exc)) for a in argvs})
+            found.update({(python, env, a): Outcome(group[0], unchecked=str(exc)) for a in argvs[(python, env)]})
             continue
-        for args, result in zip(argvs, answer["results"], strict=True):
+        for args, result in zip(argvs[(python, env)], checked["results"], strict=True):
             stages = tuple(Stage(**s) for s in result["stages"])
-            found[(python, env, args)] = Outcome(group[0], stages, answer["sglang_version"])
+            found[(python, env, args)] = Outcome(group[0], stages, checked["sglang_version"])
     return PreflightReport([_for(found[(i.python, i.env, i.args)], i) for i in items])
 
 
