@@ -10,6 +10,7 @@ audit, metrics, bootstrap, markdown, figures). Generating the records is not tim
 from __future__ import annotations
 
 import argparse
+import contextlib
 import json
 import os
 import platform
@@ -23,6 +24,7 @@ import pyarrow.json as pa_json
 
 from analysis import report as report_mod
 from analysis.load import load
+from analysis.memory import report_memory
 
 ARMS = ("token", "block")
 N_DRAFT = 7  # draft tokens per step: histogram bins 0..7
@@ -182,13 +184,14 @@ def _time_report(camp: Path, out: Path, n_boot: int) -> tuple[float, float, int]
     return time.perf_counter() - t0, _cpu_seconds() - c0, rc
 
 
-def _time_bare_read(camp: Path) -> float:
-    """Seconds for pyarrow.json.read_json of every records.jsonl (types inferred, nothing else): the floor
-    a JSON reader of these files starts from."""
-    t0 = time.perf_counter()
-    for path in sorted(camp.glob("runs/*/records.jsonl")):
-        pa_json.read_json(path)
-    return time.perf_counter() - t0
+def _time_bare_read(camp: Path, settings: contextlib.AbstractContextManager) -> float:
+    """Seconds for pyarrow.json.read_json of every records.jsonl (types inferred, nothing else) under `settings`:
+    the floor a JSON reader of these files starts from."""
+    with settings:
+        t0 = time.perf_counter()
+        for path in sorted(camp.glob("runs/*/records.jsonl")):
+            pa_json.read_json(path)
+        return time.perf_counter() - t0
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -211,9 +214,10 @@ def main(argv: list[str] | None = None) -> int:
         os.sync()  # no write-back of the fresh files during the timed runs
         print(f"generated {camp} ({size / 2**20:.0f} MiB of records) in {time.perf_counter() - t0:.1f} s")
         n = len(load([camp]).records)  # also warms the page cache
-        runs, bare = [], []
-        for _ in range(args.times):  # interleaved, so that both see the same machine
-            bare.append(_time_bare_read(camp))
+        runs, bare, bare_default = [], [], []
+        for _ in range(args.times):  # interleaved, so that all see the same machine
+            bare_default.append(_time_bare_read(camp, contextlib.nullcontext()))
+            bare.append(_time_bare_read(camp, report_memory()))
             runs.append(_time_report(camp, root / "out", args.bootstrap))
     walls = sorted(r[0] for r in runs)
     cpu = float(np.median([r[1] for r in runs]))
@@ -221,9 +225,10 @@ def main(argv: list[str] | None = None) -> int:
           f"bootstrap resamples, markdown, figures): median {float(np.median(walls)):.2f} s wall "
           f"(min {walls[0]:.2f}, max {walls[-1]:.2f}), {cpu:.2f} s CPU, on {_cores()} core(s) "
           f"({platform.processor() or platform.machine()}); exit status {runs[-1][2]}")
-    floor = float(np.median(bare))
-    print(f"bare pyarrow.json.read_json of the same files, in the same run: median {floor:.2f} s; the report takes "
-          f"{float(np.median(walls)) / floor:.2f}x that")
+    floor, default = float(np.median(bare)), float(np.median(bare_default))
+    print(f"bare pyarrow.json.read_json of the same files, in the same run, with the report's memory settings "
+          f"(analysis.memory): median {floor:.2f} s; the report takes {float(np.median(walls)) / floor:.2f}x that "
+          f"(with Arrow's and numpy's defaults: {default:.2f} s, {float(np.median(walls)) / default:.2f}x)")
     print(f"load average {os.getloadavg()[0]:.2f} (other processes on the machine inflate the wall time)")
     return 0 if all(r[2] == 0 for r in runs) else 1
 

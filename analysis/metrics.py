@@ -106,8 +106,7 @@ def compute(data: Loaded, picked: Picked, arms: list[str], baseline: str) -> Met
     arm_of_run = pd.Index(arms).get_indexer(data.runs["arm"]).astype(np.int64)
     parts = partitions(data)
     req = request_frame(data, picked, arm_of_run)
-    itl = sort_by_run(itl_values(data.chunks, np.flatnonzero(picked.selection.used), req["run"].to_numpy()),
-                      len(data.runs))
+    itl = sorted_itl(data.chunks, np.flatnonzero(picked.selection.used), req["run"].to_numpy(), len(data.runs))
     runs = run_table(data, picked, req, itl, arm_of_run)
     latency, counts = pooled_latency(req, itl, len(arms), arms)
     return Metrics(
@@ -242,6 +241,34 @@ def _itl_block(chunks: Chunks, tok: np.ndarray, lengths: np.ndarray, selected: n
     return run[1:][later], np.diff(us)[later], tk[1:][later].astype(np.int64)
 
 
+def sorted_itl(chunks: Chunks, rows: np.ndarray, run_of_row: np.ndarray, n_runs: int) -> SortedItl:
+    """sort_by_run(itl_values(...)) in one pass when the records come run by run (as load() reads them) and every
+    value packs into a key: each block's ITL goes straight into its run's packed keys (no run, gap and token
+    arrays of every chunk, no concatenation, no reordering); the runs are then sorted side by side."""
+    n = len(chunks.us_present)
+    if n == 0 or len(rows) == 0 or len(chunks.us) == 0 or np.any(np.diff(run_of_row) < 0):
+        return sort_by_run(itl_values(chunks, rows, run_of_row), n_runs)
+    lengths = np.diff(chunks.us_offsets)
+    selected = np.zeros(n, dtype=bool)
+    selected[rows] = chunks.aligned[rows]
+    tok = _tokens_per_chunk(chunks, selected, lengths)
+    run_of_record = np.full(n, -1, dtype=np.int32)
+    run_of_record[rows] = run_of_row
+    keys = np.empty(len(chunks.us), dtype=np.int64)
+    counts = np.zeros(n_runs, dtype=np.int64)
+    filled = 0
+    cuts = np.unique(np.searchsorted(chunks.us_offsets, np.arange(0, len(chunks.us), _BLOCK), side="right") - 1)
+    for a, b in zip(cuts, [*cuts[1:], n], strict=True):
+        run, gap, tokens = _itl_block(chunks, tok, lengths, selected, run_of_record, int(a), int(b))
+        block = _packed(gap, tokens)
+        if block is None:  # a value that does not pack: the general path
+            return sort_by_run(itl_values(chunks, rows, run_of_row), n_runs)
+        keys[filled:filled + len(block)] = block
+        filled += len(block)
+        counts += np.bincount(run, minlength=n_runs)
+    return _sorted_keys(keys[:filled], np.concatenate([[0], np.cumsum(counts)]), n_runs)
+
+
 def _tokens_per_chunk(chunks: Chunks, selected: np.ndarray, lengths: np.ndarray) -> np.ndarray:
     """chunk_tokens laid out like chunk_us (zeros where a record is not selected)."""
     if np.array_equal(chunks.tok_offsets, chunks.us_offsets):
@@ -290,13 +317,14 @@ _W_MASK = (1 << _W_BITS) - 1
 
 @dataclass(frozen=True)
 class SortedItl:
-    """ITL grouped by run, sorted within each run; run r is bounds[r]:bounds[r + 1] of `keys` (packed) or of
-    `values` / `weights` (the float fallback)."""
+    """ITL grouped by run, sorted within each run; run r is bounds[r]:bounds[r + 1] of `keys` (packed) and of
+    `cum` (their weights summed from the run's first key), or of `values` / `weights` (the float fallback)."""
 
     bounds: np.ndarray
     keys: np.ndarray | None
     values: np.ndarray | None = None
     weights: np.ndarray | None = None
+    cum: np.ndarray | None = None
 
     def _slice(self, r: int) -> slice:
         return slice(int(self.bounds[r]), int(self.bounds[r + 1]))
@@ -306,19 +334,25 @@ class SortedItl:
         assert self.values is not None and self.weights is not None
         return self.values, self.weights
 
+    def _run_keys(self, r: int) -> tuple[np.ndarray, np.ndarray]:
+        """Run r's sorted keys and their cumulative weights."""
+        assert self.keys is not None and self.cum is not None
+        return self.keys[self._slice(r)], self.cum[self._slice(r)]
+
     def run_percentiles(self, r: int, qs: tuple[float, ...]) -> list[float]:
         if self.keys is not None:
-            return key_percentiles(self.keys[self._slice(r)], qs)
+            return key_percentiles(*self._run_keys(r), qs)
         values, weights = self._floats()
         return weighted_percentiles(values[self._slice(r)], weights[self._slice(r)], qs, presorted=True)
 
     def pooled(self, runs: list[int], qs: tuple[float, ...]) -> tuple[list[float], int]:
-        """Percentiles over the tokens of `runs` together, and how many tokens (a stable sort merges the
-        sorted runs)."""
+        """Percentiles over the tokens of `runs` together, and how many tokens: with packed keys, each repeated
+        position's key is found by bisection over the runs' sorted keys (no merge); else a stable sort merges
+        the sorted runs."""
         if self.keys is not None:
-            keys = np.sort(np.concatenate([self.keys[self._slice(r)] for r in runs] or [np.zeros(0, np.int64)]),
-                           kind="stable")
-            return key_percentiles(keys, qs), int((keys & _W_MASK).sum())
+            parts = [self._run_keys(r) for r in runs if self.bounds[r + 1] > self.bounds[r]]
+            total = sum(int(cw[-1]) for _, cw in parts)
+            return pooled_key_percentiles(parts, total, qs), total
         all_values, all_weights = self._floats()
         values = np.concatenate([all_values[self._slice(r)] for r in runs] or [np.zeros(0)])
         weights = np.concatenate([all_weights[self._slice(r)] for r in runs] or [np.zeros(0)])
@@ -326,20 +360,80 @@ class SortedItl:
         return weighted_percentiles(values[order], weights[order], qs, presorted=True), int(weights.sum())
 
 
-def key_percentiles(keys: np.ndarray, qs: tuple[float, ...]) -> list[float]:
-    """weighted_percentiles of sorted packed keys (value in ns x 2^20 + weight), in seconds."""
-    if keys.size == 0:
-        return [float("nan")] * len(qs)
-    cw = np.cumsum(keys & _W_MASK)
+def _positions(total: int, qs: tuple[float, ...]) -> list[tuple[float, int, int]]:
+    """For each q: (h, lo, hi), np.percentile's linear interpolation between repeated positions lo and hi."""
     out = []
     for q in qs:
-        h = (cw[-1] - 1) * q / 100.0
+        h = (total - 1) * q / 100.0
         lo = int(np.floor(h))
-        hi = min(lo + 1, int(cw[-1]) - 1)
-        at = np.searchsorted(cw, [lo, hi], side="right")
+        out.append((h, lo, min(lo + 1, total - 1)))
+    return out
+
+
+def key_percentiles(keys: np.ndarray, cw: np.ndarray, qs: tuple[float, ...]) -> list[float]:
+    """weighted_percentiles of sorted packed keys (value in ns x 2^20 + weight), in seconds; cw: their
+    cumulative weights."""
+    if keys.size == 0:
+        return [float("nan")] * len(qs)
+    out = []
+    for h, lo, hi in _positions(int(cw[-1]), qs):
+        at = np.searchsorted(cw, [lo, hi], side="right")  # value at repeated position k: first cw > k
         v0, v1 = (keys[at] >> _W_BITS) / 1e9
         out.append(float(v0 + (h - lo) * (v1 - v0)))
     return out
+
+
+def pooled_key_percentiles(parts: list[tuple[np.ndarray, np.ndarray]], total: int, qs: tuple[float, ...]) -> list[float]:
+    """key_percentiles of the merge of several runs (each: sorted keys, cumulative weights), without merging:
+    the key at repeated position k is the smallest key whose weight at or below it, over all runs, exceeds k;
+    found by bisection over the key's integer range, all positions at once."""
+    if total == 0:
+        return [float("nan")] * len(qs)
+    spots = _positions(total, qs)
+    targets = np.array([k for _, lo, hi in spots for k in (lo, hi)], dtype=np.int64)
+    lo_key = np.full(len(targets), min(int(keys[0]) for keys, _ in parts) - 1, dtype=np.int64)  # weight <= k
+    hi_key = np.full(len(targets), max(int(keys[-1]) for keys, _ in parts), dtype=np.int64)  # weight > k
+    while np.any(hi_key > lo_key + 1):
+        mid = (lo_key >> 1) + (hi_key >> 1) + (lo_key & hi_key & 1)  # the floor of the mean, without overflow
+        weight = np.zeros(len(targets), dtype=np.int64)
+        for keys, cw in parts:
+            at = np.searchsorted(keys, mid, side="right")
+            weight += np.where(at > 0, cw[np.maximum(at - 1, 0)], 0)
+        above = weight > targets
+        hi_key, lo_key = np.where(above, mid, hi_key), np.where(above, lo_key, mid)
+    seconds = (hi_key >> _W_BITS) / 1e9
+    return [float(seconds[2 * i] + (h - lo) * (seconds[2 * i + 1] - seconds[2 * i])) for i, (h, lo, _) in enumerate(spots)]
+
+
+def _packed(gap: np.ndarray, tokens: np.ndarray) -> np.ndarray | None:
+    """gap_us / tokens in ns, rounded, x 2^20 + tokens (int64), or None when a value does not pack."""
+    if len(tokens) and tokens.max() > _W_MASK:
+        return None
+    keys = np.empty(len(gap), dtype=np.int64)
+    for a in range(0, len(gap), _BLOCK):  # in blocks: the float temporaries are reused
+        ns = np.rint(gap[a:a + _BLOCK] * 1000.0 / tokens[a:a + _BLOCK])
+        if not np.all(np.abs(ns) < 2.0 ** (62 - _W_BITS)):
+            return None
+        keys[a:a + _BLOCK] = ns
+    keys <<= _W_BITS
+    keys += tokens
+    return keys
+
+
+def _sorted_keys(keys: np.ndarray, bounds: np.ndarray, n_runs: int) -> SortedItl:
+    """Packed keys grouped by run (`bounds`), each run sorted in place and its cumulative weights summed, the runs
+    side by side."""
+    cum = np.empty_like(keys)
+
+    def sort_run(r: int) -> None:
+        run, run_cum = keys[bounds[r]:bounds[r + 1]], cum[bounds[r]:bounds[r + 1]]
+        run.sort()
+        np.bitwise_and(run, _W_MASK, out=run_cum)
+        np.cumsum(run_cum, out=run_cum)
+
+    with ThreadPoolExecutor(max_workers=os.cpu_count() or 1) as pool:  # numpy releases the GIL
+        list(pool.map(sort_run, range(n_runs)))
+    return SortedItl(bounds, keys, cum=cum)
 
 
 def sort_by_run(itl: Itl, n_runs: int) -> SortedItl:
@@ -348,18 +442,9 @@ def sort_by_run(itl: Itl, n_runs: int) -> SortedItl:
         order = np.argsort(run, kind="stable")
         run, gap, tokens = run[order], gap[order], tokens[order]
     bounds = np.searchsorted(run, np.arange(n_runs + 1))
-    keys = np.empty(len(gap), dtype=np.int64)
-    packable = True
-    for a in range(0, len(gap), _BLOCK):  # in blocks: the float temporaries are reused
-        ns = np.rint(gap[a:a + _BLOCK] * 1000.0 / tokens[a:a + _BLOCK])
-        packable &= bool(np.all(np.abs(ns) < 2.0 ** (62 - _W_BITS)))
-        keys[a:a + _BLOCK] = ns
-    if packable and (len(tokens) == 0 or tokens.max() <= _W_MASK):
-        keys <<= _W_BITS
-        keys += tokens
-        with ThreadPoolExecutor(max_workers=os.cpu_count() or 1) as pool:  # numpy's sort releases the GIL
-            list(pool.map(lambda r: keys[bounds[r]:bounds[r + 1]].sort(), range(n_runs)))
-        return SortedItl(bounds, keys)
+    keys = _packed(gap, tokens)
+    if keys is not None:
+        return _sorted_keys(keys, bounds, n_runs)
     values, weights = gap / 1e6 / tokens, tokens.astype(float)
     for r in range(n_runs):
         a, b = bounds[r], bounds[r + 1]

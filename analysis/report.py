@@ -20,6 +20,7 @@ from analysis import acceptance, markdown, plots, pr, summary
 from analysis.audit import Mismatch, metadata_mismatches, pick, run_audit
 from analysis.compare import POWER_CHANGES, compare, power_table
 from analysis.load import InputError, load
+from analysis.memory import report_memory
 from analysis.metrics import arm_order, compute
 from analysis.model import Report
 from analysis.stats import MIN_PAIRS_FOR_SD
@@ -50,9 +51,15 @@ def build_report(
     seed: int = DEFAULT_SEED,
     force_slow_reader: bool = False,
 ) -> Report:
-    """Read, audit and analyse the campaigns under `paths`. Raises InputError or MismatchError."""
+    """Read, audit and analyse the campaigns under `paths` (with report_memory()'s allocation settings). Raises
+    InputError or MismatchError."""
     if n_boot < 1:
         raise InputError(f"--bootstrap must be >= 1, got {n_boot}")
+    with report_memory():
+        return _build(paths, allow_mismatch, n_boot, seed, force_slow_reader)
+
+
+def _build(paths: list[str | Path], allow_mismatch: bool, n_boot: int, seed: int, force_slow_reader: bool) -> Report:
     data = load(paths, force_slow=force_slow_reader)
     mismatches = metadata_mismatches(data)
     if mismatches and not allow_mismatch:

@@ -8,7 +8,7 @@ import numpy as np
 import pytest
 from scipy import stats as sps
 
-from analysis.metrics import union_length, weighted_percentile
+from analysis.metrics import union_length, weighted_percentile, weighted_percentiles
 from analysis.stats import (
     MIN_PAIRS,
     Change,
@@ -277,3 +277,42 @@ def test_sign_flip_p_value_equals_scipys_exact_permutation_test():
             ref = sps.permutation_test((d,), np.mean, permutation_type="samples", alternative="two-sided",
                                    n_resamples=np.inf).pvalue
             assert exact and ours == pytest.approx(ref, abs=1e-12), (n, shift, ours, ref)
+
+
+def test_itl_in_one_pass_equals_the_general_path_and_pooled_bisection_equals_the_merge():
+    """sorted_itl (run by run, packed keys, no merge for pooled percentiles) gives what sort_by_run(itl_values)
+    gives: records of several runs, some unused, some without token counts, chunks without tokens, a negative gap,
+    a run with no ITL at all; and a value that does not pack takes the general path."""
+    from analysis.load import Chunks
+    from analysis.metrics import PERCENTILES, itl_values, sort_by_run, sorted_itl
+
+    rng = np.random.default_rng(11)
+    n = 400
+    lengths = rng.integers(0, 12, n)
+    offsets = np.concatenate([[0], np.cumsum(lengths)])
+    us = np.concatenate([np.sort(rng.integers(0, 10**6, k)) for k in lengths]).astype(np.int64)
+    k = int(np.flatnonzero(lengths >= 2)[0])
+    us[offsets[k] + 1] = us[offsets[k]] - 7  # a clock that went back
+    tok = rng.integers(0, 5, len(us)).astype(np.int64)  # zeros: chunks without tokens
+    tok_present = rng.random(n) > 0.1
+    chunks = Chunks(offsets, us, np.ones(n, bool), offsets, tok, tok_present)
+    run_of_record = np.repeat(np.arange(5), n // 5)
+    run_of_record[run_of_record == 3] = 4  # run 3: nothing
+    rows = np.union1d(np.flatnonzero(rng.random(n) > 0.2), [k])
+    tok[offsets[k] + 1], tok_present[k] = 3, True
+    fast = sorted_itl(chunks, rows, run_of_record[rows], 6)
+    slow = sort_by_run(itl_values(chunks, rows, run_of_record[rows]), 6)
+    assert fast.keys is not None and np.array_equal(fast.bounds, slow.bounds)
+    assert np.array_equal(fast.keys, slow.keys) and np.array_equal(fast.cum, slow.cum)
+    for r in range(6):
+        np.testing.assert_array_equal(fast.run_percentiles(r, PERCENTILES), slow.run_percentiles(r, PERCENTILES))
+    for runs in ([0, 2, 4], [1], [3], [0, 1, 2, 3, 4, 5]):
+        got, count = fast.pooled(runs, PERCENTILES)
+        keys = np.sort(np.concatenate([slow.keys[slow.bounds[r]:slow.bounds[r + 1]] for r in runs]))
+        assert count == int((keys & ((1 << 20) - 1)).sum())
+        value, weight = (keys >> 20) / 1e9, (keys & ((1 << 20) - 1)).astype(float)
+        want = weighted_percentiles(value, weight, PERCENTILES, presorted=True) if len(keys) else [np.nan] * 3
+        np.testing.assert_array_equal(got, want)  # exactly: the same keys, found without merging
+    big = Chunks(offsets, us, np.ones(n, bool), offsets, np.where(tok > 0, 2**20, 0), tok_present)
+    fallback = sorted_itl(big, rows, run_of_record[rows], 6)
+    assert fallback.keys is None and fallback.values is not None
