@@ -1,12 +1,18 @@
-"""How the report takes memory while it is built: Arrow's jemalloc pool (the system allocator where the wheel has no
-jemalloc) instead of its default, and no transparent huge pages for numpy's large arrays.
+"""How the report takes memory and threads while it is built: Arrow's jemalloc pool (the system allocator where the
+wheel has no jemalloc) instead of its default, no transparent huge pages for numpy's large arrays, and one BLAS
+thread per call.
 
 Reading a large campaign allocates and frees several GiB of short-lived buffers and arrays. On a virtual machine
 whose freed memory goes back to the host (as on the project's 2-core VM), every fresh page is zeroed again, and a
 huge page costs 2 MiB of zeroing however little of it is used: 1,000,160 records took 18-21 s of system time
 with Arrow's default pool (mimalloc) and numpy's huge pages, 4-8 s with these settings, the same bytes written
-(`python -m analysis.bench_report`). Both settings are process-wide while they hold; `report_memory()` restores
-the previous ones when the report is built.
+(`python -m analysis.bench_report`). The report runs its own work two at a time (analysis.report); a BLAS that
+starts a thread per core for each product, and keeps them spinning between products, only competes with it:
+with one BLAS thread the two bootstraps that run side by side took 1.7-2.0 s instead of 2.2 s (3.1-3.8 CPU-s
+instead of 4.4). It also makes the bootstrap's float32 products one sum order whatever the machine's cores:
+summary.json's unrounded interval ends differed in their 7th digit between one and two BLAS threads (report.md,
+which prints them rounded, did not). The settings are process-wide while they hold; `report_memory()` restores the
+previous ones when the report is built.
 """
 
 from __future__ import annotations
@@ -16,6 +22,7 @@ from collections.abc import Iterator
 
 import numpy as np
 import pyarrow as pa
+from threadpoolctl import threadpool_limits
 
 
 def report_pool() -> pa.MemoryPool:
@@ -28,14 +35,16 @@ def report_pool() -> pa.MemoryPool:
 
 @contextlib.contextmanager
 def report_memory() -> Iterator[None]:
-    """report_pool() as Arrow's default pool and numpy's huge-page advice off, for the block's duration."""
+    """report_pool() as Arrow's default pool, numpy's huge-page advice off and one BLAS thread, for the block's
+    duration."""
     multiarray = getattr(np, "_core", np).multiarray  # numpy's switch is private: used where it exists
     set_huge_pages = getattr(multiarray, "_set_madvise_hugepage", None)
     previous_pool = pa.default_memory_pool()
     pa.set_memory_pool(report_pool())
     previous_huge = set_huge_pages(False) if set_huge_pages else None
     try:
-        yield
+        with threadpool_limits(limits=1, user_api="blas"):
+            yield
     finally:
         pa.set_memory_pool(previous_pool)
         if set_huge_pages:

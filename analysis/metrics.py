@@ -27,7 +27,6 @@ figure uses the audit's selection (each planned request once, finished, no error
 
 from __future__ import annotations
 
-import os
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 
@@ -105,8 +104,14 @@ def arm_order(data: Loaded, baseline: str) -> list[str]:
 def compute(data: Loaded, picked: Picked, arms: list[str], baseline: str) -> Metrics:
     arm_of_run = pd.Index(arms).get_indexer(data.runs["arm"]).astype(np.int64)
     parts = partitions(data)
-    req = request_frame(data, picked, arm_of_run)
-    itl = sorted_itl(data.chunks, np.flatnonzero(picked.selection.used), req["run"].to_numpy(), len(data.runs))
+    used = picked.selection.used
+    with ThreadPoolExecutor(max_workers=1) as pool:  # the ITL beside the request tables (numpy releases the GIL)
+        itl_job = pool.submit(itl_summary, data.chunks, np.flatnonzero(used), data.records["_run"].to_numpy()[used],
+                              arm_of_run, len(arms))
+        req = request_frame(data, picked, arm_of_run)
+        ratios = ratio_table(req, parts, arms)
+        outcomes = outcome_table(data, picked, req, parts, arms, arm_of_run)
+        itl = itl_job.result()
     runs = run_table(data, picked, req, itl, arm_of_run)
     latency, counts = pooled_latency(req, itl, len(arms), arms)
     return Metrics(
@@ -114,8 +119,8 @@ def compute(data: Loaded, picked: Picked, arms: list[str], baseline: str) -> Met
         baseline=baseline,
         requests=req,
         partitions=parts,
-        ratios=ratio_table(req, parts, arms),
-        outcomes=outcome_table(data, picked, req, parts, arms, arm_of_run),
+        ratios=ratios,
+        outcomes=outcomes,
         runs=runs,
         seed_runs=seed_run_table(runs),
         histogram=histogram_table(data, picked, arm_of_run, arms),
@@ -241,13 +246,13 @@ def _itl_block(chunks: Chunks, tok: np.ndarray, lengths: np.ndarray, selected: n
     return run[1:][later], np.diff(us)[later], tk[1:][later].astype(np.int64)
 
 
-def sorted_itl(chunks: Chunks, rows: np.ndarray, run_of_row: np.ndarray, n_runs: int) -> SortedItl:
-    """sort_by_run(itl_values(...)) in one pass when the records come run by run (as load() reads them) and every
+def itl_by_run(chunks: Chunks, rows: np.ndarray, run_of_row: np.ndarray, n_runs: int) -> ItlByRun:
+    """group_by_run(itl_values(...)) in one pass when the records come run by run (as load() reads them) and every
     value packs into a key: each block's ITL goes straight into its run's packed keys (no run, gap and token
-    arrays of every chunk, no concatenation, no reordering); the runs are then sorted side by side."""
+    arrays of every chunk, no concatenation, no reordering)."""
     n = len(chunks.us_present)
     if n == 0 or len(rows) == 0 or len(chunks.us) == 0 or np.any(np.diff(run_of_row) < 0):
-        return sort_by_run(itl_values(chunks, rows, run_of_row), n_runs)
+        return group_by_run(itl_values(chunks, rows, run_of_row), n_runs)
     lengths = np.diff(chunks.us_offsets)
     selected = np.zeros(n, dtype=bool)
     selected[rows] = chunks.aligned[rows]
@@ -255,18 +260,39 @@ def sorted_itl(chunks: Chunks, rows: np.ndarray, run_of_row: np.ndarray, n_runs:
     run_of_record = np.full(n, -1, dtype=np.int32)
     run_of_record[rows] = run_of_row
     keys = np.empty(len(chunks.us), dtype=np.int64)
-    counts = np.zeros(n_runs, dtype=np.int64)
+    counts, weights = np.zeros(n_runs, dtype=np.int64), np.zeros(n_runs, dtype=np.int64)
     filled = 0
     cuts = np.unique(np.searchsorted(chunks.us_offsets, np.arange(0, len(chunks.us), _BLOCK), side="right") - 1)
     for a, b in zip(cuts, [*cuts[1:], n], strict=True):
         run, gap, tokens = _itl_block(chunks, tok, lengths, selected, run_of_record, int(a), int(b))
         block = _packed(gap, tokens)
         if block is None:  # a value that does not pack: the general path
-            return sort_by_run(itl_values(chunks, rows, run_of_row), n_runs)
+            return group_by_run(itl_values(chunks, rows, run_of_row), n_runs)
         keys[filled:filled + len(block)] = block
         filled += len(block)
         counts += np.bincount(run, minlength=n_runs)
-    return _sorted_keys(keys[:filled], np.concatenate([[0], np.cumsum(counts)]), n_runs)
+        weights += np.bincount(run, weights=tokens, minlength=n_runs).astype(np.int64)
+    return ItlByRun(np.concatenate([[0], np.cumsum(counts)]), keys[:filled], tokens=weights)
+
+
+@dataclass(frozen=True)
+class ItlSummary:
+    """The ITL percentiles the tables print: per run [runs, PERCENTILES], and pooled over each arm's runs (the
+    percentiles and the tokens behind them)."""
+
+    per_run: np.ndarray
+    pooled: list[tuple[list[float], int]]
+
+
+def itl_summary(chunks: Chunks, rows: np.ndarray, run_of_row: np.ndarray, arm_of_run: np.ndarray,
+                n_arms: int) -> ItlSummary:
+    """ITL percentiles of the used records `rows` (run_of_row: their runs), per run and pooled per arm."""
+    n_runs = len(arm_of_run)
+    itl = itl_by_run(chunks, rows, run_of_row, n_runs)
+    per_run = np.array([itl.run_percentiles(r, PERCENTILES) for r in range(n_runs)]).reshape(n_runs, len(PERCENTILES))
+    arm_of_row = arm_of_run[run_of_row]
+    return ItlSummary(per_run, [itl.pooled(np.unique(run_of_row[arm_of_row == a]).tolist(), PERCENTILES)
+                                for a in range(n_arms)])
 
 
 def _tokens_per_chunk(chunks: Chunks, selected: np.ndarray, lengths: np.ndarray) -> np.ndarray:
@@ -307,24 +333,24 @@ def weighted_percentile(values: np.ndarray, weights: np.ndarray, q: float) -> fl
     return weighted_percentiles(values, weights, (q,))[0]
 
 
-# ITL values are sorted as int64 keys, nanoseconds per token x 2^20 + tokens: np.sort of integers is several
-# times faster than an argsort of floats followed by gathers, and each value carries its token count. A value
-# is kept to the nanosecond (the report prints 10 microseconds). A chunk of 2^20 tokens or more, or a gap
+# ITL values are kept as int64 keys, nanoseconds per token x 2^20 + tokens: integers order as the values do, each
+# carries its token count, and their percentiles are selected by counting (select_keys) rather than sorted. A
+# value is kept to the nanosecond (the report prints 10 microseconds). A chunk of 2^20 tokens or more, or a gap
 # beyond 2^42 ns (73 minutes) per token, falls back to sorting floats.
 _W_BITS = 20
 _W_MASK = (1 << _W_BITS) - 1
 
 
 @dataclass(frozen=True)
-class SortedItl:
-    """ITL grouped by run, sorted within each run; run r is bounds[r]:bounds[r + 1] of `keys` (packed) and of
-    `cum` (their weights summed from the run's first key), or of `values` / `weights` (the float fallback)."""
+class ItlByRun:
+    """ITL grouped by run: run r is bounds[r]:bounds[r + 1] of `keys` (packed, in no particular order; percentiles
+    by selection), or of `values` / `weights` (the float fallback, sorted within each run)."""
 
     bounds: np.ndarray
     keys: np.ndarray | None
     values: np.ndarray | None = None
     weights: np.ndarray | None = None
-    cum: np.ndarray | None = None
+    tokens: np.ndarray | None = None  # [runs] with packed keys: the tokens (weights) of each run
 
     def _slice(self, r: int) -> slice:
         return slice(int(self.bounds[r]), int(self.bounds[r + 1]))
@@ -334,25 +360,22 @@ class SortedItl:
         assert self.values is not None and self.weights is not None
         return self.values, self.weights
 
-    def _run_keys(self, r: int) -> tuple[np.ndarray, np.ndarray]:
-        """Run r's sorted keys and their cumulative weights."""
-        assert self.keys is not None and self.cum is not None
-        return self.keys[self._slice(r)], self.cum[self._slice(r)]
+    def _parts(self, runs: list[int]) -> tuple[list[np.ndarray], int]:
+        """The packed keys of `runs` and their tokens."""
+        assert self.keys is not None and self.tokens is not None
+        return [self.keys[self._slice(r)] for r in runs], int(self.tokens[runs].sum())
 
     def run_percentiles(self, r: int, qs: tuple[float, ...]) -> list[float]:
         if self.keys is not None:
-            return key_percentiles(*self._run_keys(r), qs)
+            return key_percentiles(*self._parts([r]), qs)
         values, weights = self._floats()
         return weighted_percentiles(values[self._slice(r)], weights[self._slice(r)], qs, presorted=True)
 
     def pooled(self, runs: list[int], qs: tuple[float, ...]) -> tuple[list[float], int]:
-        """Percentiles over the tokens of `runs` together, and how many tokens: with packed keys, each repeated
-        position's key is found by bisection over the runs' sorted keys (no merge); else a stable sort merges
-        the sorted runs."""
+        """Percentiles over the tokens of `runs` together, and how many tokens."""
         if self.keys is not None:
-            parts = [self._run_keys(r) for r in runs if self.bounds[r + 1] > self.bounds[r]]
-            total = sum(int(cw[-1]) for _, cw in parts)
-            return pooled_key_percentiles(parts, total, qs), total
+            parts, total = self._parts(runs)
+            return key_percentiles(parts, total, qs), total
         all_values, all_weights = self._floats()
         values = np.concatenate([all_values[self._slice(r)] for r in runs] or [np.zeros(0)])
         weights = np.concatenate([all_weights[self._slice(r)] for r in runs] or [np.zeros(0)])
@@ -360,49 +383,59 @@ class SortedItl:
         return weighted_percentiles(values[order], weights[order], qs, presorted=True), int(weights.sum())
 
 
-def _positions(total: int, qs: tuple[float, ...]) -> list[tuple[float, int, int]]:
-    """For each q: (h, lo, hi), np.percentile's linear interpolation between repeated positions lo and hi."""
-    out = []
+def key_percentiles(parts: list[np.ndarray], total: int, qs: tuple[float, ...]) -> list[float]:
+    """weighted_percentiles of the packed keys (value in ns x 2^20 + weight) of `parts` together (`total`: their
+    weights), in seconds: the keys at np.percentile's repeated positions are selected (select_keys), not sorted."""
+    if total == 0:
+        return [float("nan")] * len(qs)
+    spots = []
     for q in qs:
         h = (total - 1) * q / 100.0
         lo = int(np.floor(h))
-        out.append((h, lo, min(lo + 1, total - 1)))
+        spots.append((h, lo, min(lo + 1, total - 1)))
+    at = select_keys(parts, np.array([k for _, lo, hi in spots for k in (lo, hi)], dtype=np.int64))
+    seconds = (at >> _W_BITS) / 1e9
+    return [float(seconds[2 * i] + (h - lo) * (seconds[2 * i + 1] - seconds[2 * i]))
+            for i, (h, lo, _) in enumerate(spots)]
+
+
+_SMALL = 1 << 12  # a selection sorts what is left once it has narrowed to this many keys
+_BUCKET_BITS = 16  # each step of a selection splits what is left into at most 2^16 + 1 buckets of key values
+
+
+def select_keys(parts: list[np.ndarray], positions: np.ndarray) -> np.ndarray:
+    """The key at each repeated position k (0-based): with the keys of `parts` sorted and each repeated by its
+    weight (its low _W_BITS), the smallest key v whose keys at or below it weigh more than k. A radix selection:
+    each step counts the weights in buckets of the remaining key range and keeps the bucket of each position,
+    until few keys are left (then sorted): a few passes over the keys instead of a sort of them all."""
+    parts = [p for p in parts if len(p)]
+    lo = min(int(p.min()) for p in parts)
+    hi = max(int(p.max()) for p in parts)
+    return _select(parts, positions, lo, hi)
+
+
+def _select(parts: list[np.ndarray], positions: np.ndarray, lo: int, hi: int) -> np.ndarray:
+    """select_keys within the keys lo..hi (all of `parts`), `positions` counted from lo."""
+    if sum(len(p) for p in parts) <= _SMALL:
+        keys = np.sort(np.concatenate(parts))
+        return keys[np.searchsorted(np.cumsum(keys & _W_MASK), positions, side="right")]
+    shift = max(0, (hi - lo).bit_length() - _BUCKET_BITS)
+    buckets = [(p - lo) >> shift for p in parts]
+    weight = np.zeros(((hi - lo) >> shift) + 1, dtype=np.int64)
+    for p, bucket in zip(parts, buckets, strict=True):  # float sums of integer weights: exact below 2^53
+        weight += np.bincount(bucket, weights=p & _W_MASK, minlength=len(weight)).astype(np.int64)
+    cum = np.cumsum(weight)
+    of = np.searchsorted(cum, positions, side="right")  # each position's bucket
+    out = np.empty(len(positions), dtype=np.int64)
+    for b in np.unique(of):
+        mine, first = of == b, lo + (int(b) << shift)
+        if shift == 0:  # a bucket of one key value
+            out[mine] = first
+            continue
+        inside = [q for q in (p[bucket == b] for p, bucket in zip(parts, buckets, strict=True)) if len(q)]
+        out[mine] = _select(inside, positions[mine] - (cum[b - 1] if b else 0), first,
+                            min(hi, first + (1 << shift) - 1))
     return out
-
-
-def key_percentiles(keys: np.ndarray, cw: np.ndarray, qs: tuple[float, ...]) -> list[float]:
-    """weighted_percentiles of sorted packed keys (value in ns x 2^20 + weight), in seconds; cw: their
-    cumulative weights."""
-    if keys.size == 0:
-        return [float("nan")] * len(qs)
-    out = []
-    for h, lo, hi in _positions(int(cw[-1]), qs):
-        at = np.searchsorted(cw, [lo, hi], side="right")  # value at repeated position k: first cw > k
-        v0, v1 = (keys[at] >> _W_BITS) / 1e9
-        out.append(float(v0 + (h - lo) * (v1 - v0)))
-    return out
-
-
-def pooled_key_percentiles(parts: list[tuple[np.ndarray, np.ndarray]], total: int, qs: tuple[float, ...]) -> list[float]:
-    """key_percentiles of the merge of several runs (each: sorted keys, cumulative weights), without merging:
-    the key at repeated position k is the smallest key whose weight at or below it, over all runs, exceeds k;
-    found by bisection over the key's integer range, all positions at once."""
-    if total == 0:
-        return [float("nan")] * len(qs)
-    spots = _positions(total, qs)
-    targets = np.array([k for _, lo, hi in spots for k in (lo, hi)], dtype=np.int64)
-    lo_key = np.full(len(targets), min(int(keys[0]) for keys, _ in parts) - 1, dtype=np.int64)  # weight <= k
-    hi_key = np.full(len(targets), max(int(keys[-1]) for keys, _ in parts), dtype=np.int64)  # weight > k
-    while np.any(hi_key > lo_key + 1):
-        mid = (lo_key >> 1) + (hi_key >> 1) + (lo_key & hi_key & 1)  # the floor of the mean, without overflow
-        weight = np.zeros(len(targets), dtype=np.int64)
-        for keys, cw in parts:
-            at = np.searchsorted(keys, mid, side="right")
-            weight += np.where(at > 0, cw[np.maximum(at - 1, 0)], 0)
-        above = weight > targets
-        hi_key, lo_key = np.where(above, mid, hi_key), np.where(above, lo_key, mid)
-    seconds = (hi_key >> _W_BITS) / 1e9
-    return [float(seconds[2 * i] + (h - lo) * (seconds[2 * i + 1] - seconds[2 * i])) for i, (h, lo, _) in enumerate(spots)]
 
 
 def _packed(gap: np.ndarray, tokens: np.ndarray) -> np.ndarray | None:
@@ -420,23 +453,8 @@ def _packed(gap: np.ndarray, tokens: np.ndarray) -> np.ndarray | None:
     return keys
 
 
-def _sorted_keys(keys: np.ndarray, bounds: np.ndarray, n_runs: int) -> SortedItl:
-    """Packed keys grouped by run (`bounds`), each run sorted in place and its cumulative weights summed, the runs
-    side by side."""
-    cum = np.empty_like(keys)
-
-    def sort_run(r: int) -> None:
-        run, run_cum = keys[bounds[r]:bounds[r + 1]], cum[bounds[r]:bounds[r + 1]]
-        run.sort()
-        np.bitwise_and(run, _W_MASK, out=run_cum)
-        np.cumsum(run_cum, out=run_cum)
-
-    with ThreadPoolExecutor(max_workers=os.cpu_count() or 1) as pool:  # numpy releases the GIL
-        list(pool.map(sort_run, range(n_runs)))
-    return SortedItl(bounds, keys, cum=cum)
-
-
-def sort_by_run(itl: Itl, n_runs: int) -> SortedItl:
+def group_by_run(itl: Itl, n_runs: int) -> ItlByRun:
+    """The ITL grouped by run: packed keys, or (a value that does not pack) floats sorted within each run."""
     run, gap, tokens = itl.run, itl.gap_us, itl.tokens
     if len(run) > 1 and np.any(np.diff(run) < 0):
         order = np.argsort(run, kind="stable")
@@ -444,13 +462,13 @@ def sort_by_run(itl: Itl, n_runs: int) -> SortedItl:
     bounds = np.searchsorted(run, np.arange(n_runs + 1))
     keys = _packed(gap, tokens)
     if keys is not None:
-        return _sorted_keys(keys, bounds, n_runs)
+        return ItlByRun(bounds, keys, tokens=np.bincount(run, weights=tokens, minlength=n_runs).astype(np.int64))
     values, weights = gap / 1e6 / tokens, tokens.astype(float)
     for r in range(n_runs):
         a, b = bounds[r], bounds[r + 1]
         order = np.argsort(values[a:b])
         values[a:b], weights[a:b] = values[a:b][order], weights[a:b][order]
-    return SortedItl(bounds, None, values, weights)
+    return ItlByRun(bounds, None, values, weights)
 
 
 def _percentile(values: np.ndarray, q: float) -> float:
@@ -458,7 +476,7 @@ def _percentile(values: np.ndarray, q: float) -> float:
     return float(np.percentile(finite, q)) if finite.size else float("nan")
 
 
-def pooled_latency(req: pd.DataFrame, itl: SortedItl, n_arms: int, arms: list[str]) -> tuple[pd.DataFrame, pd.DataFrame]:
+def pooled_latency(req: pd.DataFrame, itl: ItlSummary, n_arms: int, arms: list[str]) -> tuple[pd.DataFrame, pd.DataFrame]:
     """Percentiles pooled over all used requests (ITL: tokens) of each arm, and how many values each has."""
     arm = req["arm"].to_numpy()
     values: dict[str, list[float]] = {}
@@ -474,7 +492,7 @@ def pooled_latency(req: pd.DataFrame, itl: SortedItl, n_arms: int, arms: list[st
             counts[family].append(float(np.isfinite(col).sum()))
             for q in PERCENTILES:
                 values[f"{family}_p{q}"].append(_percentile(col, q))
-        pooled, tokens = itl.pooled(sorted({int(r) for r in req["run"].to_numpy()[arm == a]}), PERCENTILES)
+        pooled, tokens = itl.pooled[a]
         counts["itl"].append(float(tokens))
         for q, x in zip(PERCENTILES, pooled, strict=True):
             values[f"itl_p{q}"].append(x)
@@ -557,7 +575,7 @@ def outcome_table(
     return out
 
 
-def run_table(data: Loaded, picked: Picked, req: pd.DataFrame, itl: SortedItl, arm_of_run: np.ndarray) -> pd.DataFrame:
+def run_table(data: Loaded, picked: Picked, req: pd.DataFrame, itl: ItlSummary, arm_of_run: np.ndarray) -> pd.DataFrame:
     runs = data.runs
     rec = data.records
     meas = picked.selection.measured
@@ -601,7 +619,7 @@ def union_length(start: np.ndarray, end: np.ndarray) -> float:
     return float(np.sum(np.maximum(reach - np.maximum(s, before), 0.0)))
 
 
-def _per_run_request_stats(req: pd.DataFrame, itl: SortedItl, n_runs: int) -> pd.DataFrame:
+def _per_run_request_stats(req: pd.DataFrame, itl: ItlSummary, n_runs: int) -> pd.DataFrame:
     """Per-run sums and percentiles."""
     run = req["run"].to_numpy()
     order = np.argsort(run, kind="stable")
@@ -622,9 +640,8 @@ def _per_run_request_stats(req: pd.DataFrame, itl: SortedItl, n_runs: int) -> pd
     for family in ("ttft", "e2e", "tpot"):
         for p in PERCENTILES:
             rows[f"{family}_p{p}"] = _slice_stat(cols[family], bounds, lambda v, p=p: np.nanpercentile(v, p))
-    per_run = np.array([itl.run_percentiles(i, PERCENTILES) for i in range(n_runs)]).reshape(n_runs, len(PERCENTILES))
     for k, p in enumerate(PERCENTILES):
-        rows[f"itl_p{p}"] = per_run[:, k]
+        rows[f"itl_p{p}"] = itl.per_run[:, k]
     return pd.DataFrame(rows, index=pd.RangeIndex(n_runs, name="run"))
 
 

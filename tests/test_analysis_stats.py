@@ -246,13 +246,13 @@ def test_union_length_counts_overlaps_once_and_skips_gaps():
 
 
 def test_itl_sort_packed_keys_and_float_fallback_give_the_weighted_percentiles():
-    from analysis.metrics import PERCENTILES, Itl, sort_by_run, weighted_percentiles
+    from analysis.metrics import PERCENTILES, Itl, group_by_run, weighted_percentiles
 
     rng = np.random.default_rng(5)
     run = np.repeat(np.arange(3, dtype=np.int32), 50)
     gap = rng.integers(1, 10**6, 150)
     for tokens, packed in ((rng.integers(1, 9, 150), True), (np.r_[2**20, rng.integers(1, 9, 149)], False)):
-        s = sort_by_run(Itl(run, gap, tokens), 3)
+        s = group_by_run(Itl(run, gap, tokens), 3)
         assert (s.keys is not None) is packed
         value = gap / 1e6 / tokens
         for r in range(3):
@@ -279,40 +279,61 @@ def test_sign_flip_p_value_equals_scipys_exact_permutation_test():
             assert exact and ours == pytest.approx(ref, abs=1e-12), (n, shift, ours, ref)
 
 
-def test_itl_in_one_pass_equals_the_general_path_and_pooled_bisection_equals_the_merge():
-    """sorted_itl (run by run, packed keys, no merge for pooled percentiles) gives what sort_by_run(itl_values)
-    gives: records of several runs, some unused, some without token counts, chunks without tokens, a negative gap,
-    a run with no ITL at all; and a value that does not pack takes the general path."""
+def test_itl_in_one_pass_equals_the_general_path_and_selection_equals_sorting(monkeypatch):
+    """itl_by_run (run by run, packed keys, percentiles by selection) gives what group_by_run(itl_values) gives,
+    and its percentiles are those of the sorted keys: records of several runs, some unused, some without token
+    counts, chunks without tokens, a negative gap, a run with no ITL at all, keys that tie; a value that does not
+    pack takes the general path."""
+    from analysis import metrics
     from analysis.load import Chunks
-    from analysis.metrics import PERCENTILES, itl_values, sort_by_run, sorted_itl
+    from analysis.metrics import PERCENTILES, group_by_run, itl_by_run, itl_values, select_keys
 
+    monkeypatch.setattr(metrics, "_SMALL", 16)  # selections that narrow several times before they sort
     rng = np.random.default_rng(11)
-    n = 400
+    n = 4000
     lengths = rng.integers(0, 12, n)
     offsets = np.concatenate([[0], np.cumsum(lengths)])
-    us = np.concatenate([np.sort(rng.integers(0, 10**6, k)) for k in lengths]).astype(np.int64)
+    us = np.concatenate([np.sort(rng.integers(0, 10**5, k)) for k in lengths]).astype(np.int64)
     k = int(np.flatnonzero(lengths >= 2)[0])
     us[offsets[k] + 1] = us[offsets[k]] - 7  # a clock that went back
     tok = rng.integers(0, 5, len(us)).astype(np.int64)  # zeros: chunks without tokens
     tok_present = rng.random(n) > 0.1
+    tok[offsets[k] + 1], tok_present[k] = 3, True
     chunks = Chunks(offsets, us, np.ones(n, bool), offsets, tok, tok_present)
     run_of_record = np.repeat(np.arange(5), n // 5)
     run_of_record[run_of_record == 3] = 4  # run 3: nothing
     rows = np.union1d(np.flatnonzero(rng.random(n) > 0.2), [k])
-    tok[offsets[k] + 1], tok_present[k] = 3, True
-    fast = sorted_itl(chunks, rows, run_of_record[rows], 6)
-    slow = sort_by_run(itl_values(chunks, rows, run_of_record[rows]), 6)
-    assert fast.keys is not None and np.array_equal(fast.bounds, slow.bounds)
-    assert np.array_equal(fast.keys, slow.keys) and np.array_equal(fast.cum, slow.cum)
-    for r in range(6):
-        np.testing.assert_array_equal(fast.run_percentiles(r, PERCENTILES), slow.run_percentiles(r, PERCENTILES))
-    for runs in ([0, 2, 4], [1], [3], [0, 1, 2, 3, 4, 5]):
-        got, count = fast.pooled(runs, PERCENTILES)
+    fast = itl_by_run(chunks, rows, run_of_record[rows], 6)
+    slow = group_by_run(itl_values(chunks, rows, run_of_record[rows]), 6)
+    assert fast.keys is not None and slow.keys is not None and np.array_equal(fast.bounds, slow.bounds)
+    assert np.array_equal(fast.keys, slow.keys)
+    mask = (1 << 20) - 1
+    for runs in ([0], [1], [3], [0, 2, 4], [0, 1, 2, 3, 4, 5]):
         keys = np.sort(np.concatenate([slow.keys[slow.bounds[r]:slow.bounds[r + 1]] for r in runs]))
-        assert count == int((keys & ((1 << 20) - 1)).sum())
-        value, weight = (keys >> 20) / 1e9, (keys & ((1 << 20) - 1)).astype(float)
-        want = weighted_percentiles(value, weight, PERCENTILES, presorted=True) if len(keys) else [np.nan] * 3
-        np.testing.assert_array_equal(got, want)  # exactly: the same keys, found without merging
+        value, weight = (keys >> 20) / 1e9, (keys & mask).astype(float)
+        want = weighted_percentiles(value, weight, PERCENTILES, presorted=True)
+        got, count = fast.pooled(runs, PERCENTILES)
+        assert count == int(weight.sum())
+        np.testing.assert_array_equal(got, want)  # exactly: the same keys, found without sorting them all
+        if len(runs) == 1:
+            np.testing.assert_array_equal(fast.run_percentiles(runs[0], PERCENTILES), want)
+        if len(keys):
+            every = np.arange(0, int(weight.sum()), 997)
+            parts = [fast.keys[fast.bounds[r]:fast.bounds[r + 1]] for r in runs]
+            np.testing.assert_array_equal(select_keys(parts, every), np.repeat(keys, keys & mask)[every])
     big = Chunks(offsets, us, np.ones(n, bool), offsets, np.where(tok > 0, 2**20, 0), tok_present)
-    fallback = sorted_itl(big, rows, run_of_record[rows], 6)
+    fallback = itl_by_run(big, rows, run_of_record[rows], 6)
     assert fallback.keys is None and fallback.values is not None
+
+
+def test_selection_of_tied_keys_and_of_keys_within_one_bucket(monkeypatch):
+    from analysis import metrics
+
+    monkeypatch.setattr(metrics, "_SMALL", 4)
+    rng = np.random.default_rng(2)
+    for keys in ((5 << 20) + rng.integers(1, 100, 1000),  # one ns value: every bucket is one key
+                 np.r_[np.full(300, (7 << 20) + 3), (rng.integers(-9, 9, 200) << 20) + 1]):  # ties, negatives
+        ordered = np.sort(keys)
+        repeated = np.repeat(ordered, ordered & ((1 << 20) - 1))
+        positions = np.arange(len(repeated))
+        np.testing.assert_array_equal(metrics.select_keys([keys[:400], keys[400:]], positions), repeated)
