@@ -689,14 +689,15 @@ def check_chunks(data: Loaded, sel: Selection) -> Check:
     if not ch.us_present.any():
         return Check(name, INFO, "no chunk arrays (schema 1): ITL n/a; the first chunk counts as 1 token")
     rec = data.records
-    # per-record sums over the flat arrays: differences of cumulative sums at the record offsets
-    drop = np.zeros(len(ch.us) + 2, dtype=np.int64)  # one spare: no chunks at all (every request failed)
-    if len(ch.us) > 1:
-        drop[2:len(ch.us) + 1] = np.cumsum(np.diff(ch.us) < 0)  # drop[j + 1]: decreases among the first j + 1 chunks
-    starts, stops = ch.us_offsets[:-1], ch.us_offsets[1:]
-    backwards = (stops - starts > 1) & (drop[np.maximum(stops, 1)] - drop[np.minimum(starts + 1, stops)] > 0)
-    tok_cum = np.concatenate([[0], np.cumsum(ch.tok)])
-    tok_sum = tok_cum[ch.tok_offsets[1:]] - tok_cum[ch.tok_offsets[:-1]]
+    # over the flat arrays: each decrease found once and given to its record; token sums per non-empty record
+    backwards = np.zeros(len(ch.us_present), dtype=bool)
+    later = np.flatnonzero(ch.us[1:] < ch.us[:-1])  # chunk j + 1 arrived before chunk j
+    owner = np.searchsorted(ch.us_offsets, later, side="right") - 1  # the record of chunk j
+    backwards[owner[later + 1 < ch.us_offsets[owner + 1]]] = True  # j + 1 is the same record's
+    tok_sum = np.zeros(len(ch.tok_present), dtype=np.int64)
+    filled = np.flatnonzero(np.diff(ch.tok_offsets) > 0)  # each sum runs to the next filled record's start
+    if len(filled):
+        tok_sum[filled] = np.add.reduceat(ch.tok, ch.tok_offsets[filled])
     ct = rec["completion_tokens"].to_numpy()
     mis_len = ch.us_present & ch.tok_present & ~ch.aligned
     mis_sum = ch.aligned & ~np.isnan(ct) & (tok_sum != ct)

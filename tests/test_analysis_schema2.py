@@ -266,3 +266,40 @@ def test_greedy_drafts_get_the_equal_in_expectation_note(tmp_path):
     assert "block and token-wise verification are equal in expectation" in md
     assert "need not accept the same prefixes" in md
     assert "equal in expectation" not in build_report([V2], n_boot=50).markdown
+
+
+def test_chunk_checks_equal_a_record_by_record_reading():
+    """check_chunks works on the flat arrays; it flags exactly the records a per-record reading flags: a decrease
+    inside a record (not one across two records), token counts that do not add up, lists of different lengths;
+    records without chunks, at the start, in the middle and at the end."""
+    from types import SimpleNamespace  # noqa: PLC0415
+
+    import pandas as pd  # noqa: PLC0415
+
+    from analysis.audit import check_chunks  # noqa: PLC0415
+    from analysis.load import Chunks  # noqa: PLC0415
+
+    rng = np.random.default_rng(4)
+    n = 300
+    us_len = rng.integers(0, 6, n)
+    us_len[[0, n - 2, n - 1]] = 0
+    tok_len = np.where(rng.random(n) < 0.1, rng.integers(0, 6, n), us_len)
+    us_lists = [np.sort(rng.integers(0, 1000, k)) for k in us_len]
+    for i in rng.choice(n, 30):  # a decrease somewhere in some records
+        if us_len[i] >= 2:
+            j = rng.integers(1, us_len[i])
+            us_lists[i][j] = us_lists[i][j - 1] - 1
+    tok_lists = [rng.integers(0, 4, k) for k in tok_len]
+    ct = np.array([t.sum() + (rng.random() < 0.1) for t in tok_lists], dtype=float)
+    offsets = lambda lists: np.concatenate([[0], np.cumsum([len(x) for x in lists])])  # noqa: E731
+    chunks = Chunks(offsets(us_lists), np.concatenate(us_lists).astype(np.int64), np.ones(n, bool),
+                    offsets(tok_lists), np.concatenate(tok_lists).astype(np.int64), np.ones(n, bool))
+    records = pd.DataFrame({"completion_tokens": ct, "_run": 0, "_line": np.arange(n), "item_id": "q"})
+    data = SimpleNamespace(chunks=chunks, records=records,
+                           runs=pd.DataFrame({"campaign": ["c"], "run_id": ["r"]}))
+    check = check_chunks(data, SimpleNamespace(used=np.ones(n, bool)))
+    flagged = {int(line.split(" line ")[1].split(" ")[0]) - 1 for line in check.details}
+    want = {i for i in range(n)
+            if np.any(np.diff(us_lists[i]) < 0) or us_len[i] != tok_len[i]
+            or (us_len[i] == tok_len[i] and tok_lists[i].sum() != ct[i])}
+    assert flagged == want and len(want) > 20
