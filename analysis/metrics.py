@@ -270,8 +270,10 @@ def itl_by_run(chunks: Chunks, rows: np.ndarray, run_of_row: np.ndarray, n_runs:
             return group_by_run(itl_values(chunks, rows, run_of_row), n_runs)
         keys[filled:filled + len(block)] = block
         filled += len(block)
-        counts += np.bincount(run, minlength=n_runs)
-        weights += np.bincount(run, weights=tokens, minlength=n_runs).astype(np.int64)
+        edges = np.searchsorted(run, np.arange(n_runs + 1))  # the block's values come run by run
+        counts += np.diff(edges)
+        present = np.flatnonzero(np.diff(edges) > 0)  # each run's sum ends where the next present run starts
+        weights[present] += np.add.reduceat(tokens, edges[present]) if len(present) else 0
     return ItlByRun(np.concatenate([[0], np.cumsum(counts)]), keys[:filled], tokens=weights)
 
 
@@ -443,9 +445,12 @@ def _packed(gap: np.ndarray, tokens: np.ndarray) -> np.ndarray | None:
     if len(tokens) and tokens.max() > _W_MASK:
         return None
     keys = np.empty(len(gap), dtype=np.int64)
+    limit = 2.0 ** (62 - _W_BITS)
     for a in range(0, len(gap), _BLOCK):  # in blocks: the float temporaries are reused
-        ns = np.rint(gap[a:a + _BLOCK] * 1000.0 / tokens[a:a + _BLOCK])
-        if not np.all(np.abs(ns) < 2.0 ** (62 - _W_BITS)):
+        ns = gap[a:a + _BLOCK] * 1000.0
+        ns /= tokens[a:a + _BLOCK]
+        np.rint(ns, out=ns)
+        if len(ns) and not (ns.max() < limit and ns.min() > -limit):  # NaN fails both
             return None
         keys[a:a + _BLOCK] = ns
     keys <<= _W_BITS
