@@ -27,6 +27,7 @@ figure uses the audit's selection (each planned request once, finished, no error
 
 from __future__ import annotations
 
+from collections.abc import Iterator
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 
@@ -215,9 +216,15 @@ def itl_values(chunks: Chunks, rows: np.ndarray, run_of_row: np.ndarray) -> Itl:
 
     Works on the flat chunk arrays, a block of whole records at a time, with per-record masks expanded by
     np.repeat (no per-request loop)."""
-    n = len(chunks.us_present)
-    if n == 0 or len(rows) == 0 or len(chunks.us) == 0:
+    if len(chunks.us_present) == 0 or len(rows) == 0 or len(chunks.us) == 0:
         return Itl(np.zeros(0, np.int32), np.zeros(0, np.int64), np.zeros(0, np.int64))
+    parts = list(_itl_blocks(chunks, rows, run_of_row))
+    return Itl(*(np.concatenate([p[k] for p in parts]) for k in range(3)))
+
+
+def _itl_blocks(chunks: Chunks, rows: np.ndarray, run_of_row: np.ndarray) -> Iterator[tuple[np.ndarray, ...]]:
+    """(run, gap_us, tokens) of the records `rows`, a block of whole records (about _BLOCK chunks) at a time."""
+    n = len(chunks.us_present)
     lengths = np.diff(chunks.us_offsets)
     selected = np.zeros(n, dtype=bool)
     selected[rows] = chunks.aligned[rows]
@@ -225,9 +232,8 @@ def itl_values(chunks: Chunks, rows: np.ndarray, run_of_row: np.ndarray) -> Itl:
     run_of_record = np.full(n, -1, dtype=np.int32)
     run_of_record[rows] = run_of_row
     cuts = np.unique(np.searchsorted(chunks.us_offsets, np.arange(0, len(chunks.us), _BLOCK), side="right") - 1)
-    parts = [_itl_block(chunks, tok, lengths, selected, run_of_record, int(a), int(b))
-             for a, b in zip(cuts, [*cuts[1:], n], strict=True)]
-    return Itl(*(np.concatenate([p[k] for p in parts]) for k in range(3)))
+    for a, b in zip(cuts, [*cuts[1:], n], strict=True):
+        yield _itl_block(chunks, tok, lengths, selected, run_of_record, int(a), int(b))
 
 
 def _itl_block(chunks: Chunks, tok: np.ndarray, lengths: np.ndarray, selected: np.ndarray,
@@ -250,21 +256,12 @@ def itl_by_run(chunks: Chunks, rows: np.ndarray, run_of_row: np.ndarray, n_runs:
     """group_by_run(itl_values(...)) in one pass when the records come run by run (as load() reads them) and every
     value packs into a key: each block's ITL goes straight into its run's packed keys (no run, gap and token
     arrays of every chunk, no concatenation, no reordering)."""
-    n = len(chunks.us_present)
-    if n == 0 or len(rows) == 0 or len(chunks.us) == 0 or np.any(np.diff(run_of_row) < 0):
+    if len(chunks.us_present) == 0 or len(rows) == 0 or len(chunks.us) == 0 or np.any(np.diff(run_of_row) < 0):
         return group_by_run(itl_values(chunks, rows, run_of_row), n_runs)
-    lengths = np.diff(chunks.us_offsets)
-    selected = np.zeros(n, dtype=bool)
-    selected[rows] = chunks.aligned[rows]
-    tok = _tokens_per_chunk(chunks, selected, lengths)
-    run_of_record = np.full(n, -1, dtype=np.int32)
-    run_of_record[rows] = run_of_row
     keys = np.empty(len(chunks.us), dtype=np.int64)
     counts, weights = np.zeros(n_runs, dtype=np.int64), np.zeros(n_runs, dtype=np.int64)
     filled = 0
-    cuts = np.unique(np.searchsorted(chunks.us_offsets, np.arange(0, len(chunks.us), _BLOCK), side="right") - 1)
-    for a, b in zip(cuts, [*cuts[1:], n], strict=True):
-        run, gap, tokens = _itl_block(chunks, tok, lengths, selected, run_of_record, int(a), int(b))
+    for run, gap, tokens in _itl_blocks(chunks, rows, run_of_row):
         block = _packed(gap, tokens)
         if block is None:  # a value that does not pack: the general path
             return group_by_run(itl_values(chunks, rows, run_of_row), n_runs)
