@@ -5,6 +5,7 @@ from __future__ import annotations
 import os
 import signal
 import sys
+import threading
 import time
 from pathlib import Path
 
@@ -83,15 +84,16 @@ def test_an_interruption_while_waiting_leaves_no_probe_running(rendezvous: Path,
     def interrupt(signum: int, frame: object) -> None:
         raise KeyboardInterrupt
 
-    previous = signal.signal(signal.SIGALRM, interrupt)
-    signal.setitimer(signal.ITIMER_REAL, 1.5)
+    previous = signal.signal(signal.SIGUSR1, interrupt)  # not SIGALRM: pytest-timeout's
+    timer = threading.Timer(1.5, os.kill, (os.getpid(), signal.SIGUSR1))  # handled in the main thread
     t0 = time.monotonic()
+    timer.start()
     try:
         with pytest.raises(KeyboardInterrupt):
             ask_all([_question(rendezvous, str(me), str(tmp_path / "never")),
                      _question(rendezvous, str(other), str(tmp_path / "never"))])
     finally:
-        signal.setitimer(signal.ITIMER_REAL, 0)
-        signal.signal(signal.SIGALRM, previous)
+        timer.cancel()
+        signal.signal(signal.SIGUSR1, previous)
     assert _gone(int(me.read_text())) and _gone(int(other.read_text()))
     assert time.monotonic() - t0 < 30  # killed, not waited for (60 s)
