@@ -262,15 +262,12 @@ def itl_by_run(chunks: Chunks, rows: np.ndarray, run_of_row: np.ndarray, n_runs:
     counts, weights = np.zeros(n_runs, dtype=np.int64), np.zeros(n_runs, dtype=np.int64)
     filled = 0
     for run, gap, tokens in _itl_blocks(chunks, rows, run_of_row):
-        block = _packed(gap, tokens)
-        if block is None:  # a value that does not pack: the general path
+        if _packed(gap, tokens, keys[filled:filled + len(gap)]) is None:  # a value that does not pack
             return group_by_run(itl_values(chunks, rows, run_of_row), n_runs)
-        keys[filled:filled + len(block)] = block
-        filled += len(block)
-        edges = np.searchsorted(run, np.arange(n_runs + 1))  # the block's values come run by run
+        filled += len(gap)
+        edges, sums = _run_sums(run, tokens, n_runs)  # the block's values come run by run
         counts += np.diff(edges)
-        present = np.flatnonzero(np.diff(edges) > 0)  # each run's sum ends where the next present run starts
-        weights[present] += np.add.reduceat(tokens, edges[present]) if len(present) else 0
+        weights += sums
     return ItlByRun(np.concatenate([[0], np.cumsum(counts)]), keys[:filled], tokens=weights)
 
 
@@ -318,12 +315,20 @@ def weighted_percentiles(values: np.ndarray, weights: np.ndarray, qs: tuple[floa
         return [float("nan")] * len(qs)
     cw = np.cumsum(weights)
     out = []
-    for q in qs:
-        h = (cw[-1] - 1) * q / 100.0
-        lo = int(np.floor(h))
-        hi = min(lo + 1, int(cw[-1]) - 1)
+    for h, lo, hi in _spots(int(cw[-1]), qs):
         at = np.searchsorted(cw, [lo, hi], side="right")  # value at repeated position k: first cw > k
         out.append(float(values[at[0]] + (h - lo) * (values[at[1]] - values[at[0]])))
+    return out
+
+
+def _spots(total: int, qs: tuple[float, ...]) -> list[tuple[float, int, int]]:
+    """For each q, np.percentile's linear interpolation over `total` repeated values: (h, lo, hi), the value at
+    h between those at repeated positions lo and hi."""
+    out = []
+    for q in qs:
+        h = (total - 1) * q / 100.0
+        lo = int(np.floor(h))
+        out.append((h, lo, min(lo + 1, total - 1)))
     return out
 
 
@@ -387,11 +392,7 @@ def key_percentiles(parts: list[np.ndarray], total: int, qs: tuple[float, ...]) 
     weights), in seconds: the keys at np.percentile's repeated positions are selected (select_keys), not sorted."""
     if total == 0:
         return [float("nan")] * len(qs)
-    spots = []
-    for q in qs:
-        h = (total - 1) * q / 100.0
-        lo = int(np.floor(h))
-        spots.append((h, lo, min(lo + 1, total - 1)))
+    spots = _spots(total, qs)
     at = select_keys(parts, np.array([k for _, lo, hi in spots for k in (lo, hi)], dtype=np.int64))
     seconds = (at >> _W_BITS) / 1e9
     return [float(seconds[2 * i] + (h - lo) * (seconds[2 * i + 1] - seconds[2 * i]))
@@ -437,11 +438,12 @@ def _select(parts: list[np.ndarray], positions: np.ndarray, lo: int, hi: int) ->
     return out
 
 
-def _packed(gap: np.ndarray, tokens: np.ndarray) -> np.ndarray | None:
-    """gap_us / tokens in ns, rounded, x 2^20 + tokens (int64), or None when a value does not pack."""
+def _packed(gap: np.ndarray, tokens: np.ndarray, keys: np.ndarray | None = None) -> np.ndarray | None:
+    """gap_us / tokens in ns, rounded, x 2^20 + tokens (int64; into `keys` when given), or None when a value does
+    not pack."""
     if len(tokens) and tokens.max() > _W_MASK:
         return None
-    keys = np.empty(len(gap), dtype=np.int64)
+    keys = np.empty(len(gap), dtype=np.int64) if keys is None else keys
     limit = 2.0 ** (62 - _W_BITS)
     for a in range(0, len(gap), _BLOCK):  # in blocks: the float temporaries are reused
         ns = gap[a:a + _BLOCK] * 1000.0
@@ -455,16 +457,27 @@ def _packed(gap: np.ndarray, tokens: np.ndarray) -> np.ndarray | None:
     return keys
 
 
+def _run_sums(run: np.ndarray, tokens: np.ndarray, n_runs: int) -> tuple[np.ndarray, np.ndarray]:
+    """For values grouped by run (`run` non-decreasing): where each run's values start and end ([n_runs + 1]) and
+    each run's tokens ([n_runs])."""
+    edges = np.searchsorted(run, np.arange(n_runs + 1))
+    sums = np.zeros(n_runs, dtype=np.int64)
+    present = np.flatnonzero(np.diff(edges) > 0)  # each run's sum ends where the next present run starts
+    if len(present):
+        sums[present] = np.add.reduceat(tokens, edges[present])
+    return edges, sums
+
+
 def group_by_run(itl: Itl, n_runs: int) -> ItlByRun:
     """The ITL grouped by run: packed keys, or (a value that does not pack) floats sorted within each run."""
     run, gap, tokens = itl.run, itl.gap_us, itl.tokens
     if len(run) > 1 and np.any(np.diff(run) < 0):
         order = np.argsort(run, kind="stable")
         run, gap, tokens = run[order], gap[order], tokens[order]
-    bounds = np.searchsorted(run, np.arange(n_runs + 1))
+    bounds, sums = _run_sums(run, tokens, n_runs)
     keys = _packed(gap, tokens)
     if keys is not None:
-        return ItlByRun(bounds, keys, tokens=np.bincount(run, weights=tokens, minlength=n_runs).astype(np.int64))
+        return ItlByRun(bounds, keys, tokens=sums)
     values, weights = gap / 1e6 / tokens, tokens.astype(float)
     for r in range(n_runs):
         a, b = bounds[r], bounds[r + 1]
