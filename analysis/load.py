@@ -1,9 +1,10 @@
 """Read campaigns: `campaign.json`, run manifests and `records.jsonl` (the analysis reads nothing else).
 
-The layout is the one in `docs/records.md`. Records are parsed with pyarrow's multi-threaded JSON
-reader against an explicit schema (only the keys the analysis uses); a file that this fast path
-cannot parse (a truncated last line, a field of an unexpected type) is read again line by line with
-`json`, and every line that could not be used is kept as a `BadLine` for the audit.
+The layout is the one in `docs/records.md`. Records are parsed by DuckDB's JSON reader (analysis/duck_records.py:
+only the keys the analysis uses, each value checked against its JSON type), files side by side; a file that this
+fast path cannot parse or doubts (a truncated last line, a field of an unexpected type) is read again line by line
+with `json`, and every line that could not be used is kept as a `BadLine` for the audit. scores.jsonl (two keys)
+is parsed by pyarrow's JSON reader against an explicit schema, with the same fallback.
 """
 
 from __future__ import annotations
@@ -25,6 +26,7 @@ import pyarrow as pa
 import pyarrow.compute as pc
 import pyarrow.json as pj
 
+from analysis import duck_records
 from harness.schema import (
     SCHEMA_VERSIONS,
     CampaignDoc,
@@ -79,6 +81,8 @@ RECORD_SCHEMA = pa.schema(
     + [(f, pa.list_(pa.int64())) for f in LIST_FIELDS]
     + [("meta_info", META_TYPE)]
 )
+DUCK_FIELDS = duck_records.Fields(STR_FIELDS, INT_FIELDS, FLOAT_FIELDS, BOOL_FIELDS, LIST_FIELDS, META_FLOAT_FIELDS,
+                                  META_HIST_FIELDS)
 SCORE_SCHEMA = pa.schema([(name, {int: pa.int64(), bool: pa.bool_()}[base_type(typing.get_type_hints(ScoreLine)[name])])
                           for name in ("request_index", "correct")])
 
@@ -361,16 +365,21 @@ def read_campaign(path: Path) -> CampaignDir:
 # records
 
 
-def read_records_file(path: Path, force_slow: bool = False) -> tuple[pa.Table, list[BadLine], bool]:
-    """One records.jsonl as a table of RECORD_SCHEMA; returns (table, bad lines, used the slow path)."""
+def read_records_file(path: Path, force_slow: bool = False, reader: duck_records.Reader | None = None
+                      ) -> tuple[pa.Table, list[BadLine], bool]:
+    """One records.jsonl as a table of RECORD_SCHEMA; returns (table, bad lines, used the slow path). `reader`: the
+    fast reader to use (one is opened for the call when None)."""
     if not path.is_file() or path.stat().st_size == 0:
         return RECORD_SCHEMA.empty_table(), [], False
     if not force_slow:
-        try:
-            table, bad = _null_nonfinite(_read_fast(path), path)
+        if reader is None:
+            with duck_records.Reader(DUCK_FIELDS) as own:
+                fast = own.read(path)
+        else:
+            fast = reader.read(path)
+        if fast is not None:
+            table, bad = _null_nonfinite(fast.select(RECORD_SCHEMA.names).cast(RECORD_SCHEMA), path)
             return table, bad, False
-        except (pa.ArrowInvalid, pa.ArrowNotImplementedError):
-            pass
     table, bad = _read_slow(path)
     return table, bad, True
 
@@ -390,15 +399,6 @@ def _null_nonfinite(table: pa.Table, path: Path) -> tuple[pa.Table, list[BadLine
             nulls = pa.nulls(len(column), pa.float64())
             table = table.set_column(table.schema.get_field_index(name), name, pc.if_else(mask, nulls, column))
     return table, bad
-
-
-def _read_fast(path: Path) -> pa.Table:
-    table = pj.read_json(
-        path,
-        read_options=pj.ReadOptions(block_size=_BLOCK_BYTES, use_threads=False),
-        parse_options=pj.ParseOptions(explicit_schema=RECORD_SCHEMA, unexpected_field_behavior="ignore"),
-    )
-    return table.select(RECORD_SCHEMA.names).cast(RECORD_SCHEMA)
 
 
 def _read_slow(path: Path) -> tuple[pa.Table, list[BadLine]]:
@@ -429,8 +429,7 @@ def json_lines(path: Path, bad: list[BadLine]) -> Iterator[tuple[int, Any]]:
 def _coerce(obj: dict[str, Any], problems: list[str]) -> dict[str, Any]:
     row: dict[str, Any] = {}
     for name in STR_FIELDS:
-        value = obj.get(name)
-        row[name] = None if value is None else str(value)
+        row[name] = _text(name, obj.get(name), problems)
     for name in INT_FIELDS:
         row[name] = _as_number(name, obj.get(name), problems, integral=True)
     for name in FLOAT_FIELDS:
@@ -447,15 +446,34 @@ def _coerce(obj: dict[str, Any], problems: list[str]) -> dict[str, Any]:
     return row
 
 
+def _text(name: str, value: Any, problems: list[str]) -> str | None:
+    text = None if value is None else str(value)
+    if text is not None and not text.isascii():
+        try:
+            text.encode("utf-8")
+        except UnicodeEncodeError:  # a lone surrogate ("\ud800" in the JSON)
+            problems.append(f"{name}={value!r} is not valid Unicode (ignored)")
+            return None
+    return text
+
+
 def _int_list(name: str, value: Any, problems: list[str]) -> list[int] | None:
     if value is None:
         return None
-    ok = isinstance(value, list) and all(
-        isinstance(v, int) and not isinstance(v, bool) and _INT64_MIN <= v <= _INT64_MAX for v in value)
-    if not ok:
+    ints = _integers(value)
+    if ints is None:
         problems.append(f"{name} is not a list of integers (ignored)")
+    return ints
+
+
+def _integers(value: Any) -> list[int] | None:
+    """`value` as a list of 64-bit integers (an integral float counts, as in the integer fields), or None."""
+    if not isinstance(value, list):
         return None
-    return value
+    ints = [int(v) if isinstance(v, float) and v.is_integer() else v for v in value]
+    if all(isinstance(v, int) and not isinstance(v, bool) and _INT64_MIN <= v <= _INT64_MAX for v in ints):
+        return ints
+    return None
 
 
 def _as_number(name: str, value: Any, problems: list[str], integral: bool) -> float | int | None:
@@ -468,7 +486,7 @@ def _as_number(name: str, value: Any, problems: list[str], integral: bool) -> fl
         problems.append(f"{name}={value!r} is not finite (ignored)")
         return None
     if integral:
-        if float(value) != int(value):
+        if isinstance(value, float) and not value.is_integer():  # an int is one (its float may not be)
             problems.append(f"{name}={value!r} is not an integer (ignored)")
             return None
         if not _INT64_MIN <= int(value) <= _INT64_MAX:
@@ -491,11 +509,7 @@ def _coerce_meta(meta: Any, problems: list[str]) -> dict[str, Any] | None:
     for name in META_FLOAT_FIELDS:
         out[name] = _as_number(f"meta_info.{name}", meta.get(name), problems, integral=False)
     for name in META_HIST_FIELDS:
-        value = meta.get(name)
-        ok = isinstance(value, list) and all(isinstance(v, int) and not isinstance(v, bool) for v in value)
-        if value is not None and not ok:
-            problems.append(f"meta_info.{name} is not a list of integers (ignored)")
-        out[name] = value if ok else None
+        out[name] = _int_list(f"meta_info.{name}", meta.get(name), problems)
     return out
 
 
@@ -510,8 +524,9 @@ def load(paths: list[str | Path], force_slow: bool = False) -> Loaded:
     items = _items_table(campaigns)
     todo = [(int(r.run), Path(r.records_path)) for r in runs.itertuples() if r.records_path]
     scored = _scored_runs(runs)
-    with ThreadPoolExecutor(max_workers=os.cpu_count() or 1) as pool:  # pyarrow releases the GIL
-        record_jobs = [pool.submit(read_records_file, path, force_slow) for _, path in todo]
+    # the reads finish (the pool's exit waits for them) before the reader closes; DuckDB and pyarrow release the GIL
+    with duck_records.Reader(DUCK_FIELDS) as reader, ThreadPoolExecutor(max_workers=os.cpu_count() or 1) as pool:
+        record_jobs = [pool.submit(read_records_file, path, force_slow, reader) for _, path in todo]
         score_jobs = [pool.submit(read_scores_file, Path(runs["scores_path"].iat[r])) for r in scored]
         results = [job.result() for job in record_jobs]
         scores = {r: job.result() for r, job in zip(scored, score_jobs, strict=True)}
@@ -801,7 +816,8 @@ def read_scores_file(path: Path) -> tuple[pa.Table, list[BadLine]]:
     bad: list[BadLine] = []
     for number, obj in json_lines(path, bad):
         index, correct = (obj.get("request_index"), obj.get("correct")) if isinstance(obj, dict) else (None, None)
-        if not isinstance(index, int) or isinstance(index, bool) or not (correct is None or isinstance(correct, bool)):
+        if (not isinstance(index, int) or isinstance(index, bool) or not _INT64_MIN <= index <= _INT64_MAX
+                or not (correct is None or isinstance(correct, bool))):
             bad.append(BadLine(str(path), number, "not a score line (request_index integer, correct boolean or null)"))
             continue
         rows.append({"request_index": index, "correct": correct})

@@ -1,0 +1,144 @@
+"""records.jsonl through DuckDB's JSON reader: the fast path of analysis.load.read_records_file.
+
+DuckDB parses only the keys the analysis uses, with about half the CPU time of pyarrow's JSON reader on the records
+the harness writes (README: the report's figures). Its conversions are looser than the line-by-line reader's
+(analysis.load._read_slow, which reports a value of the wrong JSON type as a bad line): it reads 1.5 in an integer
+field as 2, "40" and true as numbers, any value as text. So scalars are read as their JSON text and converted here,
+in the same query, with a check per value; integer lists are read as doubles and checked here. A value of another
+JSON type, a fraction in an integer field, a list element that is not an integer below 2^53, a non-finite
+meta_info number, a line that is not an object (it reads as a row of nulls, as an empty object does) each mark the
+file, and so does an error of DuckDB's (a truncated line, invalid UTF-8, a key given twice): such a file is left to
+the line-by-line reader, which names each bad line. One looseness stays: inside the integer lists (chunk_us,
+chunk_tokens, the histograms) a string of digits or a boolean reads as its number ("2" as 2, true as 1); the
+harness writes neither, and the line-by-line reader (build_report(force_slow_reader=True)) reports both.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from pathlib import Path
+
+import duckdb
+import numpy as np
+import pyarrow as pa
+import pyarrow.compute as pc
+
+EXACT = 2**53  # a double holds every integer below it exactly (2^53 + 1 reads as 2^53)
+
+
+@dataclass(frozen=True)
+class Fields:
+    """The keys read, by the type the analysis gives them (analysis.load's field groups)."""
+
+    strings: tuple[str, ...]
+    ints: tuple[str, ...]
+    floats: tuple[str, ...]
+    bools: tuple[str, ...]
+    lists: tuple[str, ...]  # lists of integers
+    meta_floats: tuple[str, ...]  # keys of the meta_info object
+    meta_lists: tuple[str, ...]
+
+
+class Reader:
+    """One DuckDB database for the files of a load (opening one costs about 20 ms); each read goes through a cursor
+    of its own, so that threads may read side by side."""
+
+    def __init__(self, fields: Fields):
+        self.fields = fields
+        self.query, self.columns = _query(fields)
+        self.db = duckdb.connect(config={"threads": 1, "autoinstall_known_extensions": False})
+
+    def __enter__(self) -> Reader:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.db.close()
+
+    def read(self, path: Path) -> pa.Table | None:
+        """The file's records (the fields' columns, then a `meta_info` struct), or None when the file must be read
+        line by line (a row the checks doubt, or an error of DuckDB's)."""
+        with self.db.cursor() as con:
+            try:
+                table = con.sql(self.query, params=[str(path)]).to_arrow_table()
+            except duckdb.Error:
+                return None
+        if table.num_rows and pc.any(table.column("_doubt")).as_py():
+            return None
+        f = self.fields
+        lists = {name: _int_list(table.column(name)) for name in (*f.lists, *(f"_m_{n}" for n in f.meta_lists))}
+        if any(v is None for v in lists.values()):
+            return None
+        meta = pa.StructArray.from_arrays(
+            [table.column(f"_m_{n}").combine_chunks() for n in f.meta_floats] + [lists[f"_m_{n}"] for n in f.meta_lists],
+            names=[*f.meta_floats, *f.meta_lists], mask=table.column("_m_null").combine_chunks())
+        out = table.select(list(self.columns))
+        for name in f.lists:
+            out = out.set_column(out.schema.get_field_index(name), name, lists[name])
+        return out.append_column("meta_info", meta)
+
+
+def _int_list(column: pa.ChunkedArray) -> pa.ListArray | None:
+    """A list<double> column as list<int64>, or None when an element is null, not an integer, or of EXACT or more (its
+    double may not be the integer written; the line-by-line reader reads it exactly)."""
+    lists = column.combine_chunks()
+    values = lists.values
+    x = values.to_numpy(zero_copy_only=False)  # a null element reads as NaN
+    if not np.array_equal(x, np.trunc(x)) or np.abs(x).max(initial=0) >= EXACT:
+        return None
+    return pa.ListArray.from_arrays(lists.offsets, pa.array(x.astype(np.int64)), mask=lists.is_null())
+
+
+def _query(f: Fields) -> tuple[str, tuple[str, ...]]:
+    """(the query, with the file as its one parameter; the top-level columns it returns besides the meta parts)."""
+    types: dict[str, str] = {}
+    select: list[str] = []
+    doubts: list[str] = []
+    for name in f.strings:
+        types[name] = "JSON"
+        select.append(f"{_q(name)}->>'$' AS {_q(name)}")
+        doubts.append(f"({_q(name)} IS NOT NULL AND NOT starts_with({_q(name)}::VARCHAR, '\"'))")
+    for name in f.ints:
+        types[name] = "JSON"
+        text = f"{_q(name)}::VARCHAR"
+        select.append(f"TRY_CAST({text} AS BIGINT) AS {_q(name)}")
+        # DuckDB rounds '1.5' to 2: the integer must be the number the text is
+        as_int = f"TRY_CAST({text} AS BIGINT)"
+        doubts.append(f"({text} IS NOT NULL AND ({as_int} IS NULL OR TRY_CAST({text} AS DOUBLE) IS DISTINCT FROM "
+                      f"{as_int}::DOUBLE))")
+    for name in f.floats:
+        types[name] = "JSON"
+        _number(_q(name), _q(name), select, doubts)
+    for name in f.bools:
+        types[name] = "JSON"
+        text = f"{_q(name)}::VARCHAR"
+        select.append(f"CASE {text} WHEN 'true' THEN true WHEN 'false' THEN false END AS {_q(name)}")
+        doubts.append(f"({text} IS NOT NULL AND {text} NOT IN ('true', 'false'))")
+    for name in f.lists:
+        types[name] = "DOUBLE[]"
+        select.append(_q(name))
+    types["meta_info"] = "STRUCT(" + ", ".join(
+        [f"{_q(n)} JSON" for n in f.meta_floats] + [f"{_q(n)} DOUBLE[]" for n in f.meta_lists]) + ")"
+    for name in f.meta_floats:
+        _number(f"meta_info.{_q(name)}", _q(f"_m_{name}"), select, doubts, finite=True)
+    for name in f.meta_lists:
+        select.append(f"meta_info.{_q(name)} AS {_q(f'_m_{name}')}")
+    select.append("meta_info IS NULL AS _m_null")
+    # a line that is not an object reads as a row of nulls (as {} does: both left to the line-by-line reader)
+    doubts.append("(" + " AND ".join(f"{_q(n)} IS NULL" for n in types) + ")")
+    spec = "{" + ", ".join(f"'{n}': '{t}'" for n, t in types.items()) + "}"
+    query = (f"SELECT {', '.join(select)}, ({' OR '.join(doubts)}) AS _doubt FROM read_json(?, "
+             f"format='newline_delimited', records=true, columns={spec})")
+    return query, tuple(n for n in types if n != "meta_info")
+
+
+def _number(expr: str, alias: str, select: list[str], doubts: list[str], finite: bool = False) -> None:
+    """A float field: NaN and infinities read as such (analysis.load nulls them, naming each) unless `finite`
+    (then they are doubts: the meta_info fields, which load does not check)."""
+    value = f"TRY_CAST({expr}::VARCHAR AS DOUBLE)"
+    select.append(f"{value} AS {alias}")
+    doubts.append(f"({expr} IS NOT NULL AND " + (f"NOT coalesce(isfinite({value}), false))" if finite else
+                                                  f"{value} IS NULL)"))
+
+
+def _q(name: str) -> str:
+    return '"' + name + '"'
