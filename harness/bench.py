@@ -45,6 +45,7 @@ def main() -> None:
     try:
         if NOTED:
             raise Stopped(NOTED[0])
+        stops.check()  # a signal while ensure() put the handlers in
         stops.defer()  # until Hydra has composed the config (harness.campaign.command.run resumes)
         from harness.campaign import command  # noqa: PLC0415  (Hydra, the runner, the workloads: after the handlers)
 

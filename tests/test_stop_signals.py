@@ -231,6 +231,36 @@ except Stopped as stop:
 """
 
 
+BETWEEN_HANDLERS = """
+import os, signal
+from harness.campaign import stopping
+install = signal.signal
+def install_then_signal(sig, handler):  # SIGINT lands right after its handler went in, before SIGTERM's did
+    previous = install(sig, handler)
+    if sig == signal.SIGINT:
+        os.kill(os.getpid(), signal.SIGINT)
+    return previous
+signal.signal = install_then_signal
+stops = stopping.StopSignals.ensure()
+signal.signal = install
+print("installed", signal.getsignal(signal.SIGTERM) == stops._on_signal)
+try:
+    stops.check()
+except stopping.Stopped as stop:
+    print("stopped at the check:", stop.name)
+"""
+
+
+def test_a_signal_while_the_handlers_go_in_is_raised_at_the_check_not_inside_ensure():
+    """A fresh-clone run of 2026-12-04: SIGINT came after ensure() had put in the SIGINT handler and before the
+    SIGTERM one; the handler raised Stopped inside ensure(), outside harness.bench.main's try (a traceback, exit
+    1). ensure() now notes it, every handler goes in, and the caller's check raises it."""
+    proc = subprocess.run([sys.executable, "-c", BETWEEN_HANDLERS], capture_output=True, text=True, timeout=60,
+                          cwd=Path(__file__).resolve().parents[1])
+    assert proc.stdout.splitlines() == ["installed True", "stopped at the check: SIGINT"], proc
+    assert "Traceback" not in proc.stderr, proc
+
+
 def test_a_signal_python_cannot_raise_is_silent_and_acted_on_at_the_next_check():
     """The CI failure of 2026-12-03: a SIGINT that lands in a weakref callback of the import machinery (or in any
     finaliser) printed "Exception ignored ... Stopped: SIGINT"; it is now noted silently and raised at the next

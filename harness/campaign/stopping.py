@@ -86,14 +86,17 @@ class StopSignals:
 
     @classmethod
     def ensure(cls) -> StopSignals:
-        """The installed handler, or a new one, installed now for both signals (main thread only)."""
+        """The installed handler, or a new one, installed now for both signals (main thread only). Never raises
+        Stopped: a signal that comes while the handlers go in is noted (`signum`); the caller checks."""
         current = getattr(signal.getsignal(signal.SIGINT), "__self__", None)
         if isinstance(current, cls):
             return current
         stops = cls()
+        stops._deferred = True  # a signal between two of these lines is noted: the caller's check() raises it
         for sig in STOP_SIGNALS:
             signal.signal(sig, stops._on_signal)
         sys.unraisablehook = stops._unraisable
+        stops._deferred = False
         return stops
 
     def _unraisable(self, unraisable: Any) -> None:
