@@ -100,9 +100,9 @@ def _query(f: Fields) -> tuple[str, tuple[str, ...]]:
     for name in f.ints:
         types[name] = "JSON"
         text = f"{_q(name)}::VARCHAR"
-        select.append(f"TRY_CAST({text} AS BIGINT) AS {_q(name)}")
-        # DuckDB rounds '1.5' to 2: the integer must be the number the text is
         as_int = f"TRY_CAST({text} AS BIGINT)"
+        select.append(f"{as_int} AS {_q(name)}")
+        # DuckDB rounds '1.5' to 2: the integer must be the number the text is
         doubts.append(f"({text} IS NOT NULL AND ({as_int} IS NULL OR TRY_CAST({text} AS DOUBLE) IS DISTINCT FROM "
                       f"{as_int}::DOUBLE))")
     for name in f.floats:
