@@ -145,3 +145,10 @@ def test_a_score_line_beyond_64_bits_is_a_bad_line(tmp_path):
                     + json.dumps({"request_index": 2**70, "correct": True}) + "\n")
     table, bad = read_scores_file(path)
     assert table.to_pylist() == [{"request_index": 0, "correct": True}] and [b.line for b in bad] == [2]
+
+
+def test_keys_are_matched_case_sensitively(reader, tmp_path):
+    """DuckDB's identifiers are case-insensitive; JSON keys are not: "RUN_ID" is not run_id in either reader."""
+    renamed = {k: v for k, v in BASE.items() if k not in ("run_id", "meta_info")}
+    for record in [{**renamed, "RUN_ID": "x", "META_INFO": BASE["meta_info"]}, {**BASE, "Run_Id": "x"}]:
+        assert assert_same(tmp_path, [line(record)], reader)
