@@ -75,9 +75,10 @@ class ChangeSet:
 
 
 def compare(m: Metrics, n_boot: int, seed: int) -> ChangeSet:
+    matrix, layouts, _ = item_matrix(m)
     changes: dict[ChangeKey, Change] = {}
-    changes.update(item_changes(m, n_boot, np.random.default_rng([seed, 0])))
-    changes.update(category_changes(m, n_boot, seed))
+    changes.update(item_changes(m, matrix, layouts, n_boot, np.random.default_rng([seed, 0])))
+    changes.update(category_changes(m, matrix, layouts, n_boot, seed))
     changes.update(run_changes(m, seed))
     return ChangeSet(changes)
 
@@ -127,8 +128,10 @@ def item_matrix(m: Metrics) -> tuple[np.ndarray, dict[str, _Layout], np.ndarray]
     return matrix, layouts, item
 
 
-def item_changes(m: Metrics, n_boot: int, rng: np.random.Generator) -> dict[ChangeKey, Change]:
-    matrix, layouts, _ = item_matrix(m)
+def item_changes(m: Metrics, matrix: np.ndarray, layouts: dict[str, _Layout], n_boot: int,
+                 rng: np.random.Generator) -> dict[ChangeKey, Change]:
+    """The ratio metrics' changes of every partition but the categories, from one bootstrap over items (`matrix`,
+    `layouts`: item_matrix's)."""
     if matrix.size == 0:
         return {}
     point = matrix.sum(axis=0)
@@ -157,11 +160,12 @@ def _items_in_group(matrix: np.ndarray, lay: _Layout, group: int, quantity: str)
     return int(np.count_nonzero(matrix[:, cols].sum(axis=1)))
 
 
-def category_changes(m: Metrics, n_boot: int, seed: int) -> dict[ChangeKey, Change]:
-    """Per-category changes, each from a bootstrap over the category's own items (stratified)."""
+def category_changes(m: Metrics, matrix: np.ndarray, layouts: dict[str, _Layout], n_boot: int,
+                     seed: int) -> dict[ChangeKey, Change]:
+    """Per-category changes, each from a bootstrap over the category's own items (stratified; `matrix`,
+    `layouts`: item_matrix's)."""
     if "category" not in m.partitions:
         return {}
-    matrix, layouts, _ = item_matrix(m)
     part, lay = m.partitions["category"], layouts["category"]
     assert part.item_code is not None  # the category partition groups items
     base = m.arms.index(m.baseline)
