@@ -175,6 +175,17 @@ def test_the_kernel_under_the_triton_interpreter():
     assert torch.equal(got, verify.fused_build(logits, temperature, top_k, top_p))  # the same every call
 
 
+@pytest.mark.interpreter
+def test_strided_row_parameters_reach_the_kernels_in_row_order():
+    """Every other element of longer tensors: the kernels read a row's parameter at `pointer + row`, so the
+    builder must hand them contiguous tensors (row_params passed a strided [rows] view through unchanged)."""
+    interpreter_or_skip()
+    logits, temperature, top_k, top_p = cases(10, 8192, "cpu")
+    spread = [torch.stack([x, torch.zeros_like(x)], dim=1).reshape(-1)[::2] for x in (temperature, top_k, top_p)]
+    assert not spread[0].is_contiguous() and torch.equal(spread[1], top_k)
+    assert torch.equal(verify.fused_build(logits, *spread), verify.fused_build(logits, temperature, top_k, top_p))
+
+
 needs_cuda = pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device")
 
 

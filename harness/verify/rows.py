@@ -21,12 +21,19 @@ def effective_top_k(top_k: Tensor, vocab: int) -> Tensor:
 
 
 def row_params(logits: Tensor, temperature: Tensor, top_k: Tensor, top_p: Tensor) -> tuple[Tensor, Tensor, Tensor]:
-    """The per-row parameters as the builders use them: [rows] each, on the logits' device; temperature and
-    top_p fp32, top_k int64."""
+    """The per-row parameters as the builders use them: [rows] each, contiguous, on the logits' device;
+    temperature and top_p fp32, top_k int64."""
     n, device = logits.shape[0], logits.device
-    return (temperature.to(device=device, dtype=torch.float32).reshape(n),
-            top_k.to(device=device, dtype=torch.int64).reshape(n),
-            top_p.to(device=device, dtype=torch.float32).reshape(n))
+    return (_as_rows(temperature, n, device, torch.float32), _as_rows(top_k, n, device, torch.int64),
+            _as_rows(top_p, n, device, torch.float32))
+
+
+def _as_rows(x: Tensor, n: int, device: torch.device, dtype: torch.dtype) -> Tensor:
+    """x as [n] contiguous `dtype` on `device`; x itself when it already is (checked first: a builder's call
+    waits for this on the host, and .to() costs several microseconds even when it changes nothing)."""
+    if x.dtype == dtype and x.dim() == 1 and x.shape[0] == n and x.device == device and x.is_contiguous():
+        return x
+    return x.to(device=device, dtype=dtype).reshape(n).contiguous()
 
 
 def top_p_renorm_sorted(probs: Tensor, top_p: Tensor) -> Tensor:
