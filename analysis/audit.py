@@ -16,7 +16,7 @@ import pandas as pd
 
 from analysis.code import CHECK_NAME, check_code
 from analysis.commands import ArmDiff, RunVariant, compare_arms, run_variants
-from analysis.load import NO_MANIFEST, NOT_RUN, Loaded
+from analysis.load import NO_MANIFEST, NOT_RUN, Loaded, segment_sums
 
 FAIL, WARN, OK, INFO = "fail", "warn", "ok", "info"
 FINISHED_REASONS = ("stop", "length")
@@ -694,10 +694,7 @@ def check_chunks(data: Loaded, sel: Selection) -> Check:
     later = np.flatnonzero(ch.us[1:] < ch.us[:-1])  # chunk j + 1 arrived before chunk j
     owner = np.searchsorted(ch.us_offsets, later, side="right") - 1  # the record of chunk j
     backwards[owner[later + 1 < ch.us_offsets[owner + 1]]] = True  # j + 1 is the same record's
-    tok_sum = np.zeros(len(ch.tok_present), dtype=np.int64)
-    filled = np.flatnonzero(np.diff(ch.tok_offsets) > 0)  # each sum runs to the next filled record's start
-    if len(filled):
-        tok_sum[filled] = np.add.reduceat(ch.tok, ch.tok_offsets[filled])
+    tok_sum = segment_sums(ch.tok, ch.tok_offsets)
     ct = rec["completion_tokens"].to_numpy()
     mis_len = ch.us_present & ch.tok_present & ~ch.aligned
     mis_sum = ch.aligned & ~np.isnan(ct) & (tok_sum != ct)

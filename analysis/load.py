@@ -199,6 +199,16 @@ class Chunks:
         return self.us_present & self.tok_present & (np.diff(self.us_offsets) == np.diff(self.tok_offsets))
 
 
+def segment_sums(values: np.ndarray, offsets: np.ndarray) -> np.ndarray:
+    """int64 sums of values[offsets[i]:offsets[i + 1]] for each i (0 for an empty segment); offsets non-decreasing
+    from 0 to len(values), as Chunks' are."""
+    sums = np.zeros(len(offsets) - 1, dtype=np.int64)
+    filled = np.flatnonzero(np.diff(offsets) > 0)  # each sum runs to the next filled segment's start
+    if len(filled):
+        sums[filled] = np.add.reduceat(values, offsets[filled])
+    return sums
+
+
 @dataclass
 class Loaded:
     """Everything read from the inputs, in flat tables.

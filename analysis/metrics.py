@@ -35,7 +35,7 @@ import numpy as np
 import pandas as pd
 
 from analysis.audit import Picked, foreign_load, recompute_hit_cap
-from analysis.load import Chunks, Loaded
+from analysis.load import Chunks, Loaded, segment_sums
 
 PERCENTILES = (50, 90, 99)
 LATENCIES = ("ttft", "e2e", "itl", "tpot")  # percentile families
@@ -461,11 +461,7 @@ def _run_sums(run: np.ndarray, tokens: np.ndarray, n_runs: int) -> tuple[np.ndar
     """For values grouped by run (`run` non-decreasing): where each run's values start and end ([n_runs + 1]) and
     each run's tokens ([n_runs])."""
     edges = np.searchsorted(run, np.arange(n_runs + 1))
-    sums = np.zeros(n_runs, dtype=np.int64)
-    present = np.flatnonzero(np.diff(edges) > 0)  # each run's sum ends where the next present run starts
-    if len(present):
-        sums[present] = np.add.reduceat(tokens, edges[present])
-    return edges, sums
+    return edges, segment_sums(tokens, edges)
 
 
 def group_by_run(itl: Itl, n_runs: int) -> ItlByRun:
