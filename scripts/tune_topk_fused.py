@@ -3,17 +3,22 @@
 
 At 4096 rows, top_k 20, top_p 0.95, temperature 1, fp32, for each vocabulary and logit family given: the copy
 floor (read the logits, write a preallocated fp32 [rows, vocab]), topk_first, and topk_fused under each
-variant (a JSON object of topk_fused.launch_config() overrides). Every variant's output is checked against
-full_vocab's (kept sets, except rows with ties at the k-th logit or the top-p cut: harness.micro.compare).
-Writes $OUT/tuning.log (default: the current folder). On a CUDA host, from the repository root:
+variant (a JSON object of topk_fused.launch_config() overrides), and, with --against FILE, the topk_fused.py of
+another commit (its run(), the rows it leaves built by topk_first) as the variant "against". Every variant's output
+is checked against full_vocab's (kept sets, except rows with ties at the k-th logit or the top-p cut:
+harness.micro.compare). The real families take their rows from --bank. Writes $OUT/tuning.log (default: the
+current folder). On a CUDA host, from the repository root:
 
-    python scripts/tune_topk_fused.py --vocabs 32000,49152 --families iid,sorted \\
-        --variant base='{}' --variant block2048='{"PASS_BLOCK": 2048}'
+    git show HEAD~1:harness/verify/topk_fused.py > /tmp/old_topk_fused.py
+    python scripts/tune_topk_fused.py --vocabs 32000,49152 --families iid,sorted,gemma3 \\
+        --bank tests/fixtures/logit_bank --against /tmp/old_topk_fused.py \\
+        --variant base='{}' --variant block1024='{"PASS_BLOCK": 1024}'
 """
 
 from __future__ import annotations
 
 import argparse
+import importlib.util
 import json
 import os
 import statistics
@@ -24,8 +29,9 @@ import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 from harness.micro import measure  # noqa: E402
+from harness.micro.bank import load_rows  # noqa: E402
 from harness.micro.compare import tied_rows, unexplained_rows  # noqa: E402
-from harness.micro.families import make_family  # noqa: E402
+from harness.micro.families import FAMILIES, make_family  # noqa: E402
 from harness.verify import builders  # noqa: E402
 
 ROWS, TOP_K, TOP_P = 4096, 20, 0.95
@@ -36,21 +42,41 @@ def parse_variant(text: str) -> tuple[str, dict[str, int]]:
     return name, json.loads(config or "{}")
 
 
-def one_cell(vocab: int, family: str, variants: dict[str, dict[str, int]], repeats: int) -> list[str]:
+def against_build(path: str):
+    """fused_build with the kernels of another topk_fused.py (its run(); the rows it leaves by topk_first)."""
+    spec = importlib.util.spec_from_file_location("against_topk_fused", path)
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+
+    def build(x, t, k, p, config=None):
+        out, left = module.run(x, t, k, p)
+        if left is not None:
+            out[left] = builders.topk_first_probs(x[left], t[left], k[left], p[left])
+        return out
+    return build
+
+
+def one_cell(vocab: int, family: str, variants: dict[str, dict[str, int]], repeats: int, bank: str | None,
+             against=None) -> list[str]:
     device = torch.device("cuda")
-    copies = [make_family(family, ROWS, vocab, seed=s, device=device) for s in (0, 1)]
+    model = FAMILIES[family].bank
+    rows = load_rows(Path(bank), model)[0] if model else None
+    copies = [make_family(family, ROWS, vocab, seed=s, device=device, bank_rows=rows) for s in (0, 1)]
     t = torch.ones(ROWS, device=device)
     k = torch.full((ROWS,), TOP_K, device=device, dtype=torch.int64)
     p = torch.full((ROWS,), TOP_P, device=device)
     buf = torch.empty(ROWS, vocab, dtype=torch.float32, device=device)
     calls = {"copy": buf.copy_, "topk_first": lambda x: builders.topk_first_probs(x, t, k, p)}
+    build = {name: builders.fused_build for name in variants}
+    if against is not None:
+        variants, build = {**variants, "against": {}}, {**build, "against": against}
     for name, cfg in variants.items():
-        calls[name] = lambda x, cfg=cfg: builders.fused_build(x, t, k, p, config=cfg)
+        calls[name] = lambda x, cfg=cfg, name=name: build[name](x, t, k, p, config=cfg)
     ref = builders.full_vocab_probs(copies[0], t, k, p)
     tied = tied_rows(copies[0], t, k, p)
     checks = {}
     for name, cfg in variants.items():
-        out = builders.fused_build(copies[0], t, k, p, config=cfg)
+        out = build[name](copies[0], t, k, p, config=cfg)
         differ, unexplained = unexplained_rows(out, ref, tied)
         checks[name] = f"{differ} rows differ, {unexplained} unexplained"
     times = measure.time_interleaved(calls, copies, warmup=3, repeats=repeats)
@@ -70,17 +96,21 @@ def main() -> None:
     parser.add_argument("--families", default="iid,sorted,bf16,clustered,lm_like,padding")
     parser.add_argument("--variant", action="append", default=[], help="NAME=JSON overrides of launch_config()")
     parser.add_argument("--repeats", type=int, default=20)
+    parser.add_argument("--bank", default="tests/fixtures/logit_bank", help="the logit bank of the real families")
+    parser.add_argument("--against", help="a topk_fused.py (another commit's) timed in the same rounds")
     args = parser.parse_args()
     if not torch.cuda.is_available():
         sys.exit("tune_topk_fused: needs a CUDA device")
     variants = dict(parse_variant(v) for v in args.variant) or {"base": {}}
+    against = against_build(args.against) if args.against else None
     out = Path(os.environ.get("OUT", ".")) / "tuning.log"
     lines = [f"{torch.cuda.get_device_name()}; {ROWS} rows, top_k {TOP_K}, top_p {TOP_P}, fp32; variants: "
              + "; ".join(f"{n}={json.dumps(c)}" for n, c in variants.items())]
     for vocab in (int(v) for v in args.vocabs.split(",")):
         for family in args.families.split(","):
-            lines += one_cell(vocab, family, variants, args.repeats)
-            print("\n".join(lines[-len(variants) - 1:]), flush=True)
+            cell = one_cell(vocab, family, variants, args.repeats, args.bank, against)
+            lines += cell
+            print("\n".join(cell), flush=True)
             out.write_text("\n".join(lines) + "\n")
     print(f"written: {out}")
 

@@ -1,7 +1,7 @@
 """The `topk_fused` builder: one read of the logits, one write of the output (harness/verify/topk_fused.py).
 
-- Everywhere: the name works on a CPU (the topk_first path, bitwise); the threshold ranks keep both ways
-  of missing rare.
+- Everywhere: the name works on a CPU (the topk_first path, bitwise); the argument the kernels rest on (a row's
+  k largest logits lie in its k largest groups), checked in torch on rows full of ties.
 - Marker `interpreter` (run by `make test` in .venv-sglang, which has Triton): the kernel itself under
   TRITON_INTERPRET=1 on CPU tensors, on a small vocabulary.
 - Marker `gpu` (skipped without CUDA): the seed's sizes and the edge cases against full_vocab on CUDA.
@@ -14,7 +14,6 @@ TOLERANCE of full_vocab's (the softmax sums run in another order: not bitwise).
 from __future__ import annotations
 
 import importlib.util
-import itertools
 import os
 from pathlib import Path
 
@@ -75,87 +74,26 @@ def test_on_a_cpu_the_name_takes_the_topk_first_path():
     assert torch.equal(got, verify.topk_first_probs(logits, temperature, top_k, top_p))
 
 
-def sample_positions(vocab: int, chunk: int = topk_fused.CHUNK) -> torch.Tensor:
-    """The logits the threshold reads (as harness.verify.topk_fused._threshold): runs of run_length
-    contiguous logits at samples // run evenly spaced places (runs of at most `chunk`: CHUNK, launch_config's)."""
-    samples = topk_fused.samples_for(vocab)
-    run = topk_fused.run_length(samples, chunk)
-    j = torch.arange(samples)
-    stride = vocab // (samples // run)
-    return (j // run) * stride + (stride - run) // 2 + j % run
+def lowest_index_top_k(logits: torch.Tensor, k: int) -> torch.Tensor:
+    """The ids of a row's k largest logits, equal values by lowest id (the kernels' rule): [rows, k]."""
+    return torch.sort(logits, dim=-1, descending=True, stable=True).indices[:, :k]
 
 
-def threshold_reference(row: torch.Tensor, rank: int, chunk: int = topk_fused.CHUNK) -> float:
-    """The rank-th largest distinct sample value of the row, else its smallest sample value."""
-    values = torch.unique(row[sample_positions(row.numel(), chunk)]).flip(0)
-    return float(values[min(rank, values.numel()) - 1])
-
-
-def test_threshold_ranks_keep_failures_and_overflows_rare_on_iid_rows():
-    """The first rank of each top_k, by either rule: both ways of missing (fewer than k logits >= t; more
-    candidates than the list holds) are rare when the row's large logits are spread evenly (Poisson
-    estimates); rule 1 takes the smallest rank that keeps the first at most FAIL_BOUND (at top_k 20: 5, 6 and 6
-    at 248,320, 151,936 and 32,000 ids, where rule 0 takes 5, 9 and 10)."""
-    for vocab, rule in itertools.product((32_000, 49_152, 128_256, 151_936, 248_320, 262_144), (0, 1)):
-        samples = topk_fused.samples_for(vocab)
-        for k in range(1, topk_fused.FAST_K + 1):
-            r = topk_fused.best_rank(k, vocab, samples, rule)
-            fail = 1 - topk_fused._poisson_cdf(r - 1, (k - 1) * samples / vocab)
-            overflow = topk_fused._poisson_cdf(r - 1, topk_fused.CANDIDATES * samples / vocab)
-            limit = 0.002 if k <= 20 else 0.02  # per row; a missed row is retried in the kernel
-            assert fail < limit and overflow < limit, (vocab, rule, k, r, fail, overflow)
-            if rule == 1 and r > 1:  # the rank below it fails too often
-                assert 1 - topk_fused._poisson_cdf(r - 2, (k - 1) * samples / vocab) > topk_fused.FAIL_BOUND
-    ranks = {(v, rule): topk_fused.best_rank(20, v, topk_fused.samples_for(v), rule)
-             for v in (248_320, 151_936, 32_000) for rule in (0, 1)}
-    assert [ranks[v, 1] for v in (248_320, 151_936, 32_000)] == [5, 6, 6]
-    assert [ranks[v, 0] for v in (248_320, 151_936, 32_000)] == [5, 9, 10]
-    assert topk_fused.samples_for(248_320) == topk_fused.SAMPLES
-    assert topk_fused.samples_for(32_000) * topk_fused.SAMPLE_SHARE <= 32_000
-
-
-@pytest.mark.parametrize("family", [n for n, f in FAMILIES.items() if f.make is not None])
-def test_rank_k_plus_1_always_leaves_k_logits_above_t(family):
-    """The rank a row that found too few logits >= t is retried with (at least k + 1) cannot miss that way,
-    whatever the family: k + 1 distinct sample values above t are k logits of the row above it (an all-equal
-    row has one value: its ties are looked up by index)."""
-    x = make_family(family, 16, 248_320, seed=0, device=torch.device("cpu"))
-    for row in x:
-        for chunk in (8, topk_fused.CHUNK):  # runs of 8 (the tuning scripts' other layout) and of CHUNK
-            t = threshold_reference(row, 21, chunk)
-            above = int((row > t).sum())
-            assert above == 0 if family == "padding" else above >= 20, (family, chunk, above)
-
-
-def test_samples_stay_inside_the_row_for_every_vocabulary():
-    """The threshold reads samples // run runs of `run` contiguous logits, one in the middle of each stretch of
-    `vocab // (samples // run)` (as harness.verify.topk_fused._sample_at): all inside the row, for any vocabulary."""
-    for vocab, chunk in itertools.product([*range(2, 5000), 32_000, 151_936, 248_320],
-                                          (8, topk_fused.CHUNK)):
-        samples = topk_fused.samples_for(vocab)
-        run = topk_fused.run_length(samples, chunk)
-        places = samples // run
-        stride = vocab // places
-        first, last = (stride - run) // 2, (places - 1) * stride + (stride - run) // 2 + run - 1
-        assert samples * run > 0 and 0 <= first and last < vocab, (vocab, chunk)
-
-
-def test_only_the_sparse_mode_of_a_wide_vocabulary_takes_wide_blocks():
-    """launch_config: 2,048-logit blocks appending by repeated minimum for run_sparse from WIDE_VOCAB ids (faster
-    there on the H200), 1,024 and the scalar-test append below it and in the dense mode; no loop in the first
-    round's pass in either mode."""
-    wide = topk_fused.launch_config(248_320, sparse=True)
-    assert (wide["PASS_BLOCK"], wide["SPARSE_APPEND"], wide["PASS_LOOP"]) == (2048, 2, 0)
-    for vocab, sparse_mode in ((topk_fused.WIDE_VOCAB - 1, True), (32_000, True), (248_320, False)):
-        cfg = topk_fused.launch_config(vocab, sparse_mode)
-        assert (cfg["PASS_BLOCK"], cfg["SPARSE_APPEND"], cfg["DENSE_APPEND"], cfg["PASS_LOOP"]) == (1024, 1, 0, 0)
-    assert topk_fused.launch_config(topk_fused.WIDE_VOCAB, sparse=True)["PASS_BLOCK"] == 2048
-    # the dense mode's finish: 4 warps, a missed row's samples at once; both modes' first rank: rule 1
-    for vocab in (32_000, 248_320):
-        dense, sparse_cfg = topk_fused.launch_config(vocab), topk_fused.launch_config(vocab, sparse=True)
-        keys = ("FINISH_WARPS", "PIECE", "CHUNK", "RANK_RULE")
-        assert [dense[key] for key in keys] == [4, topk_fused.SAMPLES, 16, 1]
-        assert [sparse_cfg[key] for key in keys] == [2, topk_fused.PIECE, 16, 1]
+@pytest.mark.parametrize("group", [1, 2, 3, 8])
+def test_the_k_largest_groups_hold_the_k_largest_logits(group):
+    """The kernels' argument: groups of `group` contiguous ids, ranked by (maximum, lowest group index); the
+    row's k largest logits (equal values by lowest id) all lie in its k largest groups. Rows of few distinct
+    values (ties within and across groups), sorted rows, all-equal rows, rows not a whole number of groups."""
+    g = torch.Generator().manual_seed(group)
+    for vocab in (7, 40, 97):
+        rows = torch.cat([torch.randint(0, 4, (64, vocab), generator=g).float(),
+                          torch.randn(16, vocab, generator=g).sort(dim=-1).values, torch.zeros(2, vocab)])
+        groups = -(-vocab // group)
+        padded = torch.nn.functional.pad(rows, (0, groups * group - vocab), value=float("-inf"))
+        maxima = padded.view(-1, groups, group).amax(-1)
+        for k in range(1, min(vocab, 12)):
+            best_groups = lowest_index_top_k(maxima, k)
+            assert bool(torch.isin(lowest_index_top_k(rows, k) // group, best_groups).all()), (vocab, k)
 
 
 def interpreter_ready() -> bool:
@@ -236,53 +174,29 @@ def interpreter_or_skip() -> None:
         pytest.skip(message)
 
 
-def top_at_the_first_samples(n: int, vocab: int) -> torch.Tensor:
-    """Rows whose 30 largest logits sit where the first 30 samples are read: a threshold with a few samples
-    above it lets only those few logits through."""
-    logits = torch.randn(n, vocab, generator=torch.Generator().manual_seed(1))
-    logits[:, sample_positions(vocab)[:30]] = 10 + torch.arange(30, 0, -1).float()
-    return logits
-
-
 @pytest.mark.interpreter
-def test_a_threshold_with_too_few_logits_above_it_is_retried_in_the_kernel():
-    """10 samples above the first threshold, and so only 10 logits, for a top-20: the row gets another (twice
-    the samples above it) and is written by the kernel, not left to the caller."""
+@pytest.mark.parametrize("vocab", [4096, 5000])
+def test_rows_crowded_into_one_group_or_tied_across_groups_under_the_interpreter(vocab):
+    """Exactly the lowest-id top k (top-p off): the 64 largest logits in one run of ids at the row's end, a sorted
+    row, every group's maximum equal, four distinct values (ties everywhere), an all-equal row; k 1, 20, 64."""
     interpreter_or_skip()
-    logits = top_at_the_first_samples(4, 8192)
-    temperature, top_k, top_p = torch.ones(4), torch.full((4,), 20), torch.full((4,), 0.95)
-    out, left = topk_fused.run(logits, temperature, top_k, top_p, config={"FIRST_RANK": 10})
-    assert left is None
-    check_against_full_vocab(out, logits, temperature, top_k, top_p)
-
-
-@pytest.mark.interpreter
-def test_a_threshold_with_too_many_logits_above_it_is_retried_in_the_kernel(monkeypatch):
-    """32 of 2,048 samples above the first threshold: about 512 logits of 32,768, spread over 16 blocks (none
-    crowded), for a list of 128; the row gets another (half as many above) and is written by the kernel."""
-    interpreter_or_skip()
-    monkeypatch.setattr(topk_fused, "CANDIDATES", 128)
-    logits, temperature, top_k, top_p = (t[:4] for t in cases(10, 32_768, "cpu"))
-    top_k[:] = 20
-    temperature[:] = 1.0
-    out, left = topk_fused.run(logits, temperature, top_k, top_p, config={"FIRST_RANK": 32})
-    assert left is None
-    check_against_full_vocab(out, logits, temperature, top_k, top_p)
-
-
-@pytest.mark.interpreter
-def test_rows_missed_past_the_retry_list_or_the_last_round_go_to_the_caller(monkeypatch):
-    """With room for one retried row and two rounds, rows whose first threshold lets too few logits through
-    are flagged (not written by the kernel), and fused_build builds them: the result is still full_vocab's."""
-    interpreter_or_skip()
-    monkeypatch.setattr(topk_fused, "REDO", 1)
-    monkeypatch.setattr(topk_fused, "ROUNDS", 2)
-    logits = top_at_the_first_samples(4, 8192)
-    temperature, top_k, top_p = torch.ones(4), torch.full((4,), 20), torch.full((4,), 0.95)
-    _, left = topk_fused.run(logits, temperature, top_k, top_p, config={"FIRST_RANK": 1})
-    assert left is not None and len(left) >= 3  # one row at most had a second round
-    got = verify.fused_build(logits, temperature, top_k, top_p, config={"FIRST_RANK": 1})
-    check_against_full_vocab(got, logits, temperature, top_k, top_p)
+    g = torch.Generator().manual_seed(vocab)
+    rows = torch.randn(5, vocab, generator=g)
+    rows[0, -64:] = 10 + torch.rand(64, generator=g)
+    rows[1] = rows[1].sort().values
+    rows[2, ::32] = 5.0
+    rows[3] = torch.randint(0, 4, (vocab,), generator=g).float()
+    rows[4] = -1.5
+    for k in (1, 20, 64):
+        n = rows.shape[0]
+        top_k, ones = torch.full((n,), k), torch.ones(n)
+        for config in ({}, {"GROUPS": 16, "TILE": 64}, {"FUSE": 0, "TILE": 256}):
+            out, left = topk_fused.run(rows, ones, top_k, ones, config)
+            assert left is None
+            kept = torch.zeros_like(out, dtype=torch.bool).scatter_(1, lowest_index_top_k(rows, k), True)
+            assert torch.equal(out > 0, kept), (k, config)
+            ref = verify.full_vocab_probs(rows, ones, top_k, ones)
+            assert torch.allclose(out.sort(-1).values, ref.sort(-1).values, atol=TOLERANCE), (k, config)
 
 
 def check_family(family: str, vocab: int, rows: int, logits: torch.Tensor) -> None:
@@ -323,14 +237,13 @@ def test_real_rows_at_their_own_vocabulary_under_the_interpreter(model):
 @pytest.mark.interpreter
 @pytest.mark.parametrize("vocab", [2, 5, 37, 300, 1000])
 def test_small_vocabularies_under_the_interpreter(vocab):
-    """The samples stay inside the row however small it is (at most an eighth of it, runs as short as one
-    logit); every row with 1 <= k < vocab is the kernels' and matches full_vocab; an empty batch is empty."""
+    """A row shorter than a group (one group, partly outside the row) or than k: every row with 1 <= k < vocab
+    is the kernels' and matches full_vocab; an empty batch is empty."""
     interpreter_or_skip()
     n = 6
     logits = torch.randn(n, vocab, generator=torch.Generator().manual_seed(vocab))
     temperature, top_p = torch.ones(n), torch.full((n,), 0.9)
     top_k = torch.tensor([1, 2, 3, 20, 64, -1]).clamp(max=vocab)
-    assert topk_fused.samples_for(vocab) * topk_fused.SAMPLE_SHARE <= max(vocab, topk_fused.SAMPLE_SHARE)
     out, left = topk_fused.run(logits, temperature, top_k, top_p)
     taken = [row for row in range(n) if 1 <= int(top_k[row]) < vocab]
     assert (left.tolist() if left is not None else []) == [row for row in range(n) if row not in taken]
@@ -370,8 +283,8 @@ def test_the_sparse_output_is_the_dense_output_without_its_zeros(family):
     assert left is not None and left.tolist() == [5, 7]
     assert values.shape == ids.shape == (n, topk_fused.FAST_K) and int(ids[0, 20]) == 4096  # ranks >= k: id V
     taken = torch.ones(n, dtype=torch.bool).index_fill_(0, left, False)
-    # the other ways a block appends, the wide vocabularies' blocks, the loop of the first round: the same
-    others = ({"SPARSE_APPEND": 0}, {"SPARSE_APPEND": 2, "PASS_BLOCK": 2048}, {"PASS_LOOP": 1})
+    # other block, group and tile sizes (several tiles of groups for a top-20; blocks of one group): the same
+    others = ({"PASS_BLOCK": 64, "GROUPS": 16}, {"TILE": 256, "FUSE": 0}, {"GROUPS": 128, "TILE": 1})
     for config in (others if family in ("iid", "sorted") else ()):
         v2, i2, left2 = topk_fused.run_sparse(logits, temperature, top_k, top_p, config)
         assert torch.equal(left2, left) and torch.equal(v2[taken], values[taken]) and torch.equal(i2[taken], ids[taken])
