@@ -2,9 +2,10 @@
 the GPU waits for (scripts/probe_host_wait.py measures that wait):
 
 - one call of builders.fused_build, host time by part (medians of 50 calls, each after a synchronisation): the
-  per-row parameters (rows.row_params), the preparation in topk_fused._launch before the first kernel, each of
-  the seven Triton launches (the start kernel, then pass and finish for each of the three rounds), and what is
-  left (the synchronisation that reads the rows left to the caller, its wait for the GPU included);
+  per-row parameters (rows.row_params), the preparation in topk_fused._launch before the first kernel, each
+  Triton launch (one, the pass whose last program for a row finishes it; the finish kernel after it when
+  unfused; the logs before 2026-12-04 evening timed the earlier design's seven), and what is left (the
+  synchronisation that reads the rows left to the caller, its wait for the GPU included);
 - Triton's launch path alone: host microseconds per launch of a kernel that does nothing, with as many runtime
   arguments as the pass kernel and a few constexprs (1,000 launches queued, one synchronisation);
 - torch's, for scale: host microseconds per torch.empty of the workspace and per launch of a small torch kernel.
@@ -28,7 +29,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 from harness.verify import builders, topk_fused  # noqa: E402
 
 ROWS, CALLS, LAUNCHES = 4096, 50, 1000
-KERNELS = ("_start_kernel", "_pass_kernel", "_finish_kernel")
+KERNELS = ("_pass_kernel", "_finish_kernel")
 
 
 @triton.jit
@@ -115,7 +116,7 @@ def main() -> None:
     lines.append(f"Triton launch of a kernel that does nothing (14 runtime arguments, 3 constexprs): "
                  f"{per_launch_us(lambda: _noop[(1,)](*([buf] * 7), *range(7), A=1, B=2, C=3)):.1f} us a launch")
     lines.append(f"torch: a small kernel (buf.add_(1)) {per_launch_us(lambda: buf.add_(1)):.1f} us a launch; torch.empty "
-                 f"of a 4096-row workspace {per_launch_us(lambda: torch.empty(4096 * 548, dtype=torch.int32, device=device)):.1f} us")
+                 f"of a 4096-row buffer {per_launch_us(lambda: torch.empty(4096 * 1024, dtype=torch.int32, device=device)):.1f} us")
     gen = torch.Generator(device=device).manual_seed(0)
     for vocab in vocabs:
         x = torch.randn(ROWS, vocab, device=device, generator=gen)

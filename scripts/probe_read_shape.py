@@ -8,9 +8,9 @@ Per vocabulary and family, 4096 rows fp32, the median ms of 15 interleaved round
 - `tr_B_W_U[_e]`: a bare Triton read: a program per U consecutive blocks of B logits of one row, W warps, the
   blocks' maximum stored per program (`_e`: the loads marked evict_first);
 - `tt_B_W_U`: the same plus the pass's test: the row's threshold loaded, the count of logits above it per block
-  (a block reduction, as SPARSE_APPEND 1 does before it skips a block), the count stored;
-- `rs_NAME`: topk_fused.run_sparse with launch_config overrides CONFIGS[NAME] (start, pass, finish kernels and
-  the synchronisation: the whole sparse builder).
+  (a block reduction, as the earlier design's pass did before it skipped a block), the count stored;
+- `rs_NAME`: topk_fused.run_sparse with launch_config overrides CONFIGS[NAME] (its kernels and the
+  synchronisation: the whole sparse builder).
 Prints a table and writes $OUT/probe_read_shape.log. On a CUDA host, from the repository root:
 
     python scripts/probe_read_shape.py [vocabs] [families]
@@ -33,12 +33,11 @@ from harness.verify import topk_fused  # noqa: E402
 READS = [(1024, 4, 1, 0), (1024, 4, 1, 1), (2048, 4, 1, 0), (4096, 4, 1, 0), (4096, 8, 1, 0), (8192, 8, 1, 0),
          (1024, 4, 4, 0), (1024, 4, 8, 0), (2048, 8, 4, 0)]
 TESTS = [(1024, 4, 1), (2048, 4, 1), (4096, 8, 1), (1024, 4, 4)]
-CONFIGS = {
-    "skip": {},  # the default (SPARSE_APPEND 1, 1,024-logit blocks, 4 warps)
-    "skip_b2048": {"PASS_BLOCK": 2048},
-    "loop_b2048": {"SPARSE_APPEND": 2, "PASS_BLOCK": 2048},
-    "loop_b4096w8": {"SPARSE_APPEND": 2, "PASS_BLOCK": 4096, "PASS_WARPS": 8},
-    "skip_b4096w8": {"PASS_BLOCK": 4096, "PASS_WARPS": 8},
+CONFIGS = {  # (probe_read_shape.log in results/published/verify-step-h200-sparse timed the earlier design's keys)
+    "base": {},  # the sparse mode's default (2,048-logit blocks, 4 warps, a finish kernel of its own)
+    "b1024": {"PASS_BLOCK": 1024},
+    "b4096w8": {"PASS_BLOCK": 4096, "PASS_WARPS": 8},
+    "fused": {"FUSE": 1},
 }
 
 

@@ -1,10 +1,10 @@
 """Launch configurations of topk_fused's kernels in their sparse mode (run_sparse: the pass reads the logits and
 writes nothing), against one read of the logits timed in the same rounds. scripts/profile_sparse_step.py showed
 the pass at about 1.6x the read with the dense mode's configuration (1,024-logit blocks, 4 warps: a million
-4 KB programs at 4096 rows); this tries bigger blocks and more warps per program, and how a block appends
-(SPARSE_APPEND). (tune_stream.log in results/published/verify-step-h200-sparse was made with
-a streaming first pass, a few programs per multiprocessor each loading its next block before scanning the
-current one; no better than `base`, it was taken out again.)
+4 KB programs at 4096 rows); CONFIGS tries other blocks, warps, tiles and group counts. (The logs in
+results/published/verify-step-h200-sparse before tune_groups_sparse.log timed the earlier design, a sampled
+threshold and retries, whose configuration keys were others: SPARSE_APPEND, CHUNK, FIRST_RANK, PIECE, ...;
+tune_stream.log was made with a streaming first pass, no better than its `base`, taken out again.)
 
 Per vocabulary and family, 4096 rows, top_k 20, top_p 0.95, T 1: the median ms of 15 interleaved rounds of each
 configuration and of the read floor (harness.micro.measure.time_interleaved: each round in a seeded shuffled
@@ -34,47 +34,19 @@ from harness.verify import topk_fused  # noqa: E402
 
 CONFIGS = {
     "base": {},
-    "b2048w4": {"PASS_BLOCK": 2048, "PASS_WARPS": 4},
-    "b2048w8": {"PASS_BLOCK": 2048, "PASS_WARPS": 8},
+    # the finish: TILE logits merged at a time, GROUPS group maxima a row at most, in the row's last pass program
+    # (FUSE 1) or in a kernel of its own after the pass (FUSE 0, FINISH_WARPS warps)
+    "t512": {"TILE": 512},
+    "t2048": {"TILE": 2048},
+    "g512": {"GROUPS": 512},
+    "g2048": {"GROUPS": 2048},
+    "unfused": {"FUSE": 0},
+    "unfused_w1": {"FUSE": 0, "FINISH_WARPS": 1},
+    # the pass: PASS_BLOCK logits a program, PASS_WARPS warps
     "b4096w8": {"PASS_BLOCK": 4096, "PASS_WARPS": 8},
-    "b4096w16": {"PASS_BLOCK": 4096, "PASS_WARPS": 16},
-    "b8192w16": {"PASS_BLOCK": 8192, "PASS_WARPS": 16},
-    # how a block appends its logits above t (topk_fused.launch_config's SPARSE_APPEND)
-    "skip": {"SPARSE_APPEND": 1},
-    "skip_b2048": {"SPARSE_APPEND": 1, "PASS_BLOCK": 2048},
-    "loop": {"SPARSE_APPEND": 2},
-    "loop_b2048": {"SPARSE_APPEND": 2, "PASS_BLOCK": 2048},
-    # the first round's pass without the loop (PASS_LOOP 0) or without software pipelining (PASS_STAGES 1)
-    "noloop": {"PASS_LOOP": 0},
-    "stages1": {"PASS_STAGES": 1},
-    "noloop_stages1": {"PASS_LOOP": 0, "PASS_STAGES": 1},
-    "noloop_loop_b2048": {"PASS_LOOP": 0, "SPARSE_APPEND": 2, "PASS_BLOCK": 2048},
-    "noloop_loop": {"PASS_LOOP": 0, "SPARSE_APPEND": 2},
-    # the start kernel's samples: the same count in runs of 16 (64 bytes), or half as many
-    "noloop_chunk16": {"PASS_LOOP": 0, "CHUNK": 16},
-    "noloop_samples4096": {"PASS_LOOP": 0, "SAMPLES": 4096},
-    # the start kernel's warps (8 by default)
-    "start_w4": {"START_WARPS": 4},
-    "start_w16": {"START_WARPS": 16},
-    # the start kernel's sampled runs: 4, 8, 16 or 32 contiguous logits per place (16 by default since b79fec9, 8
-    # before: the logs' chunk16 column was then the variant), the same count
-    "chunk4": {"CHUNK": 4},
-    "chunk8": {"CHUNK": 8},
-    "chunk16": {"CHUNK": 16},
-    "chunk32": {"CHUNK": 32},
-    # a missed row's next threshold in the finish kernel: its samples read in pieces of PIECE (1,024 by default,
-    # rank x 8 dependent reads at 248,320 ids), by FINISH_WARPS warps (2 by default)
-    "w8": {"FINISH_WARPS": 8},
-    "piece8192_w8": {"PIECE": 8192, "FINISH_WARPS": 8},
-    "piece8192_w4": {"PIECE": 8192, "FINISH_WARPS": 4},
-    "piece2048_w4": {"PIECE": 2048, "FINISH_WARPS": 4},
-    "rank4_piece8192_w8": {"FIRST_RANK": 4, "PIECE": 8192, "FINISH_WARPS": 8},
+    "b8192w8": {"PASS_BLOCK": 8192, "PASS_WARPS": 8},
+    "b1024": {"PASS_BLOCK": 1024},
 }
-# the first threshold's rank among the samples fixed for every row, 3 to 12 (0, the default: rank_table's; for
-# top_k 20 rule 1, both modes' today, gives 5, 6, 6 at 248,320, 151,936, 32,000, rule 0 gave 5, 9, 10), with the
-# sample runs of 8 (rankR, the layout of the logs before b79fec9) and of 16 logits (chunk16_rankR, today's CHUNK)
-CONFIGS.update({f"rank{r}": {"CHUNK": 8, "FIRST_RANK": r} for r in range(3, 13)})
-CONFIGS.update({f"chunk16_rank{r}": {"CHUNK": 16, "FIRST_RANK": r} for r in range(3, 13)})
 
 
 def taken(left: torch.Tensor | None, rows: int) -> torch.Tensor:

@@ -21,8 +21,9 @@ def test_a_small_run_writes_its_report_and_the_paths_agree(tmp_path, capsys):
         assert set(r["median_ms"]) == {"dense_topk_first", "dense_topk_fused", "sparse", "sparse_fused", "read_floor"}
         assert r["rows_differ"]["sparse"] == r["rows_differ"]["sparse_fused"] == 0  # the dense path's tokens
         assert r["peak_bytes"]["sparse"] is None  # measured on CUDA only
+        assert r["radix_topk"] == "torch"  # which top-k the topk_first and sparse paths ran, said in each row
     report = (out / "report.md").read_text()
-    assert report.count("| 2,048 |") == 3 and "read floor" in report
+    assert report.count("| 2,048 |") == 3 and "read floor" in report and "sparse: torch." in report
     assert "wrote" in capsys.readouterr().out
 
 

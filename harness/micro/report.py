@@ -15,8 +15,8 @@ IMPL_DESCRIPTIONS = {
     "full_vocab": "scale the whole [rows, vocab] matrix by the temperature, then torch.topk",
     "topk_first": "top-k of the raw logits with radix_topk ({backend}), then scale only the k values",
     "topk_first_torch": "top-k first with torch.topk forced (the fallback path)",
-    "topk_fused": "Triton kernels that read the logits once and write the output once (sampled threshold, "
-                  "candidates appended in one pass, top-k of the candidates); topk_first off CUDA",
+    "topk_fused": "a Triton kernel that reads the logits once and writes the output once (each group's maximum in "
+                  "the pass; a row's k largest groups hold its top k); topk_first off CUDA",
     "sglang": "SGLang's own builder through the adapter ({note})",
 }
 

@@ -33,7 +33,7 @@ from torch import Tensor
 from harness.micro import bank, measure
 from harness.micro.families import FAMILIES, make_family
 from harness.micro.inputs import rotated_copies
-from harness.verify import topk_first_probs, topk_fused_probs, verify_block
+from harness.verify import radix_topk_backend, topk_first_probs, topk_fused_probs, verify_block
 from harness.verify.sparse import verify_step
 
 TOP_K, TOP_P, TEMPERATURE = 20, 0.95, 1.0
@@ -111,14 +111,15 @@ def one_cell(family: str, vocab: int, steps: int, gamma: int, device: torch.devi
     accepted = float((ref >= 0).sum(dim=-1).float().mean() - 1)
     return {"family": family, "vocab": vocab, "steps": steps, "gamma": gamma, "rows": rows, "device": str(device),
             "median_ms": med, "read_floor_ms": med["read_floor"], "rows_differ": differ, "peak_bytes": peaks,
-            "mean_accepted": accepted, "repeats": repeats}
+            "mean_accepted": accepted, "repeats": repeats, "radix_topk": radix_topk_backend(device)}
 
 
 def render(results: list[dict], device_name: str) -> str:
     lines = [f"# Verify step: dense vs sparse ({device_name})", "",
              f"top_k {TOP_K}, top_p {TOP_P}, T {TEMPERATURE}, fp32 logits, point-mass drafts, block verification; "
              "median ms of interleaved rounds; (x) = multiples of the one-read floor timed in the same rounds; "
-             "rows differ = steps whose tokens differ from dense_topk_first's.", "",
+             "rows differ = steps whose tokens differ from dense_topk_first's; the radix top-k of dense_topk_first "
+             f"and sparse: {', '.join(sorted({r.get('radix_topk', 'not recorded') for r in results}))}.", "",
              "| family | vocab | steps x (gamma+1) | read floor ms | dense_topk_first | dense_topk_fused | sparse | "
              "sparse_fused | rows differ (fused, sparse, sparse_fused) | peak MiB (first, fused, sparse, sparse_fused) "
              "| accepted/step |",

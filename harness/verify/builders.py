@@ -126,8 +126,8 @@ def topk_first_torch_probs(logits: Tensor, temperature: Tensor, top_k: Tensor, t
 
 def topk_fused_probs(logits: Tensor, temperature: Tensor, top_k: Tensor, top_p: Tensor) -> Tensor:
     """One read of the logits, one write of the output: the Triton kernels of harness.verify.topk_fused on CUDA for
-    the rows they take (top_k up to its FAST_K, greedy rows), topk_first for the others (and for the rare
-    row whose thresholds all missed); off CUDA or without Triton, topk_first for every row. -> [rows, V] fp32.
+    the rows they take (top_k up to its FAST_K, greedy rows), topk_first for the others; off CUDA or without
+    Triton, topk_first for every row. -> [rows, V] fp32.
 
     The kept tokens are those of full_vocab, except where logits tie at a row's k-th value: the kernel
     keeps the lowest indices (torch.topk and FlashInfer may keep others of equal value). The probabilities
@@ -147,7 +147,7 @@ def fused_build(logits: Tensor, temperature: Tensor, top_k: Tensor, top_p: Tenso
 
     temperature, top_k, top_p = row_params(logits, temperature, top_k, top_p)
     out, left = topk_fused.run(logits, temperature, top_k, top_p, config)
-    if left is not None:  # rows the kernels did not take (top_k above FAST_K, the whole vocabulary) or missed
+    if left is not None:  # rows the kernels did not take (top_k above FAST_K, the whole vocabulary)
         out[left] = topk_first_probs(logits[left], temperature[left], top_k[left], top_p[left])
     return out
 

@@ -98,7 +98,7 @@ def sparse_probs(logits: Tensor, temperature: Tensor, top_k: Tensor, top_p: Tens
 def fused_sparse_probs(logits: Tensor, temperature: Tensor, top_k: Tensor, top_p: Tensor) -> SparseProbs:
     """The sparse builder on topk_fused's kernels (on CUDA with Triton; the tests run `_fused` on a CPU under
     TRITON_INTERPRET=1): one read of the logits and no dense output; rows the kernels leave (top_k above
-    their FAST_K, the whole vocabulary, thresholds missed) from sparse_probs. The kept sets and values are
+    their FAST_K, the whole vocabulary) from sparse_probs. The kept sets and values are
     topk_fused's (full_vocab's, but the lowest ids among logits tied at the k-th value, values to float32
     rounding). Elsewhere: sparse_probs."""
     from harness.verify import topk_fused  # noqa: PLC0415  (imports Triton)

@@ -1,13 +1,15 @@
 """`topk_fused`, the kernels: a verify-probability builder that reads each row of logits once and writes the
 dense output once (Triton, on CUDA). harness.verify.topk_fused_probs is the builder around it.
 
-Two kernels, no estimate and no retry:
+No estimate and no retry; one kernel (launch_config's FUSE), or two:
 1. pass, a program per BLOCK of a row (the copy-like part, near the bandwidth limit): zeros over the block of the
    output, and the maximum of each GROUP contiguous logits of the block into a small buffer (a row has at most
    GROUPS groups: GROUP grows with the vocabulary). Nothing in it depends on the row's parameters or on another
-   program.
-2. finish, a program per row: its parameters (greedy rows: k 1; top_k <= 0 or >= the vocabulary: the whole
-   vocabulary, left to the caller, as top_k above FAST_K), then the row's k largest logits, found among few:
+   program. With FUSE, the row's last program to arrive (an atomic counter per row: the other programs' maxima
+   released before it, acquired by it) goes on to finish the row, while the other rows' passes stream;
+2. finish, once per row (in that last program, or in a kernel of its own after the pass): the row's parameters
+   (greedy rows: k 1; top_k <= 0 or >= the vocabulary: the whole vocabulary, left to the caller, as top_k above
+   FAST_K), then the row's k largest logits, found among few:
    - the k largest groups, ranked by (maximum descending, group index ascending), hold the row's k largest logits
      ranked by (value descending, index ascending): a logit of any other group is beaten by the first largest
      logit of each of those k groups (larger, or equal and at a lower index: groups are contiguous id ranges in
@@ -26,7 +28,8 @@ writes no zeros and the finish writes each row's k probabilities and int32 ids b
 kernel behind it first).
 
 Temporary memory: a row's group maxima (4 bytes each, at most GROUPS: the next power of two of vocab / GROUP)
-and one int32 status per row: 4,100 bytes a row at most with GROUPS 1,024 (16 MiB at 4,096 rows).
+and two int32 words per row (a status, an arrival count): 4,104 bytes a row at most with GROUPS 1,024 (16 MiB
+at 4,096 rows).
 """
 
 from __future__ import annotations
@@ -219,8 +222,12 @@ def launch_config(vocab: int = 0, sparse: bool = False) -> dict[str, int]:
     top_k 20, iid, sorted and real Gemma rows, 32,000 to 262,144 ids, variants timed in the same rounds;
     tune_groups*.log in results/published/verify-probs-h200-families): FUSE 1 with TILE 1,024 was 1.17x-1.67x
     the copy where the two kernels with TILE 2,048 were 1.27x-2.16x; TILE 512 and 2,048 groups were within noise
-    of it, 256-logit tiles, 512 groups, 1,024- or 4,096-logit blocks and 8 warps slower."""
-    return {"PASS_BLOCK": 2048, "PASS_WARPS": 4, "GROUPS": 1024, "TILE": 1024, "FUSE": 1, "FINISH_WARPS": 4}
+    of it, 256-logit tiles, 512 groups, 1,024- or 4,096-logit blocks and 8 warps slower. The sparse mode, whose
+    pass only reads, finishes in a kernel of its own with one warp a row: its worst of 5 families 1.59x the read at
+    248,320 ids, 1.89x at 151,936, 2.50x at 32,000, against 1.70x, 2.06x and 2.50x fused (run_sparse alone;
+    tune_groups_sparse.log in results/published/verify-step-h200-sparse)."""
+    return {"PASS_BLOCK": 2048, "PASS_WARPS": 4, "GROUPS": 1024, "TILE": 1024, "FUSE": 0 if sparse else 1,
+            "FINISH_WARPS": 1 if sparse else 4}
 
 
 def run(logits: Tensor, temperature: Tensor, top_k: Tensor, top_p: Tensor, config: dict[str, int] | None = None
