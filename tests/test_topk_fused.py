@@ -175,10 +175,11 @@ def interpreter_or_skip() -> None:
 
 
 @pytest.mark.interpreter
-@pytest.mark.parametrize("vocab", [4096, 5000])
+@pytest.mark.parametrize("vocab", [2048, 2500])
 def test_rows_crowded_into_one_group_or_tied_across_groups_under_the_interpreter(vocab):
     """Exactly the lowest-id top k (top-p off): the 64 largest logits in one run of ids at the row's end, a sorted
-    row, every group's maximum equal, four distinct values (ties everywhere), an all-equal row; k 1, 20, 64."""
+    row, every group's maximum equal, four distinct values (ties everywhere), an all-equal row; k 1, 20, 64, also
+    with 256-logit groups in one-group tiles and with the finish in a kernel of its own."""
     interpreter_or_skip()
     g = torch.Generator().manual_seed(vocab)
     rows = torch.randn(5, vocab, generator=g)
@@ -187,16 +188,16 @@ def test_rows_crowded_into_one_group_or_tied_across_groups_under_the_interpreter
     rows[2, ::32] = 5.0
     rows[3] = torch.randint(0, 4, (vocab,), generator=g).float()
     rows[4] = -1.5
-    for k in (1, 20, 64):
-        n = rows.shape[0]
-        top_k, ones = torch.full((n,), k), torch.ones(n)
-        for config in ({}, {"GROUPS": 16, "TILE": 64}, {"FUSE": 0, "TILE": 256}):
-            out, left = topk_fused.run(rows, ones, top_k, ones, config)
-            assert left is None
-            kept = torch.zeros_like(out, dtype=torch.bool).scatter_(1, lowest_index_top_k(rows, k), True)
-            assert torch.equal(out > 0, kept), (k, config)
-            ref = verify.full_vocab_probs(rows, ones, top_k, ones)
-            assert torch.allclose(out.sort(-1).values, ref.sort(-1).values, atol=TOLERANCE), (k, config)
+    n = rows.shape[0]
+    ones = torch.ones(n)
+    for k, config in ((1, {}), (20, {}), (64, {}), (20, {"GROUPS": 16, "TILE": 64}), (64, {"FUSE": 0, "TILE": 256})):
+        top_k = torch.full((n,), k)
+        out, left = topk_fused.run(rows, ones, top_k, ones, config)
+        assert left is None
+        kept = torch.zeros_like(out, dtype=torch.bool).scatter_(1, lowest_index_top_k(rows, k), True)
+        assert torch.equal(out > 0, kept), (k, config)
+        ref = verify.full_vocab_probs(rows, ones, top_k, ones)
+        assert torch.allclose(out.sort(-1).values, ref.sort(-1).values, atol=TOLERANCE), (k, config)
 
 
 def check_family(family: str, vocab: int, rows: int, logits: torch.Tensor) -> None:
@@ -283,8 +284,9 @@ def test_the_sparse_output_is_the_dense_output_without_its_zeros(family):
     assert left is not None and left.tolist() == [5, 7]
     assert values.shape == ids.shape == (n, topk_fused.FAST_K) and int(ids[0, 20]) == 4096  # ranks >= k: id V
     taken = torch.ones(n, dtype=torch.bool).index_fill_(0, left, False)
-    # other block, group and tile sizes (several tiles of groups for a top-20; blocks of one group): the same
-    others = ({"PASS_BLOCK": 64, "GROUPS": 16}, {"TILE": 256, "FUSE": 0}, {"GROUPS": 128, "TILE": 1})
+    # other block, group and tile sizes (several tiles of groups for a top-20; blocks of one group), the finish
+    # inside the pass (the dense mode's way): the same
+    others = ({"PASS_BLOCK": 64, "GROUPS": 16}, {"TILE": 256, "FUSE": 1}, {"GROUPS": 128, "TILE": 1})
     for config in (others if family in ("iid", "sorted") else ()):
         v2, i2, left2 = topk_fused.run_sparse(logits, temperature, top_k, top_p, config)
         assert torch.equal(left2, left) and torch.equal(v2[taken], values[taken]) and torch.equal(i2[taken], ids[taken])
