@@ -67,6 +67,8 @@ def next_power_of_2(n: int) -> int:
 
 if triton is not None:
     _LOWEST = tl.constexpr(-(2**63))  # below every key: an empty slot
+    _FAST_K = tl.constexpr(FAST_K)
+    _GREEDY = tl.constexpr(GREEDY_TEMPERATURE)
 
     @triton.jit
     def _key(v, idx):
@@ -85,11 +87,10 @@ if triton is not None:
 
     @triton.jit
     def _pass_kernel(logits_ptr, stride_row, out_ptr, ids_ptr, maxes_ptr, status_ptr, temp_ptr, top_k_ptr, top_p_ptr,
-                     n_rows, vocab, n_slots, BLOCK: tl.constexpr, GROUP: tl.constexpr, ZEROS: tl.constexpr,
-                     FUSE: tl.constexpr, GREEDY: tl.constexpr, FAST_K: tl.constexpr, SLOTS: tl.constexpr,
-                     TILE_GROUPS: tl.constexpr, SPARSE: tl.constexpr):
-        """Program (row, block): zeros over the block of the dense output (ZEROS), and the maximum of each of
-        its GROUP-logit groups into the row's maxima (n_slots a row; past the vocabulary: nothing). FUSE: the
+                     n_rows, vocab, BLOCK: tl.constexpr, GROUP: tl.constexpr, FUSE: tl.constexpr,
+                     SLOTS: tl.constexpr, TILE_GROUPS: tl.constexpr, SPARSE: tl.constexpr):
+        """Program (row, block): zeros over the block of the dense output (not SPARSE), and the maximum of each of
+        its GROUP-logit groups into the row's maxima (SLOTS a row; past the vocabulary: nothing). FUSE: the
         row's last program to arrive (a counter per row, after the statuses) finishes the row (_finish_row)."""
         blocks = tl.cdiv(vocab, BLOCK)
         row = tl.program_id(0) // blocks
@@ -97,25 +98,25 @@ if triton is not None:
         groups = block * (BLOCK // GROUP) + tl.arange(0, BLOCK // GROUP)
         offs = groups[:, None] * GROUP + tl.arange(0, GROUP)[None, :]
         inside = offs < vocab
-        if ZEROS:
+        if not SPARSE:
             tl.store(out_ptr + tl.cast(row, tl.int64) * vocab + offs, tl.zeros([BLOCK // GROUP, GROUP], tl.float32),
                      mask=inside)
         x = tl.load(logits_ptr + tl.cast(row, tl.int64) * stride_row + offs, mask=inside,
                     other=float("-inf")).to(tl.float32)
-        tl.store(maxes_ptr + tl.cast(row, tl.int64) * n_slots + groups, tl.max(x, axis=1),
+        tl.store(maxes_ptr + tl.cast(row, tl.int64) * SLOTS + groups, tl.max(x, axis=1),
                  mask=groups * GROUP < vocab)
         if FUSE:
             tl.debug_barrier()  # every thread's maxima stored before the release below
             if tl.atomic_add(status_ptr + n_rows + 1 + row, 1, sem="acq_rel", scope="gpu") == blocks - 1:
                 _finish_row(row, logits_ptr, stride_row, out_ptr, ids_ptr, maxes_ptr, status_ptr, temp_ptr, top_k_ptr,
-                            top_p_ptr, n_rows, vocab, n_slots, GREEDY, FAST_K, SLOTS, GROUP, TILE_GROUPS, SPARSE)
+                            top_p_ptr, n_rows, vocab, SLOTS, GROUP, TILE_GROUPS, SPARSE)
 
     @triton.jit
-    def _write_probs(top, k, temperature, top_p, dst, dst_ids, vocab, FAST_K: tl.constexpr, SPARSE: tl.constexpr):
+    def _write_probs(top, k, temperature, top_p, dst, dst_ids, vocab, SPARSE: tl.constexpr):
         """The row's k largest keys by rank -> temperature, softmax, top-p; stored at their ids of the dense row
         `dst`, or (SPARSE) as FAST_K values at dst and ids at dst_ids, by rank (ranks k and above: value 0, id
         `vocab`)."""
-        ranks = tl.arange(0, FAST_K)
+        ranks = tl.arange(0, _FAST_K)
         vals, idx = _unkey(top)
         kept = ranks < k
         vals = tl.where(kept, vals / temperature, float("-inf"))
@@ -134,32 +135,32 @@ if triton is not None:
 
     @triton.jit
     def _finish_kernel(logits_ptr, stride_row, out_ptr, ids_ptr, maxes_ptr, status_ptr, temp_ptr, top_k_ptr,
-                       top_p_ptr, n_rows, vocab, n_slots, GREEDY: tl.constexpr, FAST_K: tl.constexpr,
-                       SLOTS: tl.constexpr, GROUP: tl.constexpr, TILE_GROUPS: tl.constexpr, SPARSE: tl.constexpr):
+                       top_p_ptr, n_rows, vocab, SLOTS: tl.constexpr, GROUP: tl.constexpr, TILE_GROUPS: tl.constexpr,
+                       SPARSE: tl.constexpr):
         """Program `row`: _finish_row."""
         _finish_row(tl.program_id(0), logits_ptr, stride_row, out_ptr, ids_ptr, maxes_ptr, status_ptr, temp_ptr,
-                    top_k_ptr, top_p_ptr, n_rows, vocab, n_slots, GREEDY, FAST_K, SLOTS, GROUP, TILE_GROUPS, SPARSE)
+                    top_k_ptr, top_p_ptr, n_rows, vocab, SLOTS, GROUP, TILE_GROUPS, SPARSE)
 
     @triton.jit
     def _finish_row(row, logits_ptr, stride_row, out_ptr, ids_ptr, maxes_ptr, status_ptr, temp_ptr, top_k_ptr,
-                    top_p_ptr, n_rows, vocab, n_slots, GREEDY: tl.constexpr, FAST_K: tl.constexpr,
-                    SLOTS: tl.constexpr, GROUP: tl.constexpr, TILE_GROUPS: tl.constexpr, SPARSE: tl.constexpr):
+                    top_p_ptr, n_rows, vocab, SLOTS: tl.constexpr, GROUP: tl.constexpr, TILE_GROUPS: tl.constexpr,
+                    SPARSE: tl.constexpr):
         """A row's parameters; a row the kernels take gets its k largest logits from its k largest groups (module
         docstring) and its probabilities written (status 1); another is counted for the caller (status 2, and the
         count after the rows' statuses)."""
         temp = tl.load(temp_ptr + row).to(tl.float32)
         top_k = tl.load(top_k_ptr + row).to(tl.int64)
-        greedy = (temp < GREEDY) | (top_k == 1)
+        greedy = (temp < _GREEDY) | (top_k == 1)
         k = tl.where(greedy, 1, tl.where((top_k <= 0) | (top_k >= vocab), vocab, top_k)).to(tl.int32)
-        if (k <= FAST_K) & (k < vocab):
+        if (k <= _FAST_K) & (k < vocab):
             # the k largest groups (every group of a row of fewer), by repeated maximum of (maximum, index) keys
             g = tl.arange(0, SLOTS)
             used = g * GROUP < vocab
-            mx = tl.load(maxes_ptr + tl.cast(row, tl.int64) * n_slots + g, mask=used, other=0.0, cache_modifier=".cg")
+            mx = tl.load(maxes_ptr + tl.cast(row, tl.int64) * SLOTS + g, mask=used, other=0.0, cache_modifier=".cg")
             gkeys = tl.where(used, _key(mx, g), _LOWEST)
             picks = tl.minimum(k, tl.cdiv(vocab, GROUP))
-            ranks = tl.arange(0, FAST_K)
-            picked = tl.full([FAST_K], 0, tl.int32)
+            ranks = tl.arange(0, _FAST_K)
+            picked = tl.full([_FAST_K], 0, tl.int32)
             prev = tl.full([], 2**63 - 1, tl.int64)
             for i in range(picks):
                 m = tl.max(tl.where(gkeys < prev, gkeys, _LOWEST), axis=0)
@@ -173,10 +174,10 @@ if triton is not None:
             lane = tl.arange(0, GROUP)
             # the groups, TILE_GROUPS at a time, merged into a running top k (its first `have` ranks used); only
             # keys at or above the floor count
-            top = tl.full([FAST_K], _LOWEST, tl.int64)
+            top = tl.full([_FAST_K], _LOWEST, tl.int64)
             have = tl.full([], 0, tl.int32)
             # (unrolled: on an H200, Triton 3.6 miscompiled the running top carried through a loop of dynamic length)
-            for start in tl.static_range(0, FAST_K, TILE_GROUPS):
+            for start in tl.static_range(0, _FAST_K, TILE_GROUPS):
                 if start < picks:  # tiles past the k groups: nothing to merge
                     tile = start + tl.arange(0, TILE_GROUPS)
                     gid = tl.sum(tl.where(ranks[None, :] == tile[:, None], picked[None, :], 0), axis=1)
@@ -186,7 +187,7 @@ if triton is not None:
                     keys = _key(x, offs)
                     keys = tl.reshape(tl.where(ok & (keys >= floor), keys, _LOWEST), [TILE_GROUPS * GROUP])
                     total = tl.minimum(have + tl.sum((keys > _LOWEST).to(tl.int32), axis=0), k)  # 0 new: the same top
-                    merged = tl.full([FAST_K], _LOWEST, tl.int64)
+                    merged = tl.full([_FAST_K], _LOWEST, tl.int64)
                     prev = tl.full([], 2**63 - 1, tl.int64)
                     for i in range(total):
                         m = tl.maximum(tl.max(tl.where(keys < prev, keys, _LOWEST), axis=0),
@@ -195,10 +196,10 @@ if triton is not None:
                         prev = m
                     top = merged
                     have = total
-            dst = out_ptr + tl.cast(row, tl.int64) * (FAST_K if SPARSE else vocab)
-            dst_ids = ids_ptr + tl.cast(row, tl.int64) * FAST_K
+            dst = out_ptr + tl.cast(row, tl.int64) * (_FAST_K if SPARSE else vocab)
+            dst_ids = ids_ptr + tl.cast(row, tl.int64) * _FAST_K
             _write_probs(top, k, tl.where(greedy, 1.0, temp), tl.load(top_p_ptr + row).to(tl.float32), dst, dst_ids,
-                         vocab, FAST_K, SPARSE)
+                         vocab, SPARSE)
             tl.store(status_ptr + row, 1)
         else:
             tl.store(status_ptr + row, 2)
@@ -287,10 +288,9 @@ def _launch(logits: Tensor, temperature: Tensor, top_k: Tensor, top_p: Tensor, c
     maxes = torch.empty(n, slots, dtype=torch.float32, device=device)
     status = torch.zeros(2 * n + 1, dtype=torch.int32, device=device)  # a status per row, the rows left, arrivals
     fuse = cfg["FUSE"]
-    row_args = (logits, logits.stride(0), out, ids, maxes, status, temperature, top_k, top_p, n, vocab, slots)
-    shapes = {"GREEDY": GREEDY_TEMPERATURE, "FAST_K": FAST_K, "SLOTS": slots, "GROUP": group,
-              "TILE_GROUPS": max(1, cfg["TILE"] // group), "SPARSE": sparse}
-    _pass_kernel[(n * triton.cdiv(vocab, block),)](*row_args, BLOCK=block, ZEROS=not sparse, FUSE=fuse, **shapes,
+    row_args = (logits, logits.stride(0), out, ids, maxes, status, temperature, top_k, top_p, n, vocab)
+    shapes = {"SLOTS": slots, "GROUP": group, "TILE_GROUPS": max(1, cfg["TILE"] // group), "SPARSE": sparse}
+    _pass_kernel[(n * triton.cdiv(vocab, block),)](*row_args, BLOCK=block, FUSE=fuse, **shapes,
                                                    num_warps=cfg["PASS_WARPS"])
     if not fuse:
         _finish_kernel[(n,)](*row_args, **shapes, num_warps=cfg["FINISH_WARPS"])
