@@ -106,7 +106,8 @@ if triton is not None:
         tl.store(maxes_ptr + tl.cast(row, tl.int64) * SLOTS + groups, tl.max(x, axis=1),
                  mask=groups * GROUP < vocab)
         if FUSE:
-            tl.debug_barrier()  # every thread's maxima stored before the release below
+            tl.debug_barrier()  # every thread's zeros and maxima stored before the release below: the finishing
+            # program, which acquires them all, reads the maxima and writes over the zeros
             if tl.atomic_add(status_ptr + n_rows + 1 + row, 1, sem="acq_rel", scope="gpu") == blocks - 1:
                 _finish_row(row, logits_ptr, stride_row, out_ptr, ids_ptr, maxes_ptr, status_ptr, temp_ptr, top_k_ptr,
                             top_p_ptr, n_rows, vocab, SLOTS, GROUP, TILE_GROUPS, SPARSE)
@@ -273,7 +274,7 @@ def launch_device(device: torch.device) -> contextlib.AbstractContextManager:
 
 def _launch(logits: Tensor, temperature: Tensor, top_k: Tensor, top_p: Tensor, config: dict[str, int] | None,
             sparse: bool = False) -> tuple[Tensor, Tensor, Callable[[], Tensor | None]]:
-    """(out, ids, left): the output (dense [rows, V], or the sparse values), the sparse ids (the status words
+    """(out, ids, left): the output (dense [rows, V], or the sparse values), the sparse ids (the output itself
     when dense: nothing to read), and the synchronisation that reads the rows left to the caller."""
     n, vocab = logits.shape
     if logits.stride(1) != 1:
