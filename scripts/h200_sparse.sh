@@ -14,7 +14,9 @@
 # configurations TUNE_CONFIGS, into TUNE_LOG), ab-console.log, ab.tgz (the campaign). A step that fails does not
 # stop the later ones; the script then names the failed steps and exits 1.
 # The device's carry limit (64 MiB) counts the tracked tree too: with it at 13.2 MB (2026-12-04) the device refused
-# .whl + .gpuk together. Then carry .gpuk and a smaller wheel folder (WHEELS=it) holding what the steps import:
+# .whl + .gpuk together when .gpuk held FlashInfer's whole wheel; scripts/pack_device_wheels.sh packs both small
+# enough to travel together (~28 MB). Otherwise carry .gpuk and a smaller wheel folder (WHEELS=it) holding what the
+# steps import:
 # `micro` needs dill (its import chain), `builders` hydra-core, omegaconf, antlr4 and dill (tune_topk_fused.py ran
 # with none of them); `ab` needs them all but not FlashInfer (topk_first falls back to torch's top-k without it).
 # Environment: VOCABS (default 248320,151936,32000), FAMILIES (default all ten), PY (default python3).
