@@ -105,7 +105,8 @@ def main() -> None:
     against = against_build(args.against) if args.against else None
     out = Path(os.environ.get("OUT", ".")) / "tuning.log"
     lines = [f"{torch.cuda.get_device_name()}; {ROWS} rows, top_k {TOP_K}, top_p {TOP_P}, fp32; variants: "
-             + "; ".join(f"{n}={json.dumps(c)}" for n, c in variants.items())]
+             + "; ".join(f"{n}={json.dumps(c)}" for n, c in variants.items())
+             + (f"; against = the kernels of {args.against}" if args.against else "")]
     for vocab in (int(v) for v in args.vocabs.split(",")):
         for family in args.families.split(","):
             cell = one_cell(vocab, family, variants, args.repeats, args.bank, against)
