@@ -35,7 +35,6 @@ at 4,096 rows).
 from __future__ import annotations
 
 import contextlib
-import functools
 from collections.abc import Callable
 
 import torch
@@ -209,11 +208,6 @@ if triton is not None:
 
 def available() -> bool:
     return triton is not None
-
-
-@functools.lru_cache(maxsize=8)
-def _multiprocessors(device: torch.device) -> int:
-    return torch.cuda.get_device_properties(device).multi_processor_count
 
 
 def launch_config(vocab: int = 0, sparse: bool = False) -> dict[str, int]:
