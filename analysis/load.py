@@ -9,6 +9,7 @@ is parsed by pyarrow's JSON reader against an explicit schema, with the same fal
 
 from __future__ import annotations
 
+import contextlib
 import json
 import math
 import os
@@ -534,8 +535,11 @@ def load(paths: list[str | Path], force_slow: bool = False) -> Loaded:
     items = _items_table(campaigns)
     todo = [(int(r.run), Path(r.records_path)) for r in runs.itertuples() if r.records_path]
     scored = _scored_runs(runs)
-    # the reads finish (the pool's exit waits for them) before the reader closes; DuckDB and pyarrow release the GIL
-    with duck_records.Reader(DUCK_FIELDS) as reader, ThreadPoolExecutor(max_workers=os.cpu_count() or 1) as pool:
+    # the reads finish (the pool's exit waits for them) before the reader closes; DuckDB and pyarrow release the GIL.
+    # force_slow reads line by line only: no DuckDB database is opened for it
+    fast: contextlib.AbstractContextManager[duck_records.Reader | None] = (
+        contextlib.nullcontext() if force_slow else duck_records.Reader(DUCK_FIELDS))
+    with fast as reader, ThreadPoolExecutor(max_workers=os.cpu_count() or 1) as pool:
         record_jobs = [pool.submit(read_records_file, path, force_slow, reader) for _, path in todo]
         score_jobs = [pool.submit(read_scores_file, Path(runs["scores_path"].iat[r])) for r in scored]
         results = [job.result() for job in record_jobs]

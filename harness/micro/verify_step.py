@@ -119,7 +119,7 @@ def render(results: list[dict], device_name: str) -> str:
              f"top_k {TOP_K}, top_p {TOP_P}, T {TEMPERATURE}, fp32 logits, point-mass drafts, block verification; "
              "median ms of interleaved rounds; (x) = multiples of the one-read floor timed in the same rounds; "
              "rows differ = steps whose tokens differ from dense_topk_first's; the radix top-k of dense_topk_first "
-             f"and sparse: {', '.join(sorted({r.get('radix_topk', 'not recorded') for r in results}))}.", "",
+             f"and sparse: {', '.join(sorted({r['radix_topk'] for r in results}))}.", "",
              "| family | vocab | steps x (gamma+1) | read floor ms | dense_topk_first | dense_topk_fused | sparse | "
              "sparse_fused | rows differ (fused, sparse, sparse_fused) | peak MiB (first, fused, sparse, sparse_fused) "
              "| accepted/step |",
