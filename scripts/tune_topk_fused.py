@@ -3,8 +3,9 @@
 
 At 4096 rows, top_k 20, top_p 0.95, temperature 1, fp32, for each vocabulary and logit family given: the copy
 floor (read the logits, write a preallocated fp32 [rows, vocab]), topk_first, and topk_fused under each
-variant (a JSON object of topk_fused.launch_config() overrides), and, with --against FILE, the topk_fused.py of
-another commit (its run(), the rows it leaves built by topk_first) as the variant "against". Every variant's output
+variant (a JSON object of topk_fused.launch_config() overrides), and, with --against [NAME=]FILE (repeatable), the
+topk_fused.py of another commit or a trial copy (its run(), the rows it leaves built by topk_first) as the variant
+NAME (default "against"). Every variant's output
 is checked against full_vocab's (kept sets, except rows with ties at the k-th logit or the top-p cut:
 harness.micro.compare). The real families take their rows from --bank. Writes $OUT/tuning.log (default: the
 current folder). On a CUDA host, from the repository root:
@@ -68,8 +69,8 @@ def one_cell(vocab: int, family: str, variants: dict[str, dict[str, int]], repea
     buf = torch.empty(ROWS, vocab, dtype=torch.float32, device=device)
     calls = {"copy": buf.copy_, "topk_first": lambda x: builders.topk_first_probs(x, t, k, p)}
     build = {name: builders.fused_build for name in variants}
-    if against is not None:
-        variants, build = {**variants, "against": {}}, {**build, "against": against}
+    for name, other in (against or {}).items():
+        variants, build = {**variants, name: {}}, {**build, name: other}
     for name, cfg in variants.items():
         calls[name] = lambda x, cfg=cfg, name=name: build[name](x, t, k, p, config=cfg)
     ref = builders.full_vocab_probs(copies[0], t, k, p)
@@ -97,16 +98,22 @@ def main() -> None:
     parser.add_argument("--variant", action="append", default=[], help="NAME=JSON overrides of launch_config()")
     parser.add_argument("--repeats", type=int, default=20)
     parser.add_argument("--bank", default="tests/fixtures/logit_bank", help="the logit bank of the real families")
-    parser.add_argument("--against", help="a topk_fused.py (another commit's) timed in the same rounds")
+    parser.add_argument("--against", action="append", default=[],
+                        help="[NAME=]FILE: a topk_fused.py (another commit's) timed in the same rounds as NAME "
+                             "(default: against); repeatable")
     args = parser.parse_args()
     if not torch.cuda.is_available():
         sys.exit("tune_topk_fused: needs a CUDA device")
     variants = dict(parse_variant(v) for v in args.variant) or {"base": {}}
-    against = against_build(args.against) if args.against else None
+    against = {}
+    for text in args.against:
+        name, _, path = text.rpartition("=")
+        against[name or "against"] = against_build(path)
     out = Path(os.environ.get("OUT", ".")) / "tuning.log"
     lines = [f"{torch.cuda.get_device_name()}; {ROWS} rows, top_k {TOP_K}, top_p {TOP_P}, fp32; variants: "
              + "; ".join(f"{n}={json.dumps(c)}" for n, c in variants.items())
-             + (f"; against = the kernels of {args.against}" if args.against else "")]
+             + "".join(f"; {t.rpartition('=')[0] or 'against'} = the kernels of {t.rpartition('=')[2]}"
+                       for t in args.against)]
     for vocab in (int(v) for v in args.vocabs.split(",")):
         for family in args.families.split(","):
             cell = one_cell(vocab, family, variants, args.repeats, args.bank, against)
