@@ -186,10 +186,16 @@ if triton is not None:
                     x = tl.load(src + offs, mask=ok, other=0.0).to(tl.float32)
                     keys = _key(x, offs)
                     keys = tl.reshape(tl.where(ok & (keys >= floor), keys, _LOWEST), [TILE_GROUPS * GROUP])
-                    total = tl.minimum(have + tl.sum((keys > _LOWEST).to(tl.int32), axis=0), k)  # 0 new: the same top
+                    total = tl.minimum(have + tl.sum((keys > _LOWEST).to(tl.int32), axis=0), k)
                     merged = tl.full([_FAST_K], _LOWEST, tl.int64)
                     prev = tl.full([], 2**63 - 1, tl.int64)
-                    for i in range(total):
+                    placed = tl.full([], 0, tl.int32)
+                    if start > 0:  # the running top's ranks above every key of the tile keep their place (all of
+                        # them when the tile adds nothing): the repeated maximum starts after them
+                        placed = tl.minimum(tl.sum((top > tl.max(keys, axis=0)).to(tl.int32), axis=0), total)
+                        merged = tl.where(ranks < placed, top, _LOWEST)
+                        prev = tl.min(tl.where(ranks < placed, top, 2**63 - 1), axis=0)
+                    for i in range(placed, total):
                         m = tl.maximum(tl.max(tl.where(keys < prev, keys, _LOWEST), axis=0),
                                        tl.max(tl.where(top < prev, top, _LOWEST), axis=0))
                         merged = tl.where(ranks == i, m, merged)
