@@ -15,7 +15,8 @@ No estimate and no retry; one kernel (launch_config's FUSE), or two:
      logit of each of those k groups (larger, or equal and at a lower index: groups are contiguous id ranges in
      id order). Exact on every row (sorted, clustered, all equal): nothing to estimate, nothing to retry;
    - those k groups are read in tiles of TILE logits and merged into a running top k by repeated maximum of
-     int64 keys (value, then lowest index); only keys at or above the k-th group's maximum can be among them;
+     int64 keys (value, then lowest index), from the first rank the tile can change; only keys at or above the
+     k-th group's maximum can be among them;
    - divided by the temperature, softmaxed, top-p renormalised with the threshold rule of
      harness.verify.top_p_renorm_sorted, and written over the zeros (or, sparse, by rank).
 Rows left to the caller (top_k above FAST_K or covering the vocabulary) are counted; the caller builds them
