@@ -42,6 +42,11 @@ CONFIGS = {
     "g2048": {"GROUPS": 2048},
     "unfused": {"FUSE": 0},
     "unfused_w1": {"FUSE": 0, "FINISH_WARPS": 1},
+    "fused": {"FUSE": 1},
+    "fused_w2": {"FUSE": 1, "PASS_WARPS": 2},
+    "w2": {"FINISH_WARPS": 2},
+    "w2t512": {"FINISH_WARPS": 2, "TILE": 512},
+    "w2g2048": {"FINISH_WARPS": 2, "GROUPS": 2048},
     # the pass: PASS_BLOCK logits a program, PASS_WARPS warps
     "b4096w8": {"PASS_BLOCK": 4096, "PASS_WARPS": 8},
     "b8192w8": {"PASS_BLOCK": 8192, "PASS_WARPS": 8},
