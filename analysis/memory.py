@@ -39,7 +39,7 @@ def one_malloc_arena() -> bool:
     needs more arenas, and has no way back to its default: the setting stays for the process."""
     try:
         mallopt = ctypes.CDLL(None).mallopt
-    except (OSError, AttributeError):
+    except (OSError, AttributeError, TypeError):  # no C library by that call (Windows), or no mallopt (macOS)
         return False
     return bool(mallopt(M_ARENA_MAX, 1))
 
