@@ -61,7 +61,7 @@ for step in "${steps[@]}"; do
       ;;
     tune)
       OUT="$OUT" LOG="${TUNE_LOG:-tune_sparse_pass.log}" "$PY" scripts/tune_sparse_pass.py "${VOCABS:-248320,151936,32000}" \
-        iid,clustered,sorted,bf16,padding,lm_like "${TUNE_CONFIGS:-skip,noloop,stages1,noloop_stages1}" || failed+=(tune)
+        iid,clustered,sorted,bf16,padding,lm_like "${TUNE_CONFIGS:-t1024,fused,w2}" || failed+=(tune)
       ;;
     ab)
       "$PY" -m harness.bench experiment=embedded_verify_sparse server.model_path=embedded:large results_dir=/tmp/ab \

@@ -34,18 +34,16 @@ from harness.verify import topk_fused  # noqa: E402
 
 CONFIGS = {
     "base": {},
-    # the finish: TILE logits merged at a time, GROUPS group maxima a row at most, in the row's last pass program
-    # (FUSE 1) or in a kernel of its own after the pass (FUSE 0, FINISH_WARPS warps)
-    "t512": {"TILE": 512},
+    # the finish (`base`: a kernel of its own after the pass, one warp a row, 512-logit tiles): TILE logits merged
+    # at a time, GROUPS group maxima a row at most, FINISH_WARPS warps, or in the row's last pass program (FUSE 1).
+    # (tune_sparse_placed*.log named the then 1,024-logit default `base` and 512-logit tiles `t512`, `w2t512`.)
+    "t1024": {"TILE": 1024},
     "t2048": {"TILE": 2048},
     "g512": {"GROUPS": 512},
     "g2048": {"GROUPS": 2048},
-    "unfused": {"FUSE": 0},
-    "unfused_w1": {"FUSE": 0, "FINISH_WARPS": 1},
     "fused": {"FUSE": 1},
     "fused_w2": {"FUSE": 1, "PASS_WARPS": 2},
     "w2": {"FINISH_WARPS": 2},
-    "w2t512": {"FINISH_WARPS": 2, "TILE": 512},
     "w2g2048": {"FINISH_WARPS": 2, "GROUPS": 2048},
     # the pass: PASS_BLOCK logits a program, PASS_WARPS warps
     "b4096w8": {"PASS_BLOCK": 4096, "PASS_WARPS": 8},
@@ -88,6 +86,9 @@ def main() -> None:
     vocabs = [int(v) for v in (sys.argv[1] if len(sys.argv) > 1 else "248320,151936,32000").split(",")]
     families = (sys.argv[2] if len(sys.argv) > 2 else "iid,clustered,sorted,bf16,padding,lm_like").split(",")
     names = ["base"] + [n for n in (sys.argv[3].split(",") if len(sys.argv) > 3 else CONFIGS) if n != "base"]
+    unknown = [n for n in names if n not in CONFIGS]
+    if unknown:
+        sys.exit(f"tune_sparse_pass: unknown configuration(s) {', '.join(unknown)}; valid: {', '.join(CONFIGS)}")
     configs = {n: CONFIGS[n] for n in names}
     lines = [f"{torch.cuda.get_device_name()}: run_sparse ms (x the read floor), 4096 rows, median of 15 rounds",
              "| family | vocab | read | " + " | ".join(configs) + " | entries |",
