@@ -56,7 +56,9 @@ class Reader:
 
     def read(self, path: Path) -> pa.Table | None:
         """The file's records (the fields' columns, then a `meta_info` struct), or None when the file must be read
-        line by line (a row the checks doubt, or an error of DuckDB's)."""
+        line by line (a row the checks doubt, or an error of DuckDB's). The integer lists of `Fields.lists` stay
+        list<double>, each element checked to be an integer below EXACT (so exact as a double: int_lists converts
+        them); the meta_info lists are list<int64>."""
         with self.db.cursor() as con:
             try:
                 table = con.sql(self.query, params=[str(path)]).to_arrow_table()
@@ -65,11 +67,12 @@ class Reader:
         if table.num_rows and pc.any(table.column("_doubt")).as_py():
             return None
         f = self.fields
-        lists = {name: _int_list(table.column(name)) for name in (*f.lists, *(f"_m_{n}" for n in f.meta_lists))}
-        if any(v is None for v in lists.values()):
+        lists = {name: _checked_list(table.column(name)) for name in f.lists}
+        meta_lists = [_int_list(table.column(f"_m_{n}")) for n in f.meta_lists]
+        if any(v is None for v in [*lists.values(), *meta_lists]):
             return None
         meta = pa.StructArray.from_arrays(
-            [table.column(f"_m_{n}").combine_chunks() for n in f.meta_floats] + [lists[f"_m_{n}"] for n in f.meta_lists],
+            [table.column(f"_m_{n}").combine_chunks() for n in f.meta_floats] + meta_lists,
             names=[*f.meta_floats, *f.meta_lists], mask=table.column("_m_null").combine_chunks())
         out = table.select(list(self.columns))
         for name in f.lists:
@@ -77,15 +80,47 @@ class Reader:
         return out.append_column("meta_info", meta)
 
 
-def _int_list(column: pa.ChunkedArray) -> pa.ListArray | None:
-    """A list<double> column as list<int64>, or None when an element is null, not an integer, or of EXACT or more (its
+def int_lists(table: pa.Table, names: tuple[str, ...]) -> pa.Table:
+    """`table` with its list<double> columns `names` (as Reader.read leaves them: integers below EXACT) as
+    list<int64>."""
+    for name in names:
+        ints = pc.cast(table.column(name), pa.list_(pa.int64()))
+        table = table.set_column(table.schema.get_field_index(name), name, ints)
+    return table
+
+
+def _checked_list(column: pa.ChunkedArray) -> pa.ListArray | None:
+    """A list<double> column as one array, or None when an element is null, not an integer, or of EXACT or more (its
     double may not be the integer written; the line-by-line reader reads it exactly)."""
     lists = column.combine_chunks()
-    values = lists.values
-    x = values.to_numpy(zero_copy_only=False)  # a null element reads as NaN
-    if not np.array_equal(x, np.trunc(x)) or np.abs(x).max(initial=0) >= EXACT:
+    if lists.values.null_count:
         return None
-    return pa.ListArray.from_arrays(lists.offsets, pa.array(x.astype(np.int64)), mask=lists.is_null())
+    return lists if _integral(lists.values.to_numpy()) else None
+
+
+def _int_list(column: pa.ChunkedArray) -> pa.ListArray | None:
+    """A list<double> column as list<int64>, or None where _checked_list finds it is not one of integers."""
+    lists = _checked_list(column)
+    if lists is None:
+        return None
+    return pa.ListArray.from_arrays(lists.offsets, pc.cast(lists.values, pa.int64()), mask=lists.is_null())
+
+
+_BLOCK = 1 << 16  # values checked at a time: the temporaries stay in cache rather than take fresh pages
+
+
+def _integral(x: np.ndarray) -> bool:
+    """Every element of the float64 array `x` an integer of magnitude below EXACT (NaN is not)."""
+    buffer = np.empty(min(len(x), _BLOCK))
+    for start in range(0, len(x), _BLOCK):
+        block = x[start:start + _BLOCK]
+        work = buffer[: len(block)]
+        np.trunc(block, out=work)
+        if not np.array_equal(work, block):
+            return False
+        if np.abs(block, out=work).max() >= EXACT:
+            return False
+    return True
 
 
 def _query(f: Fields) -> tuple[str, tuple[str, ...]]:

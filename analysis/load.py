@@ -82,6 +82,8 @@ RECORD_SCHEMA = pa.schema(
     + [(f, pa.list_(pa.int64())) for f in LIST_FIELDS]
     + [("meta_info", META_TYPE)]
 )
+_DOUBLE_LISTS_SCHEMA = pa.schema([pa.field(f.name, pa.list_(pa.float64())) if f.name in LIST_FIELDS else f
+                                  for f in RECORD_SCHEMA])
 DUCK_FIELDS = duck_records.Fields(STR_FIELDS, INT_FIELDS, FLOAT_FIELDS, BOOL_FIELDS, LIST_FIELDS, META_FLOAT_FIELDS,
                                   META_HIST_FIELDS)
 SCORE_SCHEMA = pa.schema([(name, {int: pa.int64(), bool: pa.bool_()}[base_type(typing.get_type_hints(ScoreLine)[name])])
@@ -376,10 +378,11 @@ def read_campaign(path: Path) -> CampaignDir:
 # records
 
 
-def read_records_file(path: Path, force_slow: bool = False, reader: duck_records.Reader | None = None
-                      ) -> tuple[pa.Table, list[BadLine], bool]:
+def read_records_file(path: Path, force_slow: bool = False, reader: duck_records.Reader | None = None,
+                      int_lists: bool = True) -> tuple[pa.Table, list[BadLine], bool]:
     """One records.jsonl as a table of RECORD_SCHEMA; returns (table, bad lines, used the slow path). `reader`: the
-    fast reader to use (one is opened for the call when None)."""
+    fast reader to use (one is opened for the call when None). `int_lists` False: the fast reader's LIST_FIELDS
+    stay list<double> (integers below 2^53, checked: exact), for _list_parts to convert as it flattens them."""
     if not path.is_file() or path.stat().st_size == 0:
         return RECORD_SCHEMA.empty_table(), [], False
     if not force_slow:
@@ -389,7 +392,10 @@ def read_records_file(path: Path, force_slow: bool = False, reader: duck_records
         else:
             fast = reader.read(path)
         if fast is not None:
-            table, bad = _null_nonfinite(fast.select(RECORD_SCHEMA.names).cast(RECORD_SCHEMA), path)
+            if int_lists:
+                fast = duck_records.int_lists(fast, LIST_FIELDS)
+            schema = RECORD_SCHEMA if int_lists else _DOUBLE_LISTS_SCHEMA
+            table, bad = _null_nonfinite(fast.select(schema.names).cast(schema), path)
             return table, bad, False
     table, bad = _read_slow(path)
     return table, bad, True
@@ -540,17 +546,25 @@ def load(paths: list[str | Path], force_slow: bool = False) -> Loaded:
     fast: contextlib.AbstractContextManager[duck_records.Reader | None] = (
         contextlib.nullcontext() if force_slow else duck_records.Reader(DUCK_FIELDS))
     with fast as reader, ThreadPoolExecutor(max_workers=os.cpu_count() or 1) as pool:
-        record_jobs = [pool.submit(read_records_file, path, force_slow, reader) for _, path in todo]
+        record_jobs = [pool.submit(read_records_file, path, force_slow, reader, False) for _, path in todo]
         score_jobs = [pool.submit(read_scores_file, Path(runs["scores_path"].iat[r])) for r in scored]
         results = [job.result() for job in record_jobs]
         scores = {r: job.result() for r, job in zip(scored, score_jobs, strict=True)}
-    tables = [_tag(table, run) for (run, _), (table, _, _) in zip(todo, results, strict=True)]
+    tables = [_tag(table, run) for (run, _), (table, _, _) in zip(todo, results, strict=True)] or [
+        _tag(RECORD_SCHEMA.empty_table(), 0)]
     bad = [b for _, lines, _ in results for b in lines]
     slow = [str(path) for (_, path), (_, _, was_slow) in zip(todo, results, strict=True) if was_slow]
-    table = pa.concat_tables(tables) if tables else _tag(RECORD_SCHEMA.empty_table(), 0)
-    records = _records_frame(table, items)
-    bad += _apply_scores(records, runs, scores)
-    return Loaded(campaigns, runs, items, records, _histograms(table), _chunks(table), bad, slow)
+    # the chunk lists (list<double> from the fast reader, list<int64> from the slow one) are flattened apart from
+    # the other columns, in threads beside the tables: that is mostly the kernel giving out fresh pages
+    table = pa.concat_tables([t.drop_columns(list(LIST_FIELDS)) for t in tables])
+    with ThreadPoolExecutor(max_workers=2) as pool:
+        us, tok = (pool.submit(_list_parts, [t.column(name) for t in tables], table.num_rows)
+                   for name in ("chunk_us", "chunk_tokens"))
+        records = _records_frame(table, items)
+        bad += _apply_scores(records, runs, scores)
+        histograms = _histograms(table)
+        chunks = Chunks(*us.result(), *tok.result())
+    return Loaded(campaigns, runs, items, records, histograms, chunks, bad, slow)
 
 
 def _tag(table: pa.Table, run: int) -> pa.Table:
@@ -783,34 +797,33 @@ def _histograms(table: pa.Table) -> Histograms:
     return Histograms(dense=dense, present=present)
 
 
-def _list_parts(column: pa.ChunkedArray, n: int) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
-    """(offsets [n + 1] from 0, values, present [n]) of a list<int64> column; a null list is empty. Chunk by
-    chunk, each chunk's values a view of its child array: one copy of the values (the final concatenation), where
-    combine_chunks made two (0.70 -> 0.47 s a column of 36 million values on the 2-core VM)."""
-    if n == 0:
-        return np.zeros(1, np.int64), np.zeros(0, np.int64), np.zeros(0, bool)
-    offsets, values, present, total = [np.zeros(1, np.int64)], [np.zeros(0, np.int64)], [], 0
-    for chunk in column.chunks:
-        if len(chunk) == 0:
-            continue
+def _list_parts(columns: list[pa.ChunkedArray], n: int) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """(offsets [n + 1] from 0, int64 values, present [n]) of list columns laid end to end (n lists in all), each
+    list<int64> or list<double> of integers below 2^53 (read_records_file's int_lists=False); a null list is empty.
+    The values are converted as they are copied, chunk by chunk, into one array: one copy of the values, where a
+    conversion per file and a concatenation made two (and combine_chunks three)."""
+    chunks = [chunk for column in columns for chunk in column.chunks if len(chunk)]
+    if n == 0 or not chunks:
+        return np.zeros(n + 1, np.int64), np.zeros(0, np.int64), np.zeros(n, bool)
+    offsets, present, spans = [np.zeros(1, np.int64)], [], []
+    total = 0
+    for chunk in chunks:
         raw = chunk.offsets.to_numpy().astype(np.int64)
         valid = chunk.is_valid().to_numpy(zero_copy_only=False)
         lengths = np.where(valid, np.diff(raw), 0)
-        flat = np.asarray(chunk.values.to_numpy(zero_copy_only=False), dtype=np.int64)[raw[0]:raw[-1]]
+        offsets.append(total + np.cumsum(lengths))
+        present.append(valid)
+        spans.append((raw, valid, lengths))
+        total += int(lengths.sum())
+    values = np.empty(total, np.int64)
+    at = 0
+    for chunk, (raw, valid, lengths) in zip(chunks, spans, strict=True):
+        flat = chunk.values.to_numpy(zero_copy_only=False)[raw[0]:raw[-1]]
         if not np.array_equal(np.diff(raw), lengths):
             flat = flat[np.repeat(valid, np.diff(raw))]  # null lists with stale child values: drop them
-        offsets.append(total + np.cumsum(lengths))
-        values.append(flat)
-        present.append(valid)
-        total += int(lengths.sum())
-    return np.concatenate(offsets), np.concatenate(values), np.concatenate(present)
-
-
-def _chunks(table: pa.Table) -> Chunks:
-    n = table.num_rows
-    us_off, us, us_present = _list_parts(table.column("chunk_us"), n)
-    tok_off, tok, tok_present = _list_parts(table.column("chunk_tokens"), n)
-    return Chunks(us_off, us, us_present, tok_off, tok, tok_present)
+        values[at:at + len(flat)] = flat
+        at += len(flat)
+    return np.concatenate(offsets), values, np.concatenate(present)
 
 
 # ---------------------------------------------------------------------------------------------

@@ -22,6 +22,7 @@ from __future__ import annotations
 
 import contextlib
 import ctypes
+import gc
 from collections.abc import Iterator
 
 import numpy as np
@@ -54,18 +55,23 @@ def report_pool() -> pa.MemoryPool:
 
 @contextlib.contextmanager
 def report_memory() -> Iterator[None]:
-    """report_pool() as Arrow's default pool, numpy's huge-page advice off and one BLAS thread, for the block's
-    duration; and one malloc arena for every thread (one_malloc_arena, which stays)."""
+    """report_pool() as Arrow's default pool, numpy's huge-page advice off, one BLAS thread and Python's cyclic
+    garbage collector paused, for the block's duration; and one malloc arena for every thread (one_malloc_arena,
+    which stays)."""
     one_malloc_arena()
     multiarray = getattr(np, "_core", np).multiarray  # numpy's switch is private: used where it exists
     set_huge_pages = getattr(multiarray, "_set_madvise_hugepage", None)
     previous_pool = pa.default_memory_pool()
     pa.set_memory_pool(report_pool())
     previous_huge = set_huge_pages(False) if set_huge_pages else None
+    collecting = gc.isenabled()
+    gc.disable()  # the report's objects live until it is built, and it makes few cycles
     try:
         with threadpool_limits(limits=1, user_api="blas"):
             yield
     finally:
+        if collecting:
+            gc.enable()
         pa.set_memory_pool(previous_pool)
         if set_huge_pages:
             set_huge_pages(previous_huge)

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import gc
 import platform
 import subprocess
 import sys
@@ -21,7 +22,7 @@ def _blas_threads() -> list[int]:
     return [pool["num_threads"] for pool in threadpool_info() if pool["user_api"] == "blas"]
 
 
-def test_the_report_allocates_from_its_pool_without_huge_pages_on_one_blas_thread_and_restores_all() -> None:
+def test_the_report_allocates_from_its_pool_without_huge_pages_or_gc_on_one_blas_thread_and_restores_all() -> None:
     before_pool, before_huge, before_blas = pa.default_memory_pool().backend_name, HUGE(True), _blas_threads()
     assert before_blas  # numpy's BLAS is there to be limited
     with pytest.raises(RuntimeError, match="inside"), report_memory():
@@ -30,7 +31,9 @@ def test_the_report_allocates_from_its_pool_without_huge_pages_on_one_blas_threa
         assert pa.array(np.arange(10)).buffers()[1] is not None  # Arrow allocates from it
         assert HUGE(False) is False  # off inside
         assert set(_blas_threads()) == {1}
+        assert not gc.isenabled()
         raise RuntimeError("inside")
+    assert gc.isenabled()
     assert pa.default_memory_pool().backend_name == before_pool
     assert HUGE(before_huge) is True
     assert _blas_threads() == before_blas

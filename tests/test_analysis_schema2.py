@@ -230,10 +230,17 @@ def test_chunk_lists_flatten_across_sliced_empty_and_null_chunks():
     stale = pa.ListArray.from_arrays(pa.array([0, 2, 4, 5], pa.int32()), pa.array([7, 8, 9, 10, 11], pa.int64()),
                                      mask=pa.array([False, True, False]))
     column = pa.chunked_array([lists.slice(1, 3), pa.array([], pa.list_(pa.int64())), stale, lists])
-    offsets, values, present = _list_parts(column, len(column))
+    offsets, values, present = _list_parts([column], len(column))
     assert offsets.tolist() == [0, 1, 1, 1, 3, 3, 4, 6, 7, 7, 7, 10]
     assert values.tolist() == [3, 7, 8, 11, 1, 2, 3, 4, 5, 6]
     assert present.tolist() == [True, False, True, True, False, True, True, True, False, True, True]
+    # the fast reader's lists are doubles (integers below 2^53): converted exactly as they are copied, also when
+    # columns of both types follow each other (a file the line-by-line reader read among fast ones)
+    doubles = pa.chunked_array([pa.array([[2.0**53 - 1], None, [-3.0, 0.0]], pa.list_(pa.float64()))])
+    offsets, values, present = _list_parts([column, doubles], len(column) + 3)
+    assert offsets.tolist()[-4:] == [10, 11, 11, 13]
+    assert values.dtype == np.int64 and values.tolist()[-3:] == [2**53 - 1, -3, 0]
+    assert present.tolist()[-3:] == [True, False, True]
 
 
 def test_a_mistyped_chunk_list_is_a_bad_line(tmp_path):
