@@ -24,6 +24,7 @@ from harness.micro import app, impls, measure, report
 from harness.micro.compare import compare_outputs
 from harness.micro.config import MicroConfig
 from harness.micro.inputs import make_params, padding_row_count, rotated_copies, rotation_count
+from harness.validation import ConfigError
 
 REPO = Path(__file__).resolve().parents[1]
 VOCAB, ROWS = 512, [4, 16]
@@ -224,6 +225,38 @@ def test_time_interleaved_round_robin_rotates_order_and_inputs():
     assert [i for _, i in log] == [0, 1, 0, 1, 0, 1, 0, 1, 0]
     assert rounds == [0, 1, 2]
     assert {n: len(t) for n, t in times.items()} == {"a": 2, "b": 2, "c": 2}
+
+
+def test_queued_timing_needs_cuda_and_a_wait_of_zero_or_more(monkeypatch):
+    inputs = [torch.zeros(1)]
+    for bad in (1.0, -1.0):  # a CPU has no queue to hide the host's work behind
+        with pytest.raises(ValueError, match="queued_ms"):
+            measure.time_interleaved({"a": lambda x: x}, inputs, warmup=0, repeats=1, queued_ms=bad)
+    with pytest.raises(ConfigError, match="micro.queued_ms=-0.5"):
+        MicroConfig(queued_ms=-0.5)
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: False)
+    with pytest.raises(ConfigError, match="micro.queued_ms=2 needs a CUDA device"):
+        app.check_config(MicroConfig(queued_ms=2.0))  # micro.device=auto resolves to the CPU here
+    assert "the host's work before its first kernel is timed too" in report._start({"queued_ms": 0.0})
+    assert "busy-wait of about 2 ms" in report._start({"queued_ms": 2.0})
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")
+def test_queued_timing_hides_the_host_work_before_a_call_s_first_kernel():
+    """A call whose host sleeps 3 ms before its one tiny kernel: on an idle GPU the 3 ms are timed; queued behind
+    a 10 ms GPU wait they overlap it and the call times the kernel only."""
+    import time  # noqa: PLC0415
+
+    x = torch.ones(1024, device="cuda")
+
+    def call(t):
+        time.sleep(0.003)
+        return t * 2
+
+    idle = measure.time_interleaved({"c": call}, [x], warmup=1, repeats=5)["c"]
+    queued = measure.time_interleaved({"c": call}, [x], warmup=1, repeats=5, queued_ms=10.0)["c"]
+    assert min(idle) > 2.5 and max(queued) < 1.0, (idle, queued)
 
 
 def test_round_order_is_a_reproducible_shuffle_without_fixed_neighbours():

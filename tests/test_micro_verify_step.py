@@ -22,8 +22,10 @@ def test_a_small_run_writes_its_report_and_the_paths_agree(tmp_path, capsys):
         assert r["rows_differ"]["sparse"] == r["rows_differ"]["sparse_fused"] == 0  # the dense path's tokens
         assert r["peak_bytes"]["sparse"] is None  # measured on CUDA only
         assert r["radix_topk"] == "torch"  # which top-k the topk_first and sparse paths ran, said in each row
+    assert all(r["queued_ms"] == 0.0 for r in results)
     report = (out / "report.md").read_text()
     assert report.count("| 2,048 |") == 3 and "read floor" in report and "sparse: torch." in report
+    assert "Timing: each call starts on the GPU as the previous call left it" in report
     assert "wrote" in capsys.readouterr().out
 
 
@@ -31,3 +33,9 @@ def test_an_unknown_family_is_named(capsys):
     with pytest.raises(SystemExit) as exit_info:
         verify_step.main(["--families", "iid,gausian", "--device", "cpu"])
     assert exit_info.value.code == 2 and "gausian" in capsys.readouterr().err
+
+
+def test_queued_timing_is_refused_off_cuda(capsys):
+    with pytest.raises(SystemExit) as exit_info:
+        verify_step.main(["--device", "cpu", "--queued-ms", "1"])
+    assert exit_info.value.code == 2 and "--queued-ms 1: needs a CUDA device" in capsys.readouterr().err

@@ -35,6 +35,7 @@ from harness.micro.inputs import (
     rotated_copies,
 )
 from harness.schema import to_json, write_json
+from harness.validation import ConfigError
 
 MICRO_SCHEMA_VERSION = 1  # of the microbenchmark's own files (manifest.json, results.jsonl under results/micro)
 Step = Callable[[str], None]
@@ -106,7 +107,9 @@ def check_config(cfg: MicroConfig) -> None:
     project's code, and the device must exist."""
     check_names([*cfg.impls, cfg.baseline, cfg.after])
     check_families(list(cfg.logits))
-    resolve_device(cfg.device, "micro.device")
+    if resolve_device(cfg.device, "micro.device").type != "cuda" and cfg.queued_ms:
+        raise ConfigError(f"micro.queued_ms={cfg.queued_ms:g} needs a CUDA device (a CPU has no queue to hide the "
+                          "host's work behind); leave it at 0 here")
     if REGISTRY[cfg.baseline]().external:
         raise ImplError(f"micro.baseline={cfg.baseline!r} must be one of the project's builders: "
                         f"{', '.join(verify.BUILDERS)}")
@@ -219,7 +222,7 @@ def time_batch(calls: dict[str, measure.Call], batch: Batch, cfg: MicroConfig,
     """
     buf = torch.empty(batch.copies[0].shape, dtype=torch.float32, device=batch.copies[0].device)
     times = measure.time_interleaved({COPY: buf.copy_, **calls}, batch.copies, warmup=cfg.warmup,
-                                     repeats=cfg.repeats, on_round=on_round)
+                                     repeats=cfg.repeats, on_round=on_round, queued_ms=cfg.queued_ms)
     return {name: measure.summarize(t) for name, t in times.items()}
 
 

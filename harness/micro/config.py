@@ -32,6 +32,9 @@ class MicroConfig:
     device: str = "auto"  # auto | cpu | cuda
     warmup: int = 3
     repeats: int = 20
+    # CUDA: each timed call queued behind a GPU busy-wait of about this many ms, so that the host's launches overlap
+    # GPU work as in a server (harness.micro.measure); 0: the GPU as the previous call left it
+    queued_ms: float = 0.0
     min_rotate_bytes: int = 256 * 2**20  # rotate input copies until they exceed this (beats the cache)
     seed: int = 0
     out_dir: str | None = None  # write exactly here (e.g. results/published/...) instead of a timestamped dir
@@ -46,6 +49,8 @@ class MicroConfig:
                               "non-empty lists, e.g. micro.vocab=[32000,248320] micro.rows=[64,4096]")
         if not self.logits:
             raise ConfigError("micro.logits is empty; name at least one logit family, e.g. micro.logits=[iid]")
+        if self.queued_ms < 0:
+            raise ConfigError(f"micro.queued_ms={self.queued_ms} must be >= 0 (0: no queueing)")
         if self.repeats < 1 or self.warmup < 0:
             raise ConfigError(f"micro.repeats={self.repeats} must be >= 1 and micro.warmup={self.warmup} >= 0")
         if not self.impls:

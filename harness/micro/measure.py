@@ -1,7 +1,11 @@
 """Timing, peak memory, statistics and bandwidth arithmetic of the microbenchmark.
 
 On CUDA each call is bracketed by CUDA events (recorded on the current stream) and read after one
-synchronisation; on the CPU by `time.perf_counter`. The implementations of one batch size are timed
+synchronisation; on the CPU by `time.perf_counter`. Two ways to start a timed call on CUDA: on the GPU as the
+previous call left it (idle after a call that synchronised: the host's work before the call's first kernel is
+timed too), or queued (`queued_ms`) behind a GPU busy-wait launched just before the start event, so that the
+host's launches overlap GPU work as when the call follows the target model's forward in a server: the events then
+time the GPU from the end of the wait to the call's end, with any bubble a synchronisation inside the call leaves. The implementations of one batch size are timed
 interleaved (each round calls every one once, in a seeded shuffled order, so drift and neighbours hit
 all alike), and calls cycle through rotated input copies so that no call finds its input in the cache.
 """
@@ -75,13 +79,17 @@ class _CpuTimer:
 
 
 class _CudaTimer:
-    """CUDA event pairs on the current stream, read after one synchronisation, in ms."""
+    """CUDA event pairs on the current stream, read after one synchronisation, in ms; each start queued behind
+    a GPU busy-wait of `wait_cycles` clock cycles when that is not 0."""
 
-    def __init__(self) -> None:
+    def __init__(self, wait_cycles: int = 0) -> None:
         self.pairs: list[tuple[torch.cuda.Event, torch.cuda.Event]] = []
+        self.wait_cycles = wait_cycles
 
     def start(self) -> None:
         self.pairs.append((torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)))
+        if self.wait_cycles:
+            torch.cuda._sleep(self.wait_cycles)
         self.pairs[-1][0].record()
 
     def stop(self) -> None:
@@ -100,17 +108,34 @@ def round_robin_order(names: Sequence[str], round_index: int) -> list[str]:
     return order
 
 
+def gpu_wait_cycles(ms: float) -> int:
+    """Clock cycles of torch.cuda._sleep that keep the current GPU busy for about `ms` ms (measured here)."""
+    probe = 2_000_000
+    start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+    torch.cuda._sleep(probe)  # the clocks up before the measured one
+    start.record()
+    torch.cuda._sleep(probe)
+    end.record()
+    end.synchronize()
+    return max(1, round(probe * ms / start.elapsed_time(end)))
+
+
 def time_interleaved(calls: dict[str, Call], inputs: Sequence[Tensor], *, warmup: int, repeats: int,
-                     on_round: Callable[[int], None] | None = None) -> dict[str, list[float]]:
+                     on_round: Callable[[int], None] | None = None, queued_ms: float = 0.0) -> dict[str, list[float]]:
     """Per-call times in ms of every call, interleaved: `warmup` untimed rounds, then `repeats` timed
     rounds; each round calls every entry once, in `round_robin_order` (a seeded shuffle).
 
     The c-th call overall gets inputs[c % len(inputs)], so consecutive calls never share an input
     (with two or more copies) and drift or noise hits every entry alike. Device: that of the inputs.
-    `on_round(r)` is called after each round r (warm-up rounds included).
+    `on_round(r)` is called after each round r (warm-up rounds included). `queued_ms` > 0 (CUDA only): each
+    timed call queued behind a GPU busy-wait of about that long (the module's docstring).
     """
+    if queued_ms < 0 or (queued_ms and not inputs[0].is_cuda):
+        raise ValueError(f"queued_ms={queued_ms} must be >= 0, and 0 off CUDA (a CPU has no queue to hide the "
+                         "host's work behind)")
     names = list(calls)
-    timers = {n: _CudaTimer() if inputs[0].is_cuda else _CpuTimer() for n in names}
+    cycles = gpu_wait_cycles(queued_ms) if queued_ms else 0
+    timers = {n: _CudaTimer(cycles) if inputs[0].is_cuda else _CpuTimer() for n in names}
     c = 0
     if inputs[0].is_cuda:
         torch.cuda.synchronize()
