@@ -8,7 +8,10 @@ On an H200 the sparse finish kernel took about 100 us plus 2.5 us per merge iter
 248,320 ids (results/published/verify-step-h200-sparse, profile_sparse_fefff33.log): this count says which
 families a new finish must handle better. From the repository root:
 
-    python scripts/count_merge_steps.py [families, comma-separated; default the eight synthetic ones] [vocab] [top_k]
+    python scripts/count_merge_steps.py [families, comma-separated; default all ten] [vocab] [top_k]
+
+The real families (smollm2, gemma3) take their rows from the first logit bank harness.micro.bank finds (the
+committed tests/fixtures/logit_bank from the repository root).
 """
 
 import sys
@@ -16,11 +19,12 @@ import sys
 import numpy as np
 import torch
 
-from harness.micro.families import make_family
+from harness.micro import bank
+from harness.micro.families import FAMILIES, make_family
 from harness.verify.topk_fused import group_size, launch_config
 
 ROWS = 64
-SYNTHETIC = "iid,clustered,sorted,lm_like,padding,heavy_tail,peaked,bf16"
+ALL = "iid,clustered,sorted,lm_like,padding,heavy_tail,peaked,bf16,smollm2,gemma3"
 
 
 def row_counts(row: np.ndarray, k: int, group: int, tile_groups: int) -> tuple[int, int]:
@@ -50,7 +54,7 @@ def row_counts(row: np.ndarray, k: int, group: int, tile_groups: int) -> tuple[i
 
 
 def main() -> None:
-    families = (sys.argv[1] if len(sys.argv) > 1 else SYNTHETIC).split(",")
+    families = (sys.argv[1] if len(sys.argv) > 1 else ALL).split(",")
     vocab = int(sys.argv[2]) if len(sys.argv) > 2 else 248_320
     k = int(sys.argv[3]) if len(sys.argv) > 3 else 20
     cfg = launch_config(vocab, sparse=True)
@@ -58,7 +62,9 @@ def main() -> None:
     tile_groups = max(1, cfg["TILE"] // group)
     print(f"{ROWS} rows x {vocab:,} ids, top_k {k}, groups of {group}, tiles of {tile_groups * group} logits")
     for name in families:
-        x = make_family(name, ROWS, vocab, seed=0, device=torch.device("cpu")).float().numpy()
+        model = FAMILIES[name].bank
+        rows = bank.load_rows(bank.find_bank(None), model)[0] if model else None
+        x = make_family(name, ROWS, vocab, seed=0, device=torch.device("cpu"), bank_rows=rows).float().numpy()
         counts = np.array([row_counts(row, k, group, tile_groups) for row in x])
         print(f"{name:11s} candidates: median {int(np.median(counts[:, 0])):5d}, max {counts[:, 0].max():5d};"
               f" merge iterations: median {int(np.median(counts[:, 1])):3d}, max {counts[:, 1].max():3d}")
