@@ -1,13 +1,15 @@
 """Timing, peak memory, statistics and bandwidth arithmetic of the microbenchmark.
 
 On CUDA each call is bracketed by CUDA events (recorded on the current stream) and read after one
-synchronisation; on the CPU by `time.perf_counter`. Two ways to start a timed call on CUDA: on the GPU as the
-previous call left it (idle after a call that synchronised: the host's work before the call's first kernel is
-timed too), or queued (`queued_ms`) behind a GPU busy-wait launched just before the start event, so that the
-host's launches overlap GPU work as when the call follows the target model's forward in a server: the events then
-time the GPU from the end of the wait to the call's end, with any bubble a synchronisation inside the call leaves. The implementations of one batch size are timed
+synchronisation; on the CPU by `time.perf_counter`. The implementations of one batch size are timed
 interleaved (each round calls every one once, in a seeded shuffled order, so drift and neighbours hit
 all alike), and calls cycle through rotated input copies so that no call finds its input in the cache.
+
+Two ways to start a timed call on CUDA: on the GPU as the previous call left it (idle after a call that
+synchronised: the host's work before the call's first kernel is timed too), or queued (`queued_ms`) behind a GPU
+busy-wait launched just before the start event, so that the host's launches overlap GPU work as when the call
+follows the target model's forward in a server: the events then time the GPU from the end of the wait to the
+call's end, with any bubble a synchronisation inside the call leaves.
 """
 
 from __future__ import annotations
