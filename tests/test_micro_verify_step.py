@@ -39,3 +39,9 @@ def test_queued_timing_is_refused_off_cuda(capsys):
     with pytest.raises(SystemExit) as exit_info:
         verify_step.main(["--device", "cpu", "--queued-ms", "1"])
     assert exit_info.value.code == 2 and "--queued-ms 1: needs a CUDA device" in capsys.readouterr().err
+
+
+def test_the_report_says_how_calls_were_timed():
+    assert "the host's work before its first kernel is timed too" in verify_step._timing([{"queued_ms": 0.0}, {}])
+    queued = verify_step._timing([{"queued_ms": 1.0}])
+    assert "queued behind a GPU busy-wait of about 1 ms" in queued and "host's launches overlap GPU work" in queued
