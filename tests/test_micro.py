@@ -7,6 +7,7 @@ every reason for a skip."""
 
 from __future__ import annotations
 
+import dataclasses
 import importlib.util
 import json
 import math
@@ -237,8 +238,10 @@ def test_queued_timing_needs_cuda_and_a_wait_of_zero_or_more(monkeypatch):
     monkeypatch.setattr(torch.cuda, "is_available", lambda: False)
     with pytest.raises(ConfigError, match="micro.queued_ms=2 needs a CUDA device"):
         app.check_config(MicroConfig(queued_ms=2.0))  # micro.device=auto resolves to the CPU here
-    assert "the host's work before its first kernel is timed too" in report._start({"queued_ms": 0.0})
-    assert "busy-wait of about 2 ms" in report._start({"queued_ms": 2.0})
+    assert "the host's work before its first kernel is timed too" in measure.start_text(0.0)
+    assert "busy-wait of about 2 ms" in measure.start_text(2.0)
+    setup = report._setup(dataclasses.asdict(MicroConfig(queued_ms=2.0)))  # the report's setup line says it
+    assert setup.endswith(measure.start_text(2.0))
 
 
 @pytest.mark.gpu

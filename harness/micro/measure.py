@@ -110,6 +110,16 @@ def round_robin_order(names: Sequence[str], round_index: int) -> list[str]:
     return order
 
 
+def start_text(queued_ms: float) -> str:
+    """How a timed call starts, in the words the reports print (the module's docstring)."""
+    if queued_ms:
+        return (f"each call queued behind a GPU busy-wait of about {queued_ms:g} ms (the host's launches overlap GPU "
+                "work, as when the call follows the target model's forward in a server; the GPU's span from the end "
+                "of the wait to the call's end is timed, with any bubble a synchronisation inside the call leaves)")
+    return ("each call starts on the GPU as the previous call left it (idle after a call that synchronised: the "
+            "host's work before its first kernel is timed too)")
+
+
 def gpu_wait_cycles(ms: float) -> int:
     """Clock cycles of torch.cuda._sleep that keep the current GPU busy for about `ms` ms (measured here)."""
     probe = 2_000_000

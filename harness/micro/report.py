@@ -9,6 +9,7 @@ from typing import Any
 from rich.table import Table
 from tabulate import tabulate
 
+from harness.micro import measure
 from harness.micro.app import ResultRow
 
 IMPL_DESCRIPTIONS = {
@@ -202,17 +203,8 @@ def _setup(micro: dict[str, Any]) -> str:
             f"{micro['repeats']} timed rounds after "
             f"{micro['warmup']} warm-up rounds; each round calls the copy and every implementation once, "
             f"in a shuffled order, each call on the next of several input copies (together over "
-            f"{micro['min_rotate_bytes'] / 2**20:.0f} MiB, so no call finds its input in the cache); " + _start(micro))
-
-
-def _start(micro: dict[str, Any]) -> str:
-    """How a timed call starts (harness.micro.measure)."""
-    queued = micro.get("queued_ms") or 0.0
-    if queued:
-        return (f"each call queued behind a GPU busy-wait of about {queued:g} ms, so that the host's launches "
-                "overlap GPU work as in a server (the GPU's span from the end of the wait is timed)")
-    return ("each call starts on the GPU as the previous call left it (idle after a call that synchronised: "
-            "the host's work before its first kernel is timed too)")
+            f"{micro['min_rotate_bytes'] / 2**20:.0f} MiB, so no call finds its input in the cache); "
+            + measure.start_text(micro.get("queued_ms") or 0.0))
 
 
 def _impl_lines(manifest: dict[str, Any], names: Sequence[str]) -> list[str]:

@@ -139,13 +139,7 @@ def render(results: list[dict], device_name: str) -> str:
 
 def _timing(results: list[dict]) -> str:
     queued = sorted({r.get("queued_ms", 0.0) for r in results})
-    if queued == [0.0]:
-        return ("Timing: each call starts on the GPU as the previous call left it (idle after a call that "
-                "synchronised): the host's work before its first kernel is timed too.")
-    return (f"Timing: each call queued behind a GPU busy-wait of about {', '.join(f'{q:g}' for q in queued)} ms "
-            "(measure.time_interleaved's queued_ms): the host's launches overlap GPU work, as when the step follows "
-            "the target's forward in a server; the GPU's span from the end of the wait to the call's end is timed, "
-            "with any bubble a synchronisation inside the call leaves.")
+    return "Timing: " + "; ".join(measure.start_text(q) for q in queued) + "."
 
 
 def main(argv: list[str] | None = None) -> int:
