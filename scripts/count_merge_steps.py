@@ -2,7 +2,8 @@
 keys at or above the floor among the k largest groups (the candidates), and the iterations of the tile merge's
 repeated maximum (`for i in range(placed, total)` in harness/verify/topk_fused.py's _finish_row), modelled in
 numpy with the kernel's rules: groups ranked by (maximum descending, index ascending), tiles of TILE logits in that
-order, a tile's merge starting after the running top's ranks that beat every key of the tile.
+order, a tile's merge starting after the running top's ranks that beat every key of the tile; and those of the
+other merge (REPLACE 1: `for _ in range(enter)`, a tile's keys above the running top's least, at most k).
 
 On an H200 the sparse finish kernel took about 100 us plus 2.5 us per merge iteration of a row at 4096 rows x
 248,320 ids (results/published/verify-step-h200-sparse, profile_sparse_fefff33.log): this count says which
@@ -27,8 +28,8 @@ ROWS = 64
 ALL = "iid,clustered,sorted,lm_like,padding,heavy_tail,peaked,bf16,smollm2,gemma3"
 
 
-def row_counts(row: np.ndarray, k: int, group: int, tile_groups: int) -> tuple[int, int]:
-    """(candidates, merge iterations) of one fp32 row."""
+def row_counts(row: np.ndarray, k: int, group: int, tile_groups: int) -> tuple[int, int, int]:
+    """(candidates, merge iterations, REPLACE merge iterations) of one fp32 row."""
     n_groups = -(-len(row) // group)
     padded = np.full(n_groups * group, -np.inf, np.float32)
     padded[: len(row)] = row
@@ -36,7 +37,7 @@ def row_counts(row: np.ndarray, k: int, group: int, tile_groups: int) -> tuple[i
     order = np.lexsort((np.arange(n_groups), -maxima))[:k]  # by maximum descending, then group index
     kth, last = maxima[order[-1]], (order[-1] + 1) * group - 1  # the floor: the k-th group's maximum, at its end
     top: list[tuple[float, int]] = []
-    candidates = iterations = 0
+    candidates = iterations = replace = 0
     for start in range(0, len(order), tile_groups):
         keys = []
         for g in order[start:start + tile_groups]:
@@ -49,8 +50,9 @@ def row_counts(row: np.ndarray, k: int, group: int, tile_groups: int) -> tuple[i
         if start > 0:
             placed = total if not keys else min(sum(key > max(keys) for key in top), total)
         iterations += total - placed
+        replace += min(sum(key > top[-1] for key in keys) if len(top) == k else len(keys), k)
         top = sorted(top + keys, reverse=True)[:k]
-    return candidates, iterations
+    return candidates, iterations, replace
 
 
 def main() -> None:
@@ -67,7 +69,8 @@ def main() -> None:
         x = make_family(name, ROWS, vocab, seed=0, device=torch.device("cpu"), bank_rows=rows).float().numpy()
         counts = np.array([row_counts(row, k, group, tile_groups) for row in x])
         print(f"{name:11s} candidates: median {int(np.median(counts[:, 0])):5d}, max {counts[:, 0].max():5d};"
-              f" merge iterations: median {int(np.median(counts[:, 1])):3d}, max {counts[:, 1].max():3d}")
+              f" merge iterations: median {int(np.median(counts[:, 1])):3d}, max {counts[:, 1].max():3d};"
+              f" REPLACE: median {int(np.median(counts[:, 2])):3d}, max {counts[:, 2].max():3d}")
 
 
 if __name__ == "__main__":

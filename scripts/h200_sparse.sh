@@ -11,8 +11,9 @@
 # builders' seed-size set, `python -m harness.micro micro=seed_h200`, every family), profile_sparse.log (scripts/
 # profile_sparse_step.py: the step's time per kernel), probe_read_shape.log (scripts/probe_read_shape.py: the
 # pass's grid shape against bare Triton reads), tune_sparse_pass.log (scripts/tune_sparse_pass.py with the
-# configurations TUNE_CONFIGS, into TUNE_LOG), ab-console.log, ab.tgz (the campaign). A step that fails does not
-# stop the later ones; the script then names the failed steps and exits 1.
+# configurations TUNE_CONFIGS on TUNE_FAMILIES, into TUNE_LOG; QUEUED_MS=1 times each call queued behind GPU
+# work), ab-console.log, ab.tgz (the campaign). A step that fails does not stop the later ones; the script then
+# names the failed steps and exits 1.
 # The device's carry limit (64 MiB) counts the tracked tree too: with it at 13.2 MB (2026-12-04) the device refused
 # .whl + .gpuk together when .gpuk held FlashInfer's whole wheel; scripts/pack_device_wheels.sh packs both small
 # enough to travel together (~28 MB). Otherwise carry .gpuk and a smaller wheel folder (WHEELS=it) holding what the
@@ -61,7 +62,8 @@ for step in "${steps[@]}"; do
       ;;
     tune)
       OUT="$OUT" LOG="${TUNE_LOG:-tune_sparse_pass.log}" "$PY" scripts/tune_sparse_pass.py "${VOCABS:-248320,151936,32000}" \
-        iid,clustered,sorted,bf16,padding,lm_like "${TUNE_CONFIGS:-t1024,fused,w2}" || failed+=(tune)
+        "${TUNE_FAMILIES:-iid,clustered,lm_like,smollm2,gemma3}" "${TUNE_CONFIGS:-c2,c4,c8,replace,replace_c4}" \
+        || failed+=(tune)
       ;;
     ab)
       "$PY" -m harness.bench experiment=embedded_verify_sparse server.model_path=embedded:large results_dir=/tmp/ab \

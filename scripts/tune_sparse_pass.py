@@ -11,6 +11,9 @@ configuration and of the read floor (harness.micro.measure.time_interleaved: eac
 order; the logs of 2026-12-03 were made with a fixed order, the script's own loop then), and whether each
 configuration's entries equal the first's in the rows both wrote (the kept sets do not depend on the launch),
 with the count of rows a configuration left to the caller (logs before tune_chunk.log compared whole outputs).
+QUEUED_MS (default 0: each call starts on an idle GPU) queues each timed call behind a GPU busy-wait of that many ms
+(measure.time_interleaved's queued_ms, the host's launches hidden). The real families (smollm2, gemma3) take
+their rows from the first logit bank harness.micro.bank finds (the committed tests/fixtures/logit_bank).
 Prints a table and writes $OUT/$LOG (default tune_sparse_pass.log). On a CUDA host:
 
     python scripts/tune_sparse_pass.py [vocabs, comma-separated] [families, comma-separated] [configurations]
@@ -28,8 +31,8 @@ from pathlib import Path
 import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
-from harness.micro import measure  # noqa: E402
-from harness.micro.families import make_family  # noqa: E402
+from harness.micro import bank, measure  # noqa: E402
+from harness.micro.families import FAMILIES, make_family  # noqa: E402
 from harness.verify import topk_fused  # noqa: E402
 
 CONFIGS = {
@@ -49,6 +52,14 @@ CONFIGS = {
     "b4096w8": {"PASS_BLOCK": 4096, "PASS_WARPS": 8},
     "b8192w8": {"PASS_BLOCK": 8192, "PASS_WARPS": 8},
     "b1024": {"PASS_BLOCK": 1024},
+    # the finish beside the pass: rows in CHUNKS slices, each slice's finish on a high-priority side stream once
+    # its pass is done; REPLACE: the merge that puts each entering key in place of the top's least (iterations:
+    # the keys that enter, not k minus the ranks kept; scripts/count_merge_steps.py counts both)
+    "c2": {"CHUNKS": 2},
+    "c4": {"CHUNKS": 4},
+    "c8": {"CHUNKS": 8},
+    "replace": {"REPLACE": 1},
+    "replace_c4": {"REPLACE": 1, "CHUNKS": 4},
 }
 
 
@@ -60,8 +71,10 @@ def taken(left: torch.Tensor | None, rows: int) -> torch.Tensor:
     return mask
 
 
-def cell(family: str, vocab: int, configs: dict, rows: int = 4096) -> str:
-    x = make_family(family, rows, vocab, seed=0, device=torch.device("cuda"))
+def cell(family: str, vocab: int, configs: dict, queued_ms: float, rows: int = 4096) -> str:
+    model = FAMILIES[family].bank
+    bank_rows = bank.load_rows(bank.find_bank(None), model)[0] if model else None
+    x = make_family(family, rows, vocab, seed=0, device=torch.device("cuda"), bank_rows=bank_rows)
     t, k, p = (torch.ones(rows, device="cuda"), torch.full((rows,), 20, device="cuda"),
                torch.full((rows,), 0.95, device="cuda"))
     calls = {n: (lambda x, c=c: topk_fused.run_sparse(x, t, k, p, c)[0]) for n, c in configs.items()}
@@ -75,7 +88,7 @@ def cell(family: str, vocab: int, configs: dict, rows: int = 4096) -> str:
             notes.append(f"{name}:DIFFERS")
         if left is not None:
             notes.append(f"{name}: {len(left)} rows left to the caller")
-    times = measure.time_interleaved(calls, [x], warmup=2, repeats=15)
+    times = measure.time_interleaved(calls, [x], warmup=2, repeats=15, queued_ms=queued_ms)
     med = {n: statistics.median(ms) for n, ms in times.items()}
     floor = med["read"]
     cells = " | ".join(f"{med[n]:.3f} ({med[n] / floor:.2f}x)" for n in configs)
@@ -90,12 +103,15 @@ def main() -> None:
     if unknown:
         sys.exit(f"tune_sparse_pass: unknown configuration(s) {', '.join(unknown)}; valid: {', '.join(CONFIGS)}")
     configs = {n: CONFIGS[n] for n in names}
-    lines = [f"{torch.cuda.get_device_name()}: run_sparse ms (x the read floor), 4096 rows, median of 15 rounds",
+    queued_ms = float(os.environ.get("QUEUED_MS", "0"))
+    timing = f"each call queued behind a {queued_ms:g} ms GPU wait" if queued_ms else "each call on an idle GPU"
+    lines = [f"{torch.cuda.get_device_name()}: run_sparse ms (x the read floor), 4096 rows, median of 15 rounds, "
+             f"{timing}; base = {topk_fused.launch_config(0, sparse=True)}",
              "| family | vocab | read | " + " | ".join(configs) + " | entries |",
              "|---|---:|---:|" + "---:|" * len(configs) + "---|"]
     for vocab in vocabs:
         for family in families:
-            lines.append(cell(family, vocab, configs))
+            lines.append(cell(family, vocab, configs, queued_ms))
             print(lines[-1], flush=True)
     name = os.environ.get("LOG", "tune_sparse_pass.log")
     (Path(os.environ.get("OUT", ".")) / name).write_text("\n".join(lines) + "\n")

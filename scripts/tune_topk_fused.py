@@ -58,7 +58,7 @@ def against_build(path: str):
 
 
 def one_cell(vocab: int, family: str, variants: dict[str, dict[str, int]], repeats: int, bank: str | None,
-             against=None) -> list[str]:
+             against=None, queued_ms: float = 0.0) -> list[str]:
     device = torch.device("cuda")
     model = FAMILIES[family].bank
     rows = load_rows(Path(bank), model)[0] if model else None
@@ -80,7 +80,7 @@ def one_cell(vocab: int, family: str, variants: dict[str, dict[str, int]], repea
         out = build[name](copies[0], t, k, p, config=cfg)
         differ, unexplained = unexplained_rows(out, ref, tied)
         checks[name] = f"{differ} rows differ, {unexplained} unexplained"
-    times = measure.time_interleaved(calls, copies, warmup=3, repeats=repeats)
+    times = measure.time_interleaved(calls, copies, warmup=3, repeats=repeats, queued_ms=queued_ms)
     med = {n: statistics.median(v) for n, v in times.items()}
     lines = [f"vocab {vocab:,} {family}: copy {med['copy']:.3f} ms, topk_first {med['topk_first']:.3f} ms"]
     for name in variants:
@@ -97,6 +97,8 @@ def main() -> None:
     parser.add_argument("--families", default="iid,sorted,bf16,clustered,lm_like,padding")
     parser.add_argument("--variant", action="append", default=[], help="NAME=JSON overrides of launch_config()")
     parser.add_argument("--repeats", type=int, default=20)
+    parser.add_argument("--queued-ms", type=float, default=0.0,
+                        help="queue each timed call behind a GPU busy-wait of this many ms (0: an idle GPU)")
     parser.add_argument("--bank", default="tests/fixtures/logit_bank", help="the logit bank of the real families")
     parser.add_argument("--against", action="append", default=[],
                         help="[NAME=]FILE: a topk_fused.py (another commit's) timed in the same rounds as NAME "
@@ -110,13 +112,14 @@ def main() -> None:
         name, _, path = text.rpartition("=")
         against[name or "against"] = against_build(path)
     out = Path(os.environ.get("OUT", ".")) / "tuning.log"
-    lines = [f"{torch.cuda.get_device_name()}; {ROWS} rows, top_k {TOP_K}, top_p {TOP_P}, fp32; variants: "
+    timing = f"queued behind a {args.queued_ms:g} ms GPU wait" if args.queued_ms else "on an idle GPU"
+    lines = [f"{torch.cuda.get_device_name()}; {ROWS} rows, top_k {TOP_K}, top_p {TOP_P}, fp32, {timing}; variants: "
              + "; ".join(f"{n}={json.dumps(c)}" for n, c in variants.items())
              + "".join(f"; {t.rpartition('=')[0] or 'against'} = the kernels of {t.rpartition('=')[2]}"
                        for t in args.against)]
     for vocab in (int(v) for v in args.vocabs.split(",")):
         for family in args.families.split(","):
-            cell = one_cell(vocab, family, variants, args.repeats, args.bank, against)
+            cell = one_cell(vocab, family, variants, args.repeats, args.bank, against, args.queued_ms)
             lines += cell
             print("\n".join(cell), flush=True)
             out.write_text("\n".join(lines) + "\n")

@@ -153,6 +153,27 @@ def test_strided_rows_and_many_rows_on_cuda():
 
 @pytest.mark.gpu
 @needs_cuda
+@pytest.mark.parametrize("sparse", [True, False], ids=["sparse", "dense"])
+def test_finishes_on_the_side_stream_on_cuda(sparse):
+    """The finish kernels in slices of rows on the high-priority stream (CHUNKS), with either merge: the same
+    output as one pass and one finish; and work queued after the call on the current stream sees every slice."""
+    logits = make_family("lm_like", 1000, 151_936, seed=3, device=torch.device("cuda"))
+    temperature, top_k, top_p = (torch.ones(1000, device="cuda"), torch.full((1000,), 20, device="cuda"),
+                                 torch.full((1000,), 0.95, device="cuda"))
+    run = topk_fused.run_sparse if sparse else topk_fused.run
+    ref = run(logits, temperature, top_k, top_p, {"FUSE": 0})
+    for config in ({"FUSE": 0, "CHUNKS": 4}, {"FUSE": 0, "CHUNKS": 7, "REPLACE": 1}, {"REPLACE": 1}):
+        got = run(logits, temperature, top_k, top_p, config)
+        assert got[-1] is None and all(torch.equal(a, b) for a, b in zip(ref[:-1], got[:-1], strict=True)), config
+    if sparse:  # work queued on the current stream right after queue_sparse (no synchronisation) sees every slice
+        for _ in range(3):
+            values, _, left = topk_fused.queue_sparse(logits, temperature, top_k, top_p, {"FUSE": 0, "CHUNKS": 8})
+            copy = values.clone()
+            assert left() is None and torch.equal(copy, ref[0])
+
+
+@pytest.mark.gpu
+@needs_cuda
 def test_half_the_rows_all_equal_on_cuda():
     logits = torch.randn(512, 248_320, device="cuda")
     logits[:256] = 0.0
@@ -285,11 +306,12 @@ def test_the_sparse_output_is_the_dense_output_without_its_zeros(family):
     assert values.shape == ids.shape == (n, topk_fused.FAST_K) and int(ids[0, 20]) == 4096  # ranks >= k: id V
     taken = torch.ones(n, dtype=torch.bool).index_fill_(0, left, False)
     # other block, group and tile sizes (several tiles of groups for a top-20; blocks of one group), the finish
-    # inside the pass (the dense mode's way) or apart: bitwise the same, sparse and dense (a tile's merge is exact:
-    # it skips only the running top's ranks that beat every key of the tile)
+    # inside the pass (the dense mode's way) or apart, in slices of rows (row0), the other merge (REPLACE: each
+    # entering key in place of the least): bitwise the same, sparse and dense (a tile's merge is exact: it skips
+    # only the running top's ranks that beat every key of the tile)
     dense = topk_fused.run(logits, temperature, top_k, top_p)[0]
     others = ({"PASS_BLOCK": 64, "GROUPS": 16}, {"TILE": 256, "FUSE": 1}, {"GROUPS": 128, "TILE": 1},
-              {"TILE": 64, "FUSE": 0})
+              {"TILE": 64, "FUSE": 0, "CHUNKS": 3}, {"REPLACE": 1, "TILE": 256}, {"REPLACE": 1, "FUSE": 1, "TILE": 64})
     for config in (others if family in ("iid", "sorted", "bf16") else ()):
         v2, i2, left2 = topk_fused.run_sparse(logits, temperature, top_k, top_p, config)
         assert torch.equal(left2, left) and torch.equal(v2[taken], values[taken]) and torch.equal(i2[taken], ids[taken])

@@ -16,9 +16,12 @@ No estimate and no retry; one kernel (launch_config's FUSE), or two:
      id order). Exact on every row (sorted, clustered, all equal): nothing to estimate, nothing to retry;
    - those k groups are read in tiles of TILE logits and merged into a running top k by repeated maximum of
      int64 keys (value, then lowest index), from the first rank the tile can change; only keys at or above the
-     k-th group's maximum can be among them;
+     k-th group's maximum can be among them (REPLACE 1: an unordered top k where each of the tile's keys above
+     its least, largest first and at most k, takes the least's slot; sorted once at the end);
    - divided by the temperature, softmaxed, top-p renormalised with the threshold rule of
      harness.verify.top_p_renorm_sorted, and written over the zeros (or, sparse, by rank).
+Without FUSE the rows go in CHUNKS slices: each slice's finish kernel runs on a high-priority side stream as soon
+as the slice's pass is done, beside the next slices' passes (_pass_then_finish).
 Rows left to the caller (top_k above FAST_K or covering the vocabulary) are counted; the caller builds them
 (harness.verify.fused_build: topk_first), and only them. The launches are queued without waiting; one
 synchronisation at the end reads the count of rows left.
@@ -36,6 +39,7 @@ at 4,096 rows).
 from __future__ import annotations
 
 import contextlib
+import functools
 from collections.abc import Callable
 
 import torch
@@ -67,6 +71,7 @@ def next_power_of_2(n: int) -> int:
 
 if triton is not None:
     _LOWEST = tl.constexpr(-(2**63))  # below every key: an empty slot
+    _HIGHEST = tl.constexpr(2**63 - 1)
     _FAST_K = tl.constexpr(FAST_K)
     _GREEDY = tl.constexpr(GREEDY_TEMPERATURE)
 
@@ -87,13 +92,15 @@ if triton is not None:
 
     @triton.jit
     def _pass_kernel(logits_ptr, stride_row, out_ptr, ids_ptr, maxes_ptr, status_ptr, temp_ptr, top_k_ptr, top_p_ptr,
-                     n_rows, vocab, BLOCK: tl.constexpr, GROUP: tl.constexpr, FUSE: tl.constexpr,
-                     SLOTS: tl.constexpr, TILE_GROUPS: tl.constexpr, SPARSE: tl.constexpr):
-        """Program (row, block): zeros over the block of the dense output (not SPARSE), and the maximum of each of
-        its GROUP-logit groups into the row's maxima (SLOTS a row; past the vocabulary: nothing). FUSE: the
-        row's last program to arrive (a counter per row, after the statuses) finishes the row (_finish_row)."""
+                     n_rows, vocab, row0, BLOCK: tl.constexpr, GROUP: tl.constexpr, FUSE: tl.constexpr,
+                     SLOTS: tl.constexpr, TILE_GROUPS: tl.constexpr, SPARSE: tl.constexpr,
+                     REPLACE: tl.constexpr):
+        """Program (row, block), rows from row0: zeros over the block of the dense output (not SPARSE), and the
+        maximum of each of its GROUP-logit groups into the row's maxima (SLOTS a row; past the vocabulary:
+        nothing). FUSE: the row's last program to arrive (a counter per row, after the statuses) finishes the row
+        (_finish_row)."""
         blocks = tl.cdiv(vocab, BLOCK)
-        row = tl.program_id(0) // blocks
+        row = row0 + tl.program_id(0) // blocks
         block = tl.program_id(0) % blocks
         groups = block * (BLOCK // GROUP) + tl.arange(0, BLOCK // GROUP)
         offs = groups[:, None] * GROUP + tl.arange(0, GROUP)[None, :]
@@ -110,7 +117,7 @@ if triton is not None:
             # program, which acquires them all, reads the maxima and writes over the zeros
             if tl.atomic_add(status_ptr + n_rows + 1 + row, 1, sem="acq_rel", scope="gpu") == blocks - 1:
                 _finish_row(row, logits_ptr, stride_row, out_ptr, ids_ptr, maxes_ptr, status_ptr, temp_ptr, top_k_ptr,
-                            top_p_ptr, n_rows, vocab, SLOTS, GROUP, TILE_GROUPS, SPARSE)
+                            top_p_ptr, n_rows, vocab, SLOTS, GROUP, TILE_GROUPS, SPARSE, REPLACE)
 
     @triton.jit
     def _write_probs(top, k, temperature, top_p, dst, dst_ids, vocab, SPARSE: tl.constexpr):
@@ -136,16 +143,16 @@ if triton is not None:
 
     @triton.jit
     def _finish_kernel(logits_ptr, stride_row, out_ptr, ids_ptr, maxes_ptr, status_ptr, temp_ptr, top_k_ptr,
-                       top_p_ptr, n_rows, vocab, SLOTS: tl.constexpr, GROUP: tl.constexpr, TILE_GROUPS: tl.constexpr,
-                       SPARSE: tl.constexpr):
-        """Program `row`: _finish_row."""
-        _finish_row(tl.program_id(0), logits_ptr, stride_row, out_ptr, ids_ptr, maxes_ptr, status_ptr, temp_ptr,
-                    top_k_ptr, top_p_ptr, n_rows, vocab, SLOTS, GROUP, TILE_GROUPS, SPARSE)
+                       top_p_ptr, n_rows, vocab, row0, SLOTS: tl.constexpr, GROUP: tl.constexpr, TILE_GROUPS: tl.constexpr,
+                       SPARSE: tl.constexpr, REPLACE: tl.constexpr):
+        """Program i: _finish_row of row row0 + i."""
+        _finish_row(row0 + tl.program_id(0), logits_ptr, stride_row, out_ptr, ids_ptr, maxes_ptr, status_ptr, temp_ptr,
+                    top_k_ptr, top_p_ptr, n_rows, vocab, SLOTS, GROUP, TILE_GROUPS, SPARSE, REPLACE)
 
     @triton.jit
     def _finish_row(row, logits_ptr, stride_row, out_ptr, ids_ptr, maxes_ptr, status_ptr, temp_ptr, top_k_ptr,
                     top_p_ptr, n_rows, vocab, SLOTS: tl.constexpr, GROUP: tl.constexpr, TILE_GROUPS: tl.constexpr,
-                    SPARSE: tl.constexpr):
+                    SPARSE: tl.constexpr, REPLACE: tl.constexpr):
         """A row's parameters; a row the kernels take gets its k largest logits from its k largest groups (module
         docstring) and its probabilities written (status 1); another is counted for the caller (status 2, and the
         count after the rows' statuses)."""
@@ -176,6 +183,8 @@ if triton is not None:
             # the groups, TILE_GROUPS at a time, merged into a running top k (its first `have` ranks used); only
             # keys at or above the floor count
             top = tl.full([_FAST_K], _LOWEST, tl.int64)
+            if REPLACE:  # an unordered top k: slots past k never the minimum
+                top = tl.where(ranks < k, _LOWEST, _HIGHEST)
             have = tl.full([], 0, tl.int32)
             # (unrolled: on an H200, Triton 3.6 miscompiled the running top carried through a loop of dynamic length)
             for start in tl.static_range(0, _FAST_K, TILE_GROUPS):
@@ -187,22 +196,35 @@ if triton is not None:
                     x = tl.load(src + offs, mask=ok, other=0.0).to(tl.float32)
                     keys = _key(x, offs)
                     keys = tl.reshape(tl.where(ok & (keys >= floor), keys, _LOWEST), [TILE_GROUPS * GROUP])
-                    total = tl.minimum(have + tl.sum((keys > _LOWEST).to(tl.int32), axis=0), k)
-                    merged = tl.full([_FAST_K], _LOWEST, tl.int64)
-                    prev = tl.full([], 2**63 - 1, tl.int64)
-                    placed = tl.full([], 0, tl.int32)
-                    if start > 0:  # the running top's ranks above every key of the tile keep their place (all of
-                        # them when the tile adds nothing): the repeated maximum starts after them
-                        placed = tl.minimum(tl.sum((top > tl.max(keys, axis=0)).to(tl.int32), axis=0), total)
-                        merged = tl.where(ranks < placed, top, _LOWEST)
-                        prev = tl.min(tl.where(ranks < placed, top, 2**63 - 1), axis=0)
-                    for i in range(placed, total):
-                        m = tl.maximum(tl.max(tl.where(keys < prev, keys, _LOWEST), axis=0),
-                                       tl.max(tl.where(top < prev, top, _LOWEST), axis=0))
-                        merged = tl.where(ranks == i, m, merged)
-                        prev = m
-                    top = merged
-                    have = total
+                    if REPLACE:  # the tile's keys above the top's least, largest first, each in place of the least
+                        # (at most k of them can stay)
+                        enter = tl.minimum(tl.sum((keys > tl.min(top, axis=0)).to(tl.int32), axis=0), k)
+                        prev = tl.full([], _HIGHEST, tl.int64)
+                        for _ in range(enter):
+                            m = tl.max(tl.where(keys < prev, keys, _LOWEST), axis=0)
+                            least = tl.min(top, axis=0)
+                            slot = tl.min(tl.where(top == least, ranks, _FAST_K), axis=0)
+                            top = tl.where((ranks == slot) & (m > least), m, top)
+                            prev = m
+                    else:
+                        total = tl.minimum(have + tl.sum((keys > _LOWEST).to(tl.int32), axis=0), k)
+                        merged = tl.full([_FAST_K], _LOWEST, tl.int64)
+                        prev = tl.full([], 2**63 - 1, tl.int64)
+                        placed = tl.full([], 0, tl.int32)
+                        if start > 0:  # the running top's ranks above every key of the tile keep their place (all of
+                            # them when the tile adds nothing): the repeated maximum starts after them
+                            placed = tl.minimum(tl.sum((top > tl.max(keys, axis=0)).to(tl.int32), axis=0), total)
+                            merged = tl.where(ranks < placed, top, _LOWEST)
+                            prev = tl.min(tl.where(ranks < placed, top, 2**63 - 1), axis=0)
+                        for i in range(placed, total):
+                            m = tl.maximum(tl.max(tl.where(keys < prev, keys, _LOWEST), axis=0),
+                                           tl.max(tl.where(top < prev, top, _LOWEST), axis=0))
+                            merged = tl.where(ranks == i, m, merged)
+                            prev = m
+                        top = merged
+                        have = total
+            if REPLACE:
+                top = tl.sort(tl.where(ranks < k, top, _LOWEST), descending=True)
             dst = out_ptr + tl.cast(row, tl.int64) * (_FAST_K if SPARSE else vocab)
             dst_ids = ids_ptr + tl.cast(row, tl.int64) * _FAST_K
             _write_probs(top, k, tl.where(greedy, 1.0, temp), tl.load(top_p_ptr + row).to(tl.float32), dst, dst_ids,
@@ -230,10 +252,15 @@ def launch_config(vocab: int = 0, sparse: bool = False) -> dict[str, int]:
     248,320 ids, 1.89x at 151,936, 2.50x at 32,000, against 1.70x, 2.06x and 2.50x fused (run_sparse alone;
     tune_groups_sparse.log in results/published/verify-step-h200-sparse), and in tiles of 512 logits since a tile's
     merge skips the ranks it cannot change: at or below 1,024 in 27 of 30 cells, within 2% in the others
-    (tune_sparse_placed*.log there)."""
+    (tune_sparse_placed*.log there). CHUNKS (slices of rows whose finishes run beside the later slices' passes, on
+    a side stream; without FUSE) and REPLACE (the merge by replacing the least: fewer iterations on real rows by
+    scripts/count_merge_steps.py's count) are exact (the tests: bitwise the same output) but not yet timed on a
+    GPU: off until scripts/tune_sparse_pass.py (c2, c4, c8, replace, replace_c4) says otherwise."""
     if sparse:
-        return {"PASS_BLOCK": 2048, "PASS_WARPS": 4, "GROUPS": 1024, "TILE": 512, "FUSE": 0, "FINISH_WARPS": 1}
-    return {"PASS_BLOCK": 2048, "PASS_WARPS": 4, "GROUPS": 1024, "TILE": 1024, "FUSE": 1, "FINISH_WARPS": 4}
+        return {"PASS_BLOCK": 2048, "PASS_WARPS": 4, "GROUPS": 1024, "TILE": 512, "FUSE": 0, "FINISH_WARPS": 1,
+                "CHUNKS": 1, "REPLACE": 0}
+    return {"PASS_BLOCK": 2048, "PASS_WARPS": 4, "GROUPS": 1024, "TILE": 1024, "FUSE": 1, "FINISH_WARPS": 4,
+            "CHUNKS": 1, "REPLACE": 0}
 
 
 def run(logits: Tensor, temperature: Tensor, top_k: Tensor, top_p: Tensor, config: dict[str, int] | None = None
@@ -271,6 +298,34 @@ def queue_sparse(logits: Tensor, temperature: Tensor, top_k: Tensor, top_p: Tens
         return _launch(logits, temperature, top_k, top_p, config, sparse=True)
 
 
+def _pass_then_finish(n: int, chunks: int, launch_pass: Callable[[int, int], None],
+                      launch_finish: Callable[[int, int], None], device: torch.device) -> None:
+    """The pass and the finish kernel over slices of cdiv(n, chunks) rows. On CUDA each slice's finish runs on a
+    high-priority side stream as soon as the slice's pass is done, so that it fills the SMs beside the next
+    slices' passes (the pass is bound by memory, the finish by latency), and the current stream waits for every
+    finish before anything queued after this call. Elsewhere (the interpreter): one after the other."""
+    step = -(-n // max(1, chunks))
+    if device.type != "cuda" or step >= n:
+        for row0 in range(0, n, step):
+            launch_pass(row0, min(step, n - row0))
+            launch_finish(row0, min(step, n - row0))
+        return
+    main, side = torch.cuda.current_stream(device), _side_stream(device.index)
+    for row0 in range(0, n, step):
+        launch_pass(row0, min(step, n - row0))
+        side.wait_stream(main)
+        with torch.cuda.stream(side):
+            launch_finish(row0, min(step, n - row0))
+    main.wait_stream(side)  # the outputs, and the inputs' memory, belong to the current stream again
+
+
+@functools.cache
+def _side_stream(index: int) -> torch.cuda.Stream:
+    """The device's stream for the finish kernels, at the highest priority (torch maps -100 to it): its programs
+    are scheduled before the pass's next ones as SMs free up."""
+    return torch.cuda.Stream(device=index, priority=-100)
+
+
 def launch_device(device: torch.device) -> contextlib.AbstractContextManager:
     """Triton launches on the current CUDA device: make it the tensors' (a CPU, under the interpreter: nothing)."""
     return torch.cuda.device(device) if device.type == "cuda" else contextlib.nullcontext()
@@ -294,11 +349,20 @@ def _launch(logits: Tensor, temperature: Tensor, top_k: Tensor, top_p: Tensor, c
     status = torch.zeros(2 * n + 1, dtype=torch.int32, device=device)  # a status per row, the rows left, arrivals
     fuse = cfg["FUSE"]
     row_args = (logits, logits.stride(0), out, ids, maxes, status, temperature, top_k, top_p, n, vocab)
-    shapes = {"SLOTS": slots, "GROUP": group, "TILE_GROUPS": max(1, cfg["TILE"] // group), "SPARSE": sparse}
-    _pass_kernel[(n * triton.cdiv(vocab, block),)](*row_args, BLOCK=block, FUSE=fuse, **shapes,
-                                                   num_warps=cfg["PASS_WARPS"])
-    if not fuse:
-        _finish_kernel[(n,)](*row_args, **shapes, num_warps=cfg["FINISH_WARPS"])
+    shapes = {"SLOTS": slots, "GROUP": group, "TILE_GROUPS": max(1, cfg["TILE"] // group), "SPARSE": sparse,
+              "REPLACE": cfg["REPLACE"]}
+    blocks = triton.cdiv(vocab, block)
+
+    def launch_pass(row0: int, rows: int) -> None:
+        _pass_kernel[(rows * blocks,)](*row_args, row0, BLOCK=block, FUSE=fuse, **shapes, num_warps=cfg["PASS_WARPS"])
+
+    def launch_finish(row0: int, rows: int) -> None:
+        _finish_kernel[(rows,)](*row_args, row0, **shapes, num_warps=cfg["FINISH_WARPS"])
+
+    if fuse:
+        launch_pass(0, n)
+    else:
+        _pass_then_finish(n, cfg["CHUNKS"], launch_pass, launch_finish, device)
 
     def left() -> Tensor | None:
         if int(status[n]) == 0:  # the one synchronisation
