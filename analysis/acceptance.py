@@ -21,7 +21,7 @@ import numpy as np
 import pandas as pd
 
 from analysis.load import Loaded
-from analysis.metrics import Metrics
+from analysis.metrics import RequestTables
 from analysis.stats import Change, bootstrap_sums, item_change
 
 REQUEST_QUANTILES = {"p10": 10, "p50": 50, "p90": 90}
@@ -54,7 +54,7 @@ def draft_positions(hist: np.ndarray, proposed: np.ndarray, steps: np.ndarray) -
     return max(hist.shape[1] - 1, per_step)
 
 
-def compute(data: Loaded, used: np.ndarray, m: Metrics, n_boot: int, seed: int) -> Acceptance | None:
+def compute(data: Loaded, used: np.ndarray, m: RequestTables, n_boot: int, seed: int) -> Acceptance | None:
     """`used`: the audit's used-record mask (the rows of m.requests, in order). None when no used request
     carries a histogram."""
     req = m.requests
@@ -93,7 +93,7 @@ def compute(data: Loaded, used: np.ndarray, m: Metrics, n_boot: int, seed: int) 
     return Acceptance(gamma, out_hist, rates, draft, mean, dist, count, int((~present).sum()), changes, seeds)
 
 
-def _changes(ge: np.ndarray, steps: np.ndarray, arm: np.ndarray, item: np.ndarray, group: np.ndarray, m: Metrics,
+def _changes(ge: np.ndarray, steps: np.ndarray, arm: np.ndarray, item: np.ndarray, group: np.ndarray, m: RequestTables,
              n_boot: int, seed: int) -> tuple[dict[str, list[Change]], pd.DataFrame]:
     """Paired item-bootstrap changes of each position's rate: pooled (column block 0) and per seed (1..)."""
     n_arms, gamma = len(m.arms), ge.shape[1]

@@ -17,7 +17,7 @@ from dataclasses import asdict, dataclass
 import numpy as np
 import pandas as pd
 
-from analysis.metrics import LATENCIES, PERCENTILES, Metrics
+from analysis.metrics import LATENCIES, PERCENTILES, Metrics, RequestTables
 from analysis.stats import (
     ALPHA,
     MIN_PAIRS,
@@ -74,13 +74,19 @@ class ChangeSet:
         return pd.DataFrame(rows)
 
 
-def compare(m: Metrics, n_boot: int, seed: int) -> ChangeSet:
-    matrix, layouts, _ = item_matrix(m)
-    changes: dict[ChangeKey, Change] = {}
-    changes.update(item_changes(m, matrix, layouts, n_boot, np.random.default_rng([seed, 0])))
-    changes.update(category_changes(m, matrix, layouts, n_boot, seed))
+def compare(m: Metrics, n_boot: int, seed: int, items: dict[ChangeKey, Change] | None = None) -> ChangeSet:
+    """Every change; `items`: item_based(m, n_boot, seed) when already computed (from the request tables alone)."""
+    changes = dict(item_based(m, n_boot, seed) if items is None else items)
     changes.update(run_changes(m, seed))
     return ChangeSet(changes)
+
+
+def item_based(t: RequestTables, n_boot: int, seed: int) -> dict[ChangeKey, Change]:
+    """The ratio metrics' changes (bootstraps over items): they need the request tables only."""
+    matrix, layouts, _ = item_matrix(t)
+    changes = item_changes(t, matrix, layouts, n_boot, np.random.default_rng([seed, 0]))
+    changes.update(category_changes(t, matrix, layouts, n_boot, seed))
+    return changes
 
 
 # ---------------------------------------------------------------------------------------------
@@ -98,7 +104,7 @@ class _Layout:
         return self.offset + (group * self.n_arms + arm) * q + self.quantities.index(quantity)
 
 
-def item_matrix(m: Metrics) -> tuple[np.ndarray, dict[str, _Layout], np.ndarray]:
+def item_matrix(m: RequestTables) -> tuple[np.ndarray, dict[str, _Layout], np.ndarray]:
     """Per-item sums [items, columns]; the column layout per partition; items present per column group."""
     req = m.requests
     run, item, arm = req["run"].to_numpy(), req["item"].to_numpy(), req["arm"].to_numpy()
@@ -128,7 +134,7 @@ def item_matrix(m: Metrics) -> tuple[np.ndarray, dict[str, _Layout], np.ndarray]
     return matrix, layouts, item
 
 
-def item_changes(m: Metrics, matrix: np.ndarray, layouts: dict[str, _Layout], n_boot: int,
+def item_changes(m: RequestTables, matrix: np.ndarray, layouts: dict[str, _Layout], n_boot: int,
                  rng: np.random.Generator) -> dict[ChangeKey, Change]:
     """The ratio metrics' changes of every partition but the categories, from one bootstrap over items (`matrix`,
     `layouts`: item_matrix's)."""
@@ -160,7 +166,7 @@ def _items_in_group(matrix: np.ndarray, lay: _Layout, group: int, quantity: str)
     return int(np.count_nonzero(matrix[:, cols].sum(axis=1)))
 
 
-def category_changes(m: Metrics, matrix: np.ndarray, layouts: dict[str, _Layout], n_boot: int,
+def category_changes(m: RequestTables, matrix: np.ndarray, layouts: dict[str, _Layout], n_boot: int,
                      seed: int) -> dict[ChangeKey, Change]:
     """Per-category changes, each from a bootstrap over the category's own items (stratified; `matrix`,
     `layouts`: item_matrix's)."""

@@ -28,7 +28,7 @@ figure uses the audit's selection (each planned request once, finished, no error
 from __future__ import annotations
 
 from collections.abc import Iterator
-from concurrent.futures import ThreadPoolExecutor
+from concurrent.futures import Executor, Future
 from dataclasses import dataclass
 
 import numpy as np
@@ -79,11 +79,17 @@ class Itl:
 
 
 @dataclass
-class Metrics:
+class RequestTables:
+    """The used requests and their partitions: all that the bootstraps over items need, ready before the ITL."""
+
     arms: list[str]
     baseline: str
     requests: pd.DataFrame  # the used requests, one row each, with integer codes
     partitions: dict[str, Partition]
+
+
+@dataclass
+class Metrics(RequestTables):
     ratios: pd.DataFrame  # (partition, group, arm) -> sums and ratio metrics
     outcomes: pd.DataFrame  # (partition, group, arm) -> planned, used, correct, scored, cap_hits, errors
     runs: pd.DataFrame  # one row per planned run with data
@@ -102,22 +108,30 @@ def arm_order(data: Loaded, baseline: str) -> list[str]:
     return [a for a in ordered if a]
 
 
-def compute(data: Loaded, picked: Picked, arms: list[str], baseline: str) -> Metrics:
+def start(data: Loaded, picked: Picked, arms: list[str], baseline: str,
+          pool: Executor) -> tuple[RequestTables, Future[Metrics]]:
+    """The metrics in two jobs on `pool` (give it two workers for them: numpy's and pandas' loops release the
+    GIL): the ITL, queued first, and the rest once this thread has made the request tables; -> (the tables, the
+    metrics to come). Work that needs only the tables can run in this thread meanwhile."""
     arm_of_run = pd.Index(arms).get_indexer(data.runs["arm"]).astype(np.int64)
-    parts = partitions(data)
     used = picked.selection.used
-    with ThreadPoolExecutor(max_workers=1) as pool:  # the ITL beside the request tables (numpy releases the GIL)
-        itl_job = pool.submit(itl_summary, data.chunks, np.flatnonzero(used), data.records["_run"].to_numpy()[used],
-                              arm_of_run, len(arms))
-        req = request_frame(data, picked, arm_of_run)
-        ratios = ratio_table(req, parts, arms)
-        outcomes = outcome_table(data, picked, req, parts, arms, arm_of_run)
-        itl = itl_job.result()
+    itl_job = pool.submit(itl_summary, data.chunks, np.flatnonzero(used), data.records["_run"].to_numpy()[used],
+                          arm_of_run, len(arms))
+    tables = RequestTables(arms, baseline, request_frame(data, picked, arm_of_run), partitions(data))
+    return tables, pool.submit(_finish, data, picked, tables, arm_of_run, itl_job)
+
+
+def _finish(data: Loaded, picked: Picked, tables: RequestTables, arm_of_run: np.ndarray,
+            itl_job: Future[ItlSummary]) -> Metrics:
+    arms, req, parts = tables.arms, tables.requests, tables.partitions
+    ratios = ratio_table(req, parts, arms)
+    outcomes = outcome_table(data, picked, req, parts, arms, arm_of_run)
+    itl = itl_job.result()
     runs = run_table(data, picked, req, itl, arm_of_run)
     latency, counts = pooled_latency(req, itl, len(arms), arms)
     return Metrics(
         arms=arms,
-        baseline=baseline,
+        baseline=tables.baseline,
         requests=req,
         partitions=parts,
         ratios=ratios,

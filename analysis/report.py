@@ -18,10 +18,10 @@ from pathlib import Path
 
 from analysis import acceptance, markdown, plots, pr, summary
 from analysis.audit import Mismatch, metadata_mismatches, pick, run_audit
-from analysis.compare import POWER_CHANGES, compare, power_table
+from analysis.compare import POWER_CHANGES, compare, item_based, power_table
 from analysis.load import InputError, load
 from analysis.memory import report_memory
-from analysis.metrics import arm_order, compute
+from analysis.metrics import arm_order, start
 from analysis.model import Report
 from analysis.stats import MIN_PAIRS_FOR_SD
 from analysis.tables import build, fmt_pairs
@@ -67,13 +67,17 @@ def _build(paths: list[str | Path], allow_mismatch: bool, n_boot: int, seed: int
     baseline = data.campaigns[0].baseline or (data.campaigns[0].arm_names or [""])[0]
     arms = arm_order(data, baseline)
     picked = pick(data)
-    # two at a time (numpy's and pandas' loops release the GIL): the checks beside the metrics, the per-position
-    # bootstrap beside the comparison's; each reads the loaded data only, so the results do not depend on it
-    with ThreadPoolExecutor(max_workers=2) as pool:
+    # side by side (numpy's and pandas' loops release the GIL): the checks and the ITL from the start, then,
+    # as soon as this thread has the request tables, the rest of the metrics, the per-position bootstrap and
+    # (here) the comparison's bootstraps over items, which need nothing else; each reads the loaded data only,
+    # so the results do not depend on the order
+    with ThreadPoolExecutor(max_workers=4) as pool:
         audit_job = pool.submit(run_audit, data, picked, arms, baseline, mismatches, allow_mismatch)
-        metrics = compute(data, picked, arms, baseline)
-        positions_job = pool.submit(acceptance.compute, data, picked.selection.used, metrics, n_boot, seed)
-        comparison = compare(metrics, n_boot, seed)
+        requests, metrics_job = start(data, picked, arms, baseline, pool)
+        positions_job = pool.submit(acceptance.compute, data, picked.selection.used, requests, n_boot, seed)
+        items = item_based(requests, n_boot, seed)
+        metrics = metrics_job.result()
+        comparison = compare(metrics, n_boot, seed, items)
         audit, positions = audit_job.result(), positions_job.result()
     tables = build(metrics, comparison, data.campaigns[0].meta.get("max_new_tokens"), len(data.campaigns) > 1)
     report = Report(
