@@ -72,8 +72,8 @@ class Reader:
         if any(v is None for v in [*lists.values(), *meta_lists]):
             return None
         meta = pa.StructArray.from_arrays(
-            [table.column(f"_m_{n}").combine_chunks() for n in f.meta_floats] + meta_lists,
-            names=[*f.meta_floats, *f.meta_lists], mask=table.column("_m_null").combine_chunks())
+            [one_array(table.column(f"_m_{n}")) for n in f.meta_floats] + meta_lists,
+            names=[*f.meta_floats, *f.meta_lists], mask=one_array(table.column("_m_null")))
         out = table.select(list(self.columns))
         for name in f.lists:
             out = out.set_column(out.schema.get_field_index(name), name, lists[name])
@@ -89,10 +89,16 @@ def int_lists(table: pa.Table, names: tuple[str, ...]) -> pa.Table:
     return table
 
 
+def one_array(column: pa.ChunkedArray) -> pa.Array:
+    """The column as one array: its only chunk as it is (combine_chunks copies even one chunk: the chunk lists of a
+    large campaign, 0.6 GB of fresh pages), else the chunks combined."""
+    return column.chunk(0) if column.num_chunks == 1 else column.combine_chunks()
+
+
 def _checked_list(column: pa.ChunkedArray) -> pa.ListArray | None:
     """A list<double> column as one array, or None when an element is null, not an integer, or of EXACT or more (its
     double may not be the integer written; the line-by-line reader reads it exactly)."""
-    lists = column.combine_chunks()
+    lists = one_array(column)
     if lists.values.null_count:
         return None
     return lists if _integral(lists.values.to_numpy()) else None

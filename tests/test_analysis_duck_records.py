@@ -8,6 +8,7 @@ import json
 import math
 from pathlib import Path
 
+import pyarrow as pa
 import pytest
 
 from analysis import duck_records
@@ -152,3 +153,13 @@ def test_keys_are_matched_case_sensitively(reader, tmp_path):
     renamed = {k: v for k, v in BASE.items() if k not in ("run_id", "meta_info")}
     for record in [{**renamed, "RUN_ID": "x", "META_INFO": BASE["meta_info"]}, {**BASE, "Run_Id": "x"}]:
         assert assert_same(tmp_path, [line(record)], reader)
+
+
+def test_one_array_keeps_a_single_chunk_and_combines_several():
+    """A column of one chunk is used as it is (combine_chunks would copy it: the chunk lists of a large campaign are
+    gigabytes of fresh pages), one of several is combined, in order."""
+    lists = pa.array([[1.0, 2.0], None, [3.0]])
+    one = duck_records.one_array(pa.chunked_array([lists]))
+    assert one.buffers()[-1].address == lists.buffers()[-1].address
+    two = duck_records.one_array(pa.chunked_array([lists, pa.array([[4.0]])]))
+    assert two.to_pylist() == [[1.0, 2.0], None, [3.0], [4.0]]
