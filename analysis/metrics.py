@@ -27,7 +27,7 @@ figure uses the audit's selection (each planned request once, finished, no error
 
 from __future__ import annotations
 
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from concurrent.futures import Executor, Future
 from dataclasses import dataclass
 
@@ -126,9 +126,9 @@ def _finish(data: Loaded, picked: Picked, tables: RequestTables, arm_of_run: np.
     arms, req, parts = tables.arms, tables.requests, tables.partitions
     ratios = ratio_table(req, parts, arms)
     outcomes = outcome_table(data, picked, req, parts, arms, arm_of_run)
-    itl = itl_job.result()
-    runs = run_table(data, picked, req, itl, arm_of_run)
-    latency, counts = pooled_latency(req, itl, len(arms), arms)
+    histogram = histogram_table(data, picked, arm_of_run, arms)
+    runs = run_table(data, picked, req, itl_job.result, arm_of_run)  # waits for the ITL once the rest is done
+    latency, counts = pooled_latency(req, itl_job.result(), len(arms), arms)
     return Metrics(
         arms=arms,
         baseline=tables.baseline,
@@ -138,7 +138,7 @@ def _finish(data: Loaded, picked: Picked, tables: RequestTables, arm_of_run: np.
         outcomes=outcomes,
         runs=runs,
         seed_runs=seed_run_table(runs),
-        histogram=histogram_table(data, picked, arm_of_run, arms),
+        histogram=histogram,
         pooled_latency=latency,
         pooled_counts=counts,
         open_loop=any(c.open_loop for c in data.campaigns),
@@ -600,7 +600,9 @@ def outcome_table(
     return out
 
 
-def run_table(data: Loaded, picked: Picked, req: pd.DataFrame, itl: ItlSummary, arm_of_run: np.ndarray) -> pd.DataFrame:
+def run_table(data: Loaded, picked: Picked, req: pd.DataFrame, itl: Callable[[], ItlSummary],
+              arm_of_run: np.ndarray) -> pd.DataFrame:
+    """One row per planned finished run. itl: gives the ITL summary; called once every other column is made."""
     runs = data.runs
     rec = data.records
     meas = picked.selection.measured
@@ -644,8 +646,8 @@ def union_length(start: np.ndarray, end: np.ndarray) -> float:
     return float(np.sum(np.maximum(reach - np.maximum(s, before), 0.0)))
 
 
-def _per_run_request_stats(req: pd.DataFrame, itl: ItlSummary, n_runs: int) -> pd.DataFrame:
-    """Per-run sums and percentiles."""
+def _per_run_request_stats(req: pd.DataFrame, itl: Callable[[], ItlSummary], n_runs: int) -> pd.DataFrame:
+    """Per-run sums and percentiles (the ITL's from `itl()`, called last)."""
     run = req["run"].to_numpy()
     order = np.argsort(run, kind="stable")
     bounds = np.searchsorted(run[order], np.arange(n_runs + 1))
@@ -665,8 +667,9 @@ def _per_run_request_stats(req: pd.DataFrame, itl: ItlSummary, n_runs: int) -> p
     for family in ("ttft", "e2e", "tpot"):
         for p in PERCENTILES:
             rows[f"{family}_p{p}"] = _slice_stat(cols[family], bounds, lambda v, p=p: np.nanpercentile(v, p))
+    per_run = itl().per_run
     for k, p in enumerate(PERCENTILES):
-        rows[f"itl_p{p}"] = itl.per_run[:, k]
+        rows[f"itl_p{p}"] = per_run[:, k]
     return pd.DataFrame(rows, index=pd.RangeIndex(n_runs, name="run"))
 
 
