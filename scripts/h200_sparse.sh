@@ -2,7 +2,8 @@
 # The sparse verify path on a lent GPU host (README "The sparse verify path"): the GPU tests of the kernels, the
 # verify-step microbenchmark on every logit family, and the embedded A/B of dense vs sparse.
 #
-#   scripts/h200_sparse.sh [tests] [micro] [builders] [profile] [probe] [tune] [ab]    (default: tests micro ab)
+#   scripts/h200_sparse.sh [tests] [micro] [builders] [profile] [probe] [parts] [tune] [tune_dense] [ab]
+#                                                                              (default: tests micro ab)
 #
 # That host has torch, Triton and CUDA but no network: what the harness needs beyond its image travels as
 # wheels (WHEELS, default .whl: hydra-core, omegaconf, antlr4, math-verify, latex2sympy2-extended, orjson, dill,
@@ -12,7 +13,9 @@
 # profile_sparse_step.py: the step's time per kernel), probe_read_shape.log (scripts/probe_read_shape.py: the
 # pass's grid shape against bare Triton reads), tune_sparse_pass.log (scripts/tune_sparse_pass.py with the
 # configurations TUNE_CONFIGS on TUNE_FAMILIES, into TUNE_LOG; QUEUED_MS=1 times each call queued behind GPU
-# work), ab-console.log, ab.tgz (the campaign). A step that fails does not stop the later ones; the script then
+# work), probe_finish_parts.log (`parts`: the finish's pick and merge apart, scripts/probe_finish_parts.py),
+# tuning.log (`tune_dense`: the dense builder's variants against the copy floor, scripts/tune_topk_fused.py, at
+# DENSE_VOCABS, default 32000,49152,128256,248320), ab-console.log, ab.tgz (the campaign). A step that fails does not stop the later ones; the script then
 # names the failed steps and exits 1.
 # The device's carry limit (64 MiB) counts the tracked tree too: with it at 13.2 MB (2026-12-04) the device refused
 # .whl + .gpuk together when .gpuk held FlashInfer's whole wheel; scripts/pack_device_wheels.sh packs both small
@@ -60,6 +63,17 @@ for step in "${steps[@]}"; do
     probe)
       OUT="$OUT" "$PY" scripts/probe_read_shape.py || failed+=(probe)
       ;;
+    parts)
+      OUT="$OUT" "$PY" scripts/probe_finish_parts.py "${VOCABS:-248320,151936,32000}" \
+        "${TUNE_FAMILIES:-iid,clustered,lm_like,smollm2,gemma3}" || failed+=(parts)
+      ;;
+    tune_dense)
+      OUT="$OUT" "$PY" scripts/tune_topk_fused.py --vocabs "${DENSE_VOCABS:-32000,49152,128256,248320}" --queued-ms "${QUEUED_MS:-0}" \
+        --families "${TUNE_FAMILIES:-iid,clustered,lm_like,smollm2,gemma3}" --bank tests/fixtures/logit_bank \
+        --variant base='{}' --variant replace='{"REPLACE": 1}' \
+        --variant c4='{"FUSE": 0, "CHUNKS": 4, "FINISH_WARPS": 1}' \
+        --variant replace_c4='{"FUSE": 0, "CHUNKS": 4, "FINISH_WARPS": 1, "REPLACE": 1}' || failed+=(tune_dense)
+      ;;
     tune)
       OUT="$OUT" LOG="${TUNE_LOG:-tune_sparse_pass.log}" "$PY" scripts/tune_sparse_pass.py "${VOCABS:-248320,151936,32000}" \
         "${TUNE_FAMILIES:-iid,clustered,lm_like,smollm2,gemma3}" "${TUNE_CONFIGS:-c2,c4,c8,replace,replace_c4}" \
@@ -71,7 +85,7 @@ for step in "${steps[@]}"; do
         2>&1 | tee "$OUT/ab-console.log" || failed+=(ab)
       tar czf "$OUT/ab.tgz" -C /tmp/ab .  # a failed campaign's runs too
       ;;
-    *) echo "unknown step $step (tests, micro, builders, profile, probe, tune or ab)" >&2; exit 2 ;;
+    *) echo "unknown step $step (tests, micro, builders, profile, probe, parts, tune, tune_dense or ab)" >&2; exit 2 ;;
   esac
 done
 echo "results under $OUT"
