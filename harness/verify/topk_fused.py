@@ -183,8 +183,9 @@ if triton is not None:
             # the groups, TILE_GROUPS at a time, merged into a running top k (its first `have` ranks used); only
             # keys at or above the floor count
             top = tl.full([_FAST_K], _LOWEST, tl.int64)
-            if REPLACE:  # an unordered top k: slots past k never the minimum
-                top = tl.where(ranks < k, _LOWEST, _HIGHEST)
+            if REPLACE:  # an unordered top k: its empty slots distinct and below every key (a key's low word is
+                # 2^32 - 1 - id > 2^31 > the rank), slots past k never the minimum
+                top = tl.where(ranks < k, ranks.to(tl.int64) + _LOWEST, _HIGHEST)
             have = tl.full([], 0, tl.int32)
             # (unrolled: on an H200, Triton 3.6 miscompiled the running top carried through a loop of dynamic length)
             for start in tl.static_range(0, _FAST_K, TILE_GROUPS):
@@ -202,9 +203,8 @@ if triton is not None:
                         prev = tl.full([], _HIGHEST, tl.int64)
                         for _ in range(enter):
                             m = tl.max(tl.where(keys < prev, keys, _LOWEST), axis=0)
-                            least = tl.min(top, axis=0)
-                            slot = tl.min(tl.where(top == least, ranks, _FAST_K), axis=0)
-                            top = tl.where((ranks == slot) & (m > least), m, top)
+                            least = tl.min(top, axis=0)  # in one slot: the slots are distinct
+                            top = tl.where((top == least) & (m > least), m, top)
                             prev = m
                     else:
                         total = tl.minimum(have + tl.sum((keys > _LOWEST).to(tl.int32), axis=0), k)
