@@ -72,11 +72,13 @@ for step in "${steps[@]}"; do
         --families "${TUNE_FAMILIES:-iid,clustered,lm_like,smollm2,gemma3}" --bank tests/fixtures/logit_bank \
         --variant base='{}' --variant replace='{"REPLACE": 1}' \
         --variant c4='{"FUSE": 0, "CHUNKS": 4, "FINISH_WARPS": 1}' \
-        --variant replace_c4='{"FUSE": 0, "CHUNKS": 4, "FINISH_WARPS": 1, "REPLACE": 1}' || failed+=(tune_dense)
+        --variant replace_c4='{"FUSE": 0, "CHUNKS": 4, "FINISH_WARPS": 1, "REPLACE": 1}' \
+        --variant super8='{"SUPER": 8}' --variant replace_super8='{"REPLACE": 1, "SUPER": 8}' \
+        --variant all='{"FUSE": 0, "CHUNKS": 4, "FINISH_WARPS": 1, "REPLACE": 1, "SUPER": 8}' || failed+=(tune_dense)
       ;;
     tune)
       OUT="$OUT" LOG="${TUNE_LOG:-tune_sparse_pass.log}" "$PY" scripts/tune_sparse_pass.py "${VOCABS:-248320,151936,32000}" \
-        "${TUNE_FAMILIES:-iid,clustered,lm_like,smollm2,gemma3}" "${TUNE_CONFIGS:-c2,c4,c8,replace,replace_c4}" \
+        "${TUNE_FAMILIES:-iid,clustered,lm_like,smollm2,gemma3}" "${TUNE_CONFIGS:-c2,c4,c8,replace,replace_c4,super8,replace_super8,all}" \
         || failed+=(tune)
       ;;
     ab)

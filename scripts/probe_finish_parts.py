@@ -33,7 +33,7 @@ _NO_MERGE = ("                if start < picks:  # tiles past the k groups", "  
 _KEEP_PICK = ("            _write_probs(top, k,", "            _write_probs(tl.where(ranks == 0, floor, top), k,")
 EDITS = {  # variant -> (text, replacement) pairs applied to topk_fused.py
     "nomerge": [_NO_MERGE, _KEEP_PICK],
-    "nopick_nomerge": [_NO_MERGE, _KEEP_PICK, ("            for i in range(picks):", "            for i in range(0):")],
+    "nopick_nomerge": [_NO_MERGE, _KEEP_PICK, ("        for i in range(picks):", "        for i in range(0):")],
 }
 
 

@@ -29,7 +29,7 @@ from harness.verify import topk_fused  # noqa: E402
 SIGNATURE = {"logits_ptr": "*fp32", "stride_row": "i32", "out_ptr": "*fp32", "ids_ptr": "*i32", "maxes_ptr": "*fp32",
              "status_ptr": "*i32", "temp_ptr": "*fp32", "top_k_ptr": "*i64", "top_p_ptr": "*fp32", "n_rows": "i32",
              "vocab": "i32", "row0": "i32"}
-SHAPES = ("SLOTS", "GROUP", "TILE_GROUPS", "SPARSE", "REPLACE")
+SHAPES = ("SLOTS", "GROUP", "TILE_GROUPS", "SPARSE", "REPLACE", "SUPER")
 
 
 def finish_sass(vocab: int, options: dict) -> str:
@@ -37,7 +37,7 @@ def finish_sass(vocab: int, options: dict) -> str:
     cfg = {**topk_fused.launch_config(vocab, sparse=True), **options}
     group = topk_fused.group_size(vocab, cfg["GROUPS"])
     shapes = {"SLOTS": max(16, topk_fused.next_power_of_2(triton.cdiv(vocab, group))), "GROUP": group,
-              "TILE_GROUPS": max(1, cfg["TILE"] // group), "SPARSE": True, "REPLACE": cfg["REPLACE"]}
+              "TILE_GROUPS": max(1, cfg["TILE"] // group), "SPARSE": True, "REPLACE": cfg["REPLACE"], "SUPER": cfg["SUPER"]}
     source = ASTSource(fn=topk_fused._finish_kernel, signature={**SIGNATURE, **dict.fromkeys(SHAPES, "constexpr")},
                        constexprs=shapes)
     kernel = triton.compile(source, target=GPUTarget("cuda", 90, 32), options={"num_warps": cfg["FINISH_WARPS"]})

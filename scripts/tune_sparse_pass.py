@@ -60,6 +60,11 @@ CONFIGS = {
     "c8": {"CHUNKS": 8},
     "replace": {"REPLACE": 1},
     "replace_c4": {"REPLACE": 1, "CHUNKS": 4},
+    # SUPER: the group pick in two rounds (the k largest super-groups of 8 groups, then the k largest groups among
+    # theirs), 146 instructions a round of k where one round over all groups is 295 (scripts/sass_loops.py)
+    "super8": {"SUPER": 8},
+    "replace_super8": {"REPLACE": 1, "SUPER": 8},
+    "all": {"REPLACE": 1, "SUPER": 8, "CHUNKS": 4},
 }
 
 

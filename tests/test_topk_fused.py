@@ -155,14 +155,16 @@ def test_strided_rows_and_many_rows_on_cuda():
 @needs_cuda
 @pytest.mark.parametrize("sparse", [True, False], ids=["sparse", "dense"])
 def test_finishes_on_the_side_stream_on_cuda(sparse):
-    """The finish kernels in slices of rows on the high-priority stream (CHUNKS), with either merge: the same
-    output as one pass and one finish; and work queued after the call on the current stream sees every slice."""
+    """The finish kernels in slices of rows on the high-priority stream (CHUNKS), with either merge and either pick
+    (SUPER): the same output as one pass and one finish; and work queued after the call on the current stream sees
+    every slice."""
     logits = make_family("lm_like", 1000, 151_936, seed=3, device=torch.device("cuda"))
     temperature, top_k, top_p = (torch.ones(1000, device="cuda"), torch.full((1000,), 20, device="cuda"),
                                  torch.full((1000,), 0.95, device="cuda"))
     run = topk_fused.run_sparse if sparse else topk_fused.run
     ref = run(logits, temperature, top_k, top_p, {"FUSE": 0})
-    for config in ({"FUSE": 0, "CHUNKS": 4}, {"FUSE": 0, "CHUNKS": 7, "REPLACE": 1}, {"REPLACE": 1}):
+    for config in ({"FUSE": 0, "CHUNKS": 4}, {"FUSE": 0, "CHUNKS": 7, "REPLACE": 1}, {"REPLACE": 1}, {"SUPER": 8},
+                   {"FUSE": 0, "CHUNKS": 4, "REPLACE": 1, "SUPER": 8}):
         got = run(logits, temperature, top_k, top_p, config)
         assert got[-1] is None and all(torch.equal(a, b) for a, b in zip(ref[:-1], got[:-1], strict=True)), config
     if sparse:  # work queued on the current stream right after queue_sparse (no synchronisation) sees every slice
@@ -246,6 +248,25 @@ def test_every_logit_family_under_the_interpreter(family):
     model = FAMILIES[family].bank
     rows = bank.load_rows(FIXTURE_BANK, model)[0] if model else None
     check_family(family, 16_384, 8, make_family(family, 8, 16_384, seed=0, device=torch.device("cpu"), bank_rows=rows))
+
+
+@pytest.mark.interpreter
+@pytest.mark.parametrize(("family", "vocab", "config"), [
+    ("iid", 9_000, {"SUPER": 4}), ("bf16", 9_000, {"SUPER": 4, "FUSE": 0}), ("clustered", 9_000, {"SUPER": 4}),
+    ("sorted", 20_000, {"SUPER": 8}), ("lm_like", 20_000, {"SUPER": 8, "REPLACE": 1, "FUSE": 0})])
+def test_the_two_level_pick_is_the_pick(family, vocab, config):
+    """SUPER (the k largest super-groups of SUPER groups, then the k largest groups among theirs, for top_k up to
+    32; its scratch in the row's maxima: 512 of them for SUPER 4, 1,024 for 8): bitwise the output of the one
+    repeated maximum over every group, sparse and dense, top_k 1 to 64 (33 and 64 take the one-level pick)."""
+    interpreter_or_skip()
+    n = 8
+    logits = make_family(family, n, vocab, seed=4, device=torch.device("cpu"))
+    temperature, top_p = torch.ones(n), torch.full((n,), 0.9)
+    top_k = torch.tensor([20, 1, 32, 5, 33, 64, 2, 20])
+    for run in (topk_fused.run, topk_fused.run_sparse):
+        ref, got = run(logits, temperature, top_k, top_p), run(logits, temperature, top_k, top_p, config)
+        assert ref[-1] is None and got[-1] is None
+        assert all(torch.equal(a, b) for a, b in zip(ref[:-1], got[:-1], strict=True)), (run.__name__, config)
 
 
 @pytest.mark.interpreter

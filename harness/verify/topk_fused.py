@@ -10,8 +10,9 @@ No estimate and no retry; one kernel (launch_config's FUSE), or two:
 2. finish, once per row (in that last program, or in a kernel of its own after the pass): the row's parameters
    (greedy rows: k 1; top_k <= 0 or >= the vocabulary: the whole vocabulary, left to the caller, as top_k above
    FAST_K), then the row's k largest logits, found among few:
-   - the k largest groups, ranked by (maximum descending, group index ascending), hold the row's k largest logits
-     ranked by (value descending, index ascending): a logit of any other group is beaten by the first largest
+   - the k largest groups, ranked by (maximum descending, group index ascending; SUPER > 1: found in two rounds,
+     the k largest super-groups of SUPER groups, then the k largest groups among theirs), hold the row's k largest
+     logits ranked by (value descending, index ascending): a logit of any other group is beaten by the first largest
      logit of each of those k groups (larger, or equal and at a lower index: groups are contiguous id ranges in
      id order). Exact on every row (sorted, clustered, all equal): nothing to estimate, nothing to retry;
    - those k groups are read in tiles of TILE logits and merged into a running top k by repeated maximum of
@@ -72,6 +73,7 @@ def next_power_of_2(n: int) -> int:
 if triton is not None:
     _LOWEST = tl.constexpr(-(2**63))  # below every key: an empty slot
     _HIGHEST = tl.constexpr(2**63 - 1)
+    _TWO_K = tl.constexpr(32)  # the largest top_k that the two-level pick takes (SUPER)
     _FAST_K = tl.constexpr(FAST_K)
     _GREEDY = tl.constexpr(GREEDY_TEMPERATURE)
 
@@ -94,7 +96,7 @@ if triton is not None:
     def _pass_kernel(logits_ptr, stride_row, out_ptr, ids_ptr, maxes_ptr, status_ptr, temp_ptr, top_k_ptr, top_p_ptr,
                      n_rows, vocab, row0, BLOCK: tl.constexpr, GROUP: tl.constexpr, FUSE: tl.constexpr,
                      SLOTS: tl.constexpr, TILE_GROUPS: tl.constexpr, SPARSE: tl.constexpr,
-                     REPLACE: tl.constexpr):
+                     REPLACE: tl.constexpr, SUPER: tl.constexpr):
         """Program (row, block), rows from row0: zeros over the block of the dense output (not SPARSE), and the
         maximum of each of its GROUP-logit groups into the row's maxima (SLOTS a row; past the vocabulary:
         nothing). FUSE: the row's last program to arrive (a counter per row, after the statuses) finishes the row
@@ -117,7 +119,7 @@ if triton is not None:
             # program, which acquires them all, reads the maxima and writes over the zeros
             if tl.atomic_add(status_ptr + n_rows + 1 + row, 1, sem="acq_rel", scope="gpu") == blocks - 1:
                 _finish_row(row, logits_ptr, stride_row, out_ptr, ids_ptr, maxes_ptr, status_ptr, temp_ptr, top_k_ptr,
-                            top_p_ptr, n_rows, vocab, SLOTS, GROUP, TILE_GROUPS, SPARSE, REPLACE)
+                            top_p_ptr, n_rows, vocab, SLOTS, GROUP, TILE_GROUPS, SPARSE, REPLACE, SUPER)
 
     @triton.jit
     def _write_probs(top, k, temperature, top_p, dst, dst_ids, vocab, SPARSE: tl.constexpr):
@@ -142,17 +144,60 @@ if triton is not None:
             tl.store(dst + idx, p, mask=kept)
 
     @triton.jit
+    def _pick(gkeys, picks):
+        """(the `picks` largest of the keys gkeys, their group ids by rank in FAST_K slots; the last one's key), by
+        repeated maximum."""
+        ranks = tl.arange(0, _FAST_K)
+        picked = tl.full([_FAST_K], 0, tl.int32)
+        prev = tl.full([], _HIGHEST, tl.int64)
+        for i in range(picks):
+            m = tl.max(tl.where(gkeys < prev, gkeys, _LOWEST), axis=0)
+            picked = tl.where(ranks == i, _unkey(m)[1], picked)
+            prev = m
+        return picked, prev
+
+    @triton.jit
+    def _pick_two_level(gkeys, picks, n_groups, scratch, SLOTS: tl.constexpr, SUPER: tl.constexpr):
+        """_pick (picks at most _TWO_K) in two smaller rounds: the `picks` largest super-groups of SUPER groups, by
+        their best group key, hold the `picks` largest groups (a group outside them is beaten by each of their
+        best groups); then those among the picked super-groups' groups. scratch: _TWO_K * SUPER + SLOTS // SUPER
+        int64 words of this program's own (the row's group maxima, read already)."""
+        # through memory, as the keys below: each super-group's key comes out of the reduction in a layout of 32 a
+        # lane (sm_90 SASS, Triton 3.6); read back contiguously, as few as SLOTS // SUPER allow. The barrier: every
+        # thread has read its maxima before any overwrites them
+        tl.debug_barrier()
+        tl.store(scratch + _TWO_K * SUPER + tl.arange(0, SLOTS // SUPER),
+                 tl.max(tl.reshape(gkeys, [SLOTS // SUPER, SUPER]), axis=1))
+        tl.debug_barrier()
+        skeys = tl.load(scratch + _TWO_K * SUPER + tl.arange(0, SLOTS // SUPER))
+        slots = tl.arange(0, _TWO_K)
+        supers = tl.full([_TWO_K], 0, tl.int32)
+        prev = tl.full([], _HIGHEST, tl.int64)
+        for i in range(tl.minimum(picks, tl.cdiv(n_groups, SUPER))):
+            m = tl.max(tl.where(skeys < prev, skeys, _LOWEST), axis=0)
+            supers = tl.where(slots == i, _unkey(m)[1] // SUPER, supers)
+            prev = m
+        at = tl.arange(0, _TWO_K * SUPER)
+        group = tl.gather(supers, at // SUPER, 0) * SUPER + at % SUPER
+        ok = at // SUPER < tl.minimum(picks, tl.cdiv(n_groups, SUPER))
+        # through memory: the gathered keys come in a layout of 32 a lane (sm_90 SASS, Triton 3.6), read back
+        # contiguously they are 8 a lane, and each round of the pick scans 8
+        tl.store(scratch + at, tl.where(ok, tl.gather(gkeys, group, 0), _LOWEST))
+        tl.debug_barrier()
+        return _pick(tl.load(scratch + at), picks)
+
+    @triton.jit
     def _finish_kernel(logits_ptr, stride_row, out_ptr, ids_ptr, maxes_ptr, status_ptr, temp_ptr, top_k_ptr,
                        top_p_ptr, n_rows, vocab, row0, SLOTS: tl.constexpr, GROUP: tl.constexpr, TILE_GROUPS: tl.constexpr,
-                       SPARSE: tl.constexpr, REPLACE: tl.constexpr):
+                       SPARSE: tl.constexpr, REPLACE: tl.constexpr, SUPER: tl.constexpr):
         """Program i: _finish_row of row row0 + i."""
         _finish_row(row0 + tl.program_id(0), logits_ptr, stride_row, out_ptr, ids_ptr, maxes_ptr, status_ptr, temp_ptr,
-                    top_k_ptr, top_p_ptr, n_rows, vocab, SLOTS, GROUP, TILE_GROUPS, SPARSE, REPLACE)
+                    top_k_ptr, top_p_ptr, n_rows, vocab, SLOTS, GROUP, TILE_GROUPS, SPARSE, REPLACE, SUPER)
 
     @triton.jit
     def _finish_row(row, logits_ptr, stride_row, out_ptr, ids_ptr, maxes_ptr, status_ptr, temp_ptr, top_k_ptr,
                     top_p_ptr, n_rows, vocab, SLOTS: tl.constexpr, GROUP: tl.constexpr, TILE_GROUPS: tl.constexpr,
-                    SPARSE: tl.constexpr, REPLACE: tl.constexpr):
+                    SPARSE: tl.constexpr, REPLACE: tl.constexpr, SUPER: tl.constexpr):
         """A row's parameters; a row the kernels take gets its k largest logits from its k largest groups (module
         docstring) and its probabilities written (status 1); another is counted for the caller (status 2, and the
         count after the rows' statuses)."""
@@ -168,12 +213,15 @@ if triton is not None:
             gkeys = tl.where(used, _key(mx, g), _LOWEST)
             picks = tl.minimum(k, tl.cdiv(vocab, GROUP))
             ranks = tl.arange(0, _FAST_K)
-            picked = tl.full([_FAST_K], 0, tl.int32)
-            prev = tl.full([], 2**63 - 1, tl.int64)
-            for i in range(picks):
-                m = tl.max(tl.where(gkeys < prev, gkeys, _LOWEST), axis=0)
-                picked = tl.where(ranks == i, _unkey(m)[1], picked)
-                prev = m
+            if (SUPER > 1) and ((_TWO_K * SUPER + SLOTS // SUPER) * 2 <= SLOTS):  # the scratch (int64 words) fits
+                # in the row's maxima
+                if k <= _TWO_K:
+                    scratch = (maxes_ptr + tl.cast(row, tl.int64) * SLOTS).to(tl.pointer_type(tl.int64), bitcast=True)
+                    picked, prev = _pick_two_level(gkeys, picks, tl.cdiv(vocab, GROUP), scratch, SLOTS, SUPER)
+                else:
+                    picked, prev = _pick(gkeys, picks)
+            else:
+                picked, prev = _pick(gkeys, picks)
             # every logit among the row's k largest has a key at least that of the k-th group's first maximum,
             # and so at least this floor (the same value at the group's last index)
             kth_max, kth_group = _unkey(prev)
@@ -255,12 +303,14 @@ def launch_config(vocab: int = 0, sparse: bool = False) -> dict[str, int]:
     (tune_sparse_placed*.log there). CHUNKS (slices of rows whose finishes run beside the later slices' passes, on
     a side stream; without FUSE) and REPLACE (the merge by replacing the least: fewer iterations on real rows by
     scripts/count_merge_steps.py's count) are exact (the tests: bitwise the same output) but not yet timed on a
-    GPU: off until scripts/tune_sparse_pass.py (c2, c4, c8, replace, replace_c4) says otherwise."""
+    GPU: off until scripts/tune_sparse_pass.py (c2, c4, c8, replace, replace_c4) says otherwise. Nor SUPER (the
+    group pick in two rounds for top_k up to 32, where the row's maxima leave room for its scratch: 146 SASS
+    instructions a round of k against 295, scripts/sass_loops.py)."""
     if sparse:
         return {"PASS_BLOCK": 2048, "PASS_WARPS": 4, "GROUPS": 1024, "TILE": 512, "FUSE": 0, "FINISH_WARPS": 1,
-                "CHUNKS": 1, "REPLACE": 0}
+                "CHUNKS": 1, "REPLACE": 0, "SUPER": 0}
     return {"PASS_BLOCK": 2048, "PASS_WARPS": 4, "GROUPS": 1024, "TILE": 1024, "FUSE": 1, "FINISH_WARPS": 4,
-            "CHUNKS": 1, "REPLACE": 0}
+            "CHUNKS": 1, "REPLACE": 0, "SUPER": 0}
 
 
 def run(logits: Tensor, temperature: Tensor, top_k: Tensor, top_p: Tensor, config: dict[str, int] | None = None
@@ -350,7 +400,7 @@ def _launch(logits: Tensor, temperature: Tensor, top_k: Tensor, top_p: Tensor, c
     fuse = cfg["FUSE"]
     row_args = (logits, logits.stride(0), out, ids, maxes, status, temperature, top_k, top_p, n, vocab)
     shapes = {"SLOTS": slots, "GROUP": group, "TILE_GROUPS": max(1, cfg["TILE"] // group), "SPARSE": sparse,
-              "REPLACE": cfg["REPLACE"]}
+              "REPLACE": cfg["REPLACE"], "SUPER": cfg["SUPER"]}
     blocks = triton.cdiv(vocab, block)
 
     def launch_pass(row0: int, rows: int) -> None:
