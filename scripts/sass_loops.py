@@ -7,7 +7,8 @@ row in the sparse mode); it says nothing of memory latency. Triton's wheels carr
     /tmp/t36/bin/python scripts/sass_loops.py [vocab, default 248320] [options as JSON, default '[{}, {"REPLACE": 1}]']
 
 On 2026-12-04 (248,320 ids, the sparse mode's defaults): the pick of the k largest of 1,024 group maxima 296
-instructions an iteration (k iterations), the tile merge 177 (the rank merge) or 171 (REPLACE) an iteration.
+instructions an iteration (k iterations), the tile merge 177 (the rank merge) or 171 (REPLACE) an iteration;
+SUPER 8's pick 61 (128 super-group keys) + 85 (256 group keys) an iteration.
 """
 
 import json
