@@ -15,8 +15,9 @@
 # configurations TUNE_CONFIGS on TUNE_FAMILIES, into TUNE_LOG; QUEUED_MS=1 times each call queued behind GPU
 # work), probe_finish_parts.log (`parts`: the finish's pick and merge apart, scripts/probe_finish_parts.py),
 # tuning.log (`tune_dense`: the dense builder's variants against the copy floor, scripts/tune_topk_fused.py, at
-# DENSE_VOCABS, default 32000,49152,128256,248320), ab-console.log, ab.tgz (the campaign). A step that fails does not stop the later ones; the script then
-# names the failed steps and exits 1.
+# DENSE_VOCABS, default 32000,49152,128256,248320; QUEUED_MS as for `tune`), ab-console.log, ab.tgz (the
+# campaign). Idle and queued sets in one call: two runs of the script with OUT=$OUT/idle and OUT=$OUT/queued.
+# A step that fails does not stop the later ones; the script then names the failed steps and exits 1.
 # The device's carry limit (64 MiB) counts the tracked tree too: with it at 13.2 MB (2026-12-04) the device refused
 # .whl + .gpuk together when .gpuk held FlashInfer's whole wheel; scripts/pack_device_wheels.sh packs both small
 # enough to travel together (~28 MB). Otherwise carry .gpuk and a smaller wheel folder (WHEELS=it) holding what the
@@ -68,7 +69,8 @@ for step in "${steps[@]}"; do
         "${TUNE_FAMILIES:-iid,clustered,lm_like,smollm2,gemma3}" || failed+=(parts)
       ;;
     tune_dense)
-      OUT="$OUT" "$PY" scripts/tune_topk_fused.py --vocabs "${DENSE_VOCABS:-32000,49152,128256,248320}" --queued-ms "${QUEUED_MS:-0}" \
+      OUT="$OUT" "$PY" scripts/tune_topk_fused.py --vocabs "${DENSE_VOCABS:-32000,49152,128256,248320}" \
+        --queued-ms "${QUEUED_MS:-0}" \
         --families "${TUNE_FAMILIES:-iid,clustered,lm_like,smollm2,gemma3}" --bank tests/fixtures/logit_bank \
         --variant base='{}' --variant replace='{"REPLACE": 1}' \
         --variant c4='{"FUSE": 0, "CHUNKS": 4, "FINISH_WARPS": 1}' \
@@ -78,8 +80,8 @@ for step in "${steps[@]}"; do
       ;;
     tune)
       OUT="$OUT" LOG="${TUNE_LOG:-tune_sparse_pass.log}" "$PY" scripts/tune_sparse_pass.py "${VOCABS:-248320,151936,32000}" \
-        "${TUNE_FAMILIES:-iid,clustered,lm_like,smollm2,gemma3}" "${TUNE_CONFIGS:-c2,c4,c8,replace,replace_c4,super8,replace_super8,all}" \
-        || failed+=(tune)
+        "${TUNE_FAMILIES:-iid,clustered,lm_like,smollm2,gemma3}" \
+        "${TUNE_CONFIGS:-c2,c4,c8,replace,replace_c4,super8,replace_super8,all}" || failed+=(tune)
       ;;
     ab)
       "$PY" -m harness.bench experiment=embedded_verify_sparse server.model_path=embedded:large results_dir=/tmp/ab \
