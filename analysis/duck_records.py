@@ -107,9 +107,7 @@ def _checked_list(column: pa.ChunkedArray) -> pa.ListArray | None:
 def _int_list(column: pa.ChunkedArray) -> pa.ListArray | None:
     """A list<double> column as list<int64>, or None where _checked_list finds it is not one of integers."""
     lists = _checked_list(column)
-    if lists is None:
-        return None
-    return pa.ListArray.from_arrays(lists.offsets, pc.cast(lists.values, pa.int64()), mask=lists.is_null())
+    return None if lists is None else pc.cast(lists, pa.list_(pa.int64()))  # as int_lists casts whole columns
 
 
 _BLOCK = 1 << 16  # values checked at a time: the temporaries stay in cache rather than take fresh pages
