@@ -39,14 +39,11 @@ def finish_sass(vocab: int, options: dict, sparse: bool = True) -> str:
     """The SASS for sm_90 (cuobjdump of the cubin Triton builds) of the kernel that finishes the rows: the finish
     kernel, or the pass kernel where the configuration fuses them (the dense mode's default)."""
     cfg = {**topk_fused.launch_config(vocab, sparse=sparse), **options}
-    group = topk_fused.group_size(vocab, cfg["GROUPS"])
-    shapes = {"SLOTS": max(16, topk_fused.next_power_of_2(triton.cdiv(vocab, group))), "GROUP": group,
-              "TILE_GROUPS": max(1, cfg["TILE"] // group), "SPARSE": sparse, "REPLACE": cfg["REPLACE"],
-              "SUPER": cfg["SUPER"]}
+    shapes = topk_fused.kernel_shapes(vocab, cfg, sparse)
     fn, warps = topk_fused._finish_kernel, cfg["FINISH_WARPS"]
     if cfg["FUSE"]:
         fn, warps = topk_fused._pass_kernel, cfg["PASS_WARPS"]
-        shapes.update(BLOCK=max(cfg["PASS_BLOCK"], group), FUSE=1)
+        shapes.update(BLOCK=max(cfg["PASS_BLOCK"], shapes["GROUP"]), FUSE=1)
     source = ASTSource(fn=fn, signature={**SIGNATURE, **dict.fromkeys(shapes, "constexpr")}, constexprs=shapes)
     kernel = triton.compile(source, target=GPUTarget("cuda", 90, 32), options={"num_warps": warps})
     with tempfile.TemporaryDirectory() as folder:

@@ -257,13 +257,13 @@ if triton is not None:
                     else:
                         total = tl.minimum(have + tl.sum((keys > _LOWEST).to(tl.int32), axis=0), k)
                         merged = tl.full([_FAST_K], _LOWEST, tl.int64)
-                        prev = tl.full([], 2**63 - 1, tl.int64)
+                        prev = tl.full([], _HIGHEST, tl.int64)
                         placed = tl.full([], 0, tl.int32)
                         if start > 0:  # the running top's ranks above every key of the tile keep their place (all of
                             # them when the tile adds nothing): the repeated maximum starts after them
                             placed = tl.minimum(tl.sum((top > tl.max(keys, axis=0)).to(tl.int32), axis=0), total)
                             merged = tl.where(ranks < placed, top, _LOWEST)
-                            prev = tl.min(tl.where(ranks < placed, top, 2**63 - 1), axis=0)
+                            prev = tl.min(tl.where(ranks < placed, top, _HIGHEST), axis=0)
                         for i in range(placed, total):
                             m = tl.maximum(tl.max(tl.where(keys < prev, keys, _LOWEST), axis=0),
                                            tl.max(tl.where(top < prev, top, _LOWEST), axis=0))
@@ -348,6 +348,14 @@ def queue_sparse(logits: Tensor, temperature: Tensor, top_k: Tensor, top_p: Tens
         return _launch(logits, temperature, top_k, top_p, config, sparse=True)
 
 
+def kernel_shapes(vocab: int, cfg: dict[str, int], sparse: bool) -> dict[str, int]:
+    """The constexprs both kernels take, for a vocabulary and a launch configuration (launch_config's keys)."""
+    group = group_size(vocab, cfg["GROUPS"])
+    return {"SLOTS": max(16, next_power_of_2(triton.cdiv(vocab, group))),  # a tensor of at least 16 (Triton's smallest)
+            "GROUP": group, "TILE_GROUPS": max(1, cfg["TILE"] // group), "SPARSE": sparse, "REPLACE": cfg["REPLACE"],
+            "SUPER": cfg["SUPER"]}
+
+
 def _pass_then_finish(n: int, chunks: int, launch_pass: Callable[[int, int], None],
                       launch_finish: Callable[[int, int], None], device: torch.device) -> None:
     """The pass and the finish kernel over slices of cdiv(n, chunks) rows. On CUDA each slice's finish runs on a
@@ -390,8 +398,8 @@ def _launch(logits: Tensor, temperature: Tensor, top_k: Tensor, top_p: Tensor, c
         logits = logits.contiguous()
     cfg = {**launch_config(vocab, sparse), **(config or {})}
     device = logits.device
-    group = group_size(vocab, cfg["GROUPS"])
-    slots = max(16, next_power_of_2(triton.cdiv(vocab, group)))  # a tensor of at least 16 (Triton's smallest)
+    shapes = kernel_shapes(vocab, cfg, sparse)
+    group, slots = shapes["GROUP"], shapes["SLOTS"]
     block = max(cfg["PASS_BLOCK"], group)
     out = torch.empty(n, FAST_K if sparse else vocab, dtype=torch.float32, device=device)
     ids = torch.empty(n, FAST_K, dtype=torch.int32, device=device) if sparse else out
@@ -399,8 +407,6 @@ def _launch(logits: Tensor, temperature: Tensor, top_k: Tensor, top_p: Tensor, c
     status = torch.zeros(2 * n + 1, dtype=torch.int32, device=device)  # a status per row, the rows left, arrivals
     fuse = cfg["FUSE"]
     row_args = (logits, logits.stride(0), out, ids, maxes, status, temperature, top_k, top_p, n, vocab)
-    shapes = {"SLOTS": slots, "GROUP": group, "TILE_GROUPS": max(1, cfg["TILE"] // group), "SPARSE": sparse,
-              "REPLACE": cfg["REPLACE"], "SUPER": cfg["SUPER"]}
     blocks = triton.cdiv(vocab, block)
 
     def launch_pass(row0: int, rows: int) -> None:
