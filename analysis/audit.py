@@ -9,6 +9,7 @@ from __future__ import annotations
 
 from collections.abc import Callable
 from dataclasses import dataclass
+from pathlib import Path
 from typing import Any
 
 import numpy as np
@@ -16,7 +17,7 @@ import pandas as pd
 
 from analysis.code import CHECK_NAME, check_code
 from analysis.commands import ArmDiff, RunVariant, compare_arms, run_variants
-from analysis.load import NO_MANIFEST, NOT_RUN, Loaded, segment_sums
+from analysis.load import NO_MANIFEST, NOT_RUN, Loaded, line_numbers, segment_sums
 
 FAIL, WARN, OK, INFO = "fail", "warn", "ok", "info"
 FINISHED_REASONS = ("stop", "length")
@@ -231,6 +232,7 @@ INVALID_REASONS = (
     "no verify step but more than one completion token (only the first token comes without one)",
     "t_end is before t_sent",
     "t_first_token is outside [t_sent, t_end]",
+    "t_sent or t_end is missing (the client sets both on every request it sends)",
 )
 
 
@@ -246,9 +248,10 @@ def invalid_values(rec: pd.DataFrame) -> np.ndarray:
     def bad_count(x: np.ndarray) -> np.ndarray:
         return ~np.isnan(x) & ((x < 0) | (x != np.floor(x)))
 
-    with np.errstate(invalid="ignore"):  # NaN (null) compares False: a missing value is not invalid
+    with np.errstate(invalid="ignore"):  # NaN (null) compares False: a missing value is not invalid, except
+        # t_sent and t_end of a request that did not fail (t_first_token stays null when no chunk carried output)
         masks = (bad_count(ct), bad_count(vct), bad_count(ncd), ct > cap, (vct == 0) & (ct > 1), t_end < t_sent,
-                 (t_first < t_sent) | (t_first > t_end))
+                 (t_first < t_sent) | (t_first > t_end), ~_errored(rec) & (np.isnan(t_sent) | np.isnan(t_end)))
     return np.vstack(masks) if len(rec) else np.zeros((len(INVALID_REASONS), 0), dtype=bool)
 
 
@@ -549,13 +552,19 @@ def check_verify_counts(data: Loaded, sel: Selection) -> Check:
 
 
 def _rows(data: Loaded, mask: np.ndarray, say: Callable[[int], str], limit: int = 200) -> list[str]:
-    """One line per flagged record (the first `limit`), naming its run, line and item."""
+    """One line per flagged record (the first `limit`), naming its run, its line of records.jsonl and its item."""
     runs, rec = data.runs, data.records
     idx = np.flatnonzero(mask)
+    run, row = rec["_run"].to_numpy()[idx[:limit]], rec["_line"].to_numpy()[idx[:limit]]
+    line: dict[tuple[int, int], int] = {}
+    for r in np.unique(run):
+        path = runs["records_path"].iat[r]
+        rows = [int(x) for x in row[run == r]]
+        line.update(zip(((int(r), x) for x in rows),
+                        line_numbers(Path(path), rows, path in data.slow_files), strict=True))
     out = []
-    for i in idx[:limit]:
-        r = int(rec["_run"].iat[i])
-        out.append(f"{runs['campaign'].iat[r]}/{runs['run_id'].iat[r]} line {int(rec['_line'].iat[i]) + 1} "
+    for i, r, x in zip(idx[:limit], run, row, strict=True):
+        out.append(f"{runs['campaign'].iat[r]}/{runs['run_id'].iat[r]} line {line[int(r), int(x)]} "
                    f"(item {rec['item_id'].iat[i]}): {say(i)}")
     if len(idx) > limit:
         out.append(f"... and {len(idx) - limit} more records")
@@ -671,14 +680,20 @@ def check_scores(data: Loaded, sel: Selection) -> Check:
     missing = runs[(runs["scores_path"] == "") & (runs["records_path"] != "")]
     details = [f"{r.campaign}/{r.run_id} ({r.arm}): records but no scores.jsonl; its score column is n/a"
                for r in missing.itertuples()]
-    rec_run = data.records["_run"].to_numpy()
-    has_file = (data.runs["scores_path"] != "").to_numpy()[rec_run]
-    v2 = (data.runs["schema_version"] >= 2).to_numpy()[rec_run]
-    unscored = sel.used & v2 & has_file & np.isnan(data.records["correct"].to_numpy())
-    if unscored.any():
-        details.append(f"{int(unscored.sum())} used request(s) with no score line, or a null score (no reference "
-                       "answer, scoring off, or the request errored)")
+    lines = data.records["_score_lines"].to_numpy()
+    with np.errstate(invalid="ignore"):  # NaN: the run has no scores file (above)
+        none, twice = sel.used & (lines == 0), sel.used & (lines > 1)
+    lost = _rows(data, none, lambda i: "no line in its run's scores.jsonl: its score is unknown, and the score "
+                 "column counts it as not correct")
+    lost += _rows(data, twice, lambda i: f"scored on {int(lines[i])} lines of its run's scores.jsonl (the first counts)")
+    nulls = int((sel.used & (lines == 1) & np.isnan(data.records["correct"].to_numpy())).sum())
+    if nulls:
+        details.append(f"{nulls} used request(s) with a null score (no reference answer, or scoring off)")
     summary = f"{len(runs) - len(missing)}/{len(runs)} finished runs have scores.jsonl"
+    if lost:
+        summary += (f"; {int(none.sum())} used request(s) without a score line, {int(twice.sum())} scored twice: "
+                    "the file was edited or cut short (restore it, or rerun the runs)")
+        return Check(name, FAIL, summary, tuple(lost + details))
     return Check(name, WARN if len(missing) else OK, summary, tuple(details))
 
 

@@ -411,11 +411,38 @@ def _null_nonfinite(table: pa.Table, path: Path) -> tuple[pa.Table, list[BadLine
         rows = np.flatnonzero(mask.to_numpy(zero_copy_only=False))
         if len(rows):
             values = column.to_numpy(zero_copy_only=False)
-            bad += [BadLine(str(path), int(r) + 1, f"{name}={float(values[r])!r} is not finite, or too large "
-                            "for a float (ignored)") for r in rows]
+            numbers = line_numbers(path, [int(r) for r in rows], slow=False)
+            bad += [BadLine(str(path), number, f"{name}={float(values[r])!r} is not finite, or too large "
+                            "for a float (ignored)") for r, number in zip(rows, numbers, strict=True)]
             nulls = pa.nulls(len(column), pa.float64())
             table = table.set_column(table.schema.get_field_index(name), name, pc.if_else(mask, nulls, column))
     return table, bad
+
+
+def line_numbers(path: Path, rows: list[int], slow: bool) -> list[int]:
+    """The 1-based line of `path` that each record row (0-based, in the order read_records_file returned them) came
+    from: both readers skip blank lines, and the line-by-line one (`slow`) also the lines that are not JSON objects.
+    Read again for the few rows a message names."""
+    wanted = set(rows)
+    found: dict[int, int] = {}
+    lines = json_lines(path, []) if slow else _nonblank(path)
+    ordinal = -1
+    for number, obj in lines:
+        if slow and not isinstance(obj, dict):
+            continue
+        ordinal += 1
+        if ordinal in wanted:
+            found[ordinal] = number
+            if len(found) == len(wanted):
+                break
+    return [found.get(r, r + 1) for r in rows]
+
+
+def _nonblank(path: Path) -> Iterator[tuple[int, None]]:
+    with path.open("rb") as handle:
+        for number, line in enumerate(handle, start=1):
+            if line.strip():
+                yield number, None
 
 
 def _read_slow(path: Path) -> tuple[pa.Table, list[BadLine]]:
@@ -861,22 +888,27 @@ def _apply_scores(records: pd.DataFrame, runs: pd.DataFrame,
                   scores: dict[int, tuple[pa.Table, list[BadLine]]]) -> list[BadLine]:
     """Schema-2 runs: `correct` of each record from its run's scores.jsonl (`scores`: read_scores_file's
     result by row of `runs`, for the _scored_runs rows), joined on request_index (NaN when the run has no scores file or the record
-    no score). Schema 1 keeps the record's own."""
+    no score), and `_score_lines`, the number of score lines the record's request_index has (NaN in runs without a
+    scores file). Schema 1 keeps the record's own."""
     v2 = runs["schema_version"].to_numpy() >= 2
+    records["_score_lines"] = np.nan
     if not v2.any():
         return []
     run = records["_run"].to_numpy()
     correct = records["correct"].to_numpy().copy()
     correct[v2[run]] = np.nan
+    lines_of = np.full(len(records), np.nan)  # score lines of the record's request_index (runs with a scores file)
     index = records["request_index"].to_numpy()
     bad: list[BadLine] = []
     for r, (table, lines) in scores.items():
         bad += lines
-        idx = table.column("request_index").to_numpy(zero_copy_only=False).astype(float)
+        idx = pd.Series(table.column("request_index").to_numpy(zero_copy_only=False).astype(float))
         val = pc.cast(table.column("correct"), pa.float64()).to_numpy(zero_copy_only=False)
-        first = ~pd.Series(idx).duplicated(keep="first").to_numpy()
+        first = ~idx.duplicated(keep="first").to_numpy()
         lookup = pd.Series(val[first], index=idx[first])
         mine = np.flatnonzero(run == r)
         correct[mine] = lookup.reindex(index[mine]).to_numpy(dtype=float)
+        lines_of[mine] = idx.value_counts().reindex(index[mine]).fillna(0).to_numpy(dtype=float)
     records["correct"] = correct
+    records["_score_lines"] = lines_of
     return bad

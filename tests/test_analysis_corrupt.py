@@ -42,6 +42,8 @@ CLEAN_BLOCK_AL = 142 / 42  # the block arm's pooled acceptance length in the cle
     (lambda r: r.update(completion_tokens=61), "completion_tokens exceeds the request's max_new_tokens"),
     (lambda r: r.update(t_end=r["t_sent"] - 1), "t_end is before t_sent"),
     (lambda r: r.update(t_first_token=r["t_end"] + 1), "t_first_token is outside"),
+    (lambda r: r.update(t_end=None), "t_sent or t_end is missing"),  # its tokens would count in a shorter window
+    (lambda r: r.pop("t_sent"), "t_sent or t_end is missing"),
 ])
 def test_impossible_values_fail_the_audit_and_stay_out_of_the_figures(tmp_path, change, reason, clean_campaign):
     camp = clean_campaign
@@ -77,6 +79,22 @@ def test_non_finite_huge_and_mistyped_numbers_are_bad_lines(tmp_path, capsys, va
     assert report.tables.pooled.at["acceptance_length", "block"] != pytest.approx(CLEAN_BLOCK_AL)
     assert main([str(camp), "--strict", "--out", str(tmp_path / "out")]) == 1
     assert "Traceback" not in capsys.readouterr().err
+
+
+@pytest.mark.parametrize("before", ["\n \n", "not json\n\n"])  # the fast reader's file; the line-by-line one's
+@pytest.mark.parametrize(("value", "check_name"), [(-40, VALUES_CHECK), (float("nan"), "Records readable")])
+def test_a_flagged_record_is_named_by_its_line_in_the_file(before, value, check_name, clean_campaign):
+    """Blank lines and lines that are not records come before it: the message names the file's line, not the
+    record's place among the records."""
+    camp = clean_campaign
+    edit_measured_record(camp, "q1", lambda r: r.update(completion_tokens=value))
+    path = camp / RECORDS
+    lines = path.read_text().splitlines(keepends=True)
+    at = next(i for i, line in enumerate(lines) if f'"completion_tokens": {json.dumps(value)}' in line)
+    path.write_text(before + "".join(lines))
+    details = check(build_report([camp]), check_name).details
+    line = at + 1 + before.count("\n")
+    assert any(f"line {line} " in d or f"records.jsonl:{line}: completion_tokens" in d for d in details), details
 
 
 def test_out_of_range_request_seed_is_a_bad_line(tmp_path, clean_campaign):

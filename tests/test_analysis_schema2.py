@@ -102,6 +102,25 @@ def test_a_run_without_scores_has_no_score_and_warns(tmp_path):
     assert "| Boxed score over entire response | 2/4 | 3/4 |  |" in squash(report.markdown)
 
 
+@pytest.mark.parametrize("damage", ["lose a line", "score twice", "no request_index"])
+def test_a_used_request_without_one_score_line_fails_the_audit(tmp_path, damage):
+    """A request the score column counts must have exactly one line in its run's scores.jsonl: a lost line would
+    count it as not correct, a second line is ambiguous."""
+    camp = copy_campaign(V2, tmp_path / "golden" / "c1")
+    run = camp / "runs" / "r0-token-100"
+    lines = (run / "scores.jsonl").read_text().splitlines(keepends=True)
+    if damage == "lose a line":
+        (run / "scores.jsonl").write_text("".join(lines[:1] + lines[2:]))  # request_index 1, q1, correct
+    elif damage == "score twice":
+        (run / "scores.jsonl").write_text("".join(lines + lines[1:2]))
+    else:
+        edit_records(run / "records.jsonl", lambda r: r.pop("request_index") if r["request_index"] == 1 else None)
+    c = check(build_report([camp], n_boot=50), "Answers scored (scores.jsonl)")
+    assert c.status == "fail", c
+    said = "scored on 2 lines" if damage == "score twice" else "no line in its run's scores.jsonl"
+    assert any("r0-token-100 line 2 (item q1)" in d and said in d for d in c.details), c.details
+
+
 def test_foreign_load_is_flagged_in_the_audit_the_runs_and_the_changes(v2):
     c = check(v2, "Runs taken on a quiet machine")
     assert c.status == "warn" and c.summary.startswith("1 of 4 runs taken under foreign load")
@@ -275,7 +294,7 @@ def test_greedy_drafts_get_the_equal_in_expectation_note(tmp_path):
     assert "equal in expectation" not in build_report([V2], n_boot=50).markdown
 
 
-def test_chunk_checks_equal_a_record_by_record_reading():
+def test_chunk_checks_equal_a_record_by_record_reading(tmp_path):
     """check_chunks works on the flat arrays; it flags exactly the records a per-record reading flags: a decrease
     inside a record (not one across two records), token counts that do not add up, lists of different lengths;
     records without chunks, at the start, in the middle and at the end."""
@@ -302,8 +321,10 @@ def test_chunk_checks_equal_a_record_by_record_reading():
     chunks = Chunks(offsets(us_lists), np.concatenate(us_lists).astype(np.int64), np.ones(n, bool),
                     offsets(tok_lists), np.concatenate(tok_lists).astype(np.int64), np.ones(n, bool))
     records = pd.DataFrame({"completion_tokens": ct, "_run": 0, "_line": np.arange(n), "item_id": "q"})
-    data = SimpleNamespace(chunks=chunks, records=records,
-                           runs=pd.DataFrame({"campaign": ["c"], "run_id": ["r"]}))
+    path = tmp_path / "records.jsonl"  # the lines a message names: one a record
+    path.write_text("{}\n" * n)
+    data = SimpleNamespace(chunks=chunks, records=records, slow_files=[],
+                           runs=pd.DataFrame({"campaign": ["c"], "run_id": ["r"], "records_path": [str(path)]}))
     check = check_chunks(data, SimpleNamespace(used=np.ones(n, bool)))
     flagged = {int(line.split(" line ")[1].split(" ")[0]) - 1 for line in check.details}
     want = {i for i in range(n)
