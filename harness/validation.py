@@ -56,3 +56,16 @@ def check_cpus(what: str, cpus: list[int]) -> None:
                           f"{', '.join(map(str, sorted(allowed)))}); pick from those, or [] for no pinning")
     if len(set(cpus)) != len(cpus):
         raise ConfigError(f"{what}={list(cpus)} lists a CPU twice; list each CPU once")
+
+
+def new_out_dir(what: str, path: str) -> str:
+    """`path` made as an empty folder for a run's output, or ConfigError when it is a file or already holds files
+    (a run never writes over results recorded before)."""
+    if os.path.isdir(path) and os.listdir(path):
+        held = sorted(os.listdir(path))
+        raise ConfigError(f"{what}={path} already holds {', '.join(held[:3])}{' ...' if len(held) > 3 else ''}: a "
+                          "run never writes over earlier results; name a new folder, or move that one away first")
+    if os.path.exists(path) and not os.path.isdir(path):
+        raise ConfigError(f"{what}={path} is a file, not a folder; name a new folder")
+    os.makedirs(path, exist_ok=True)
+    return path

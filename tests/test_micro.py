@@ -475,6 +475,24 @@ def test_out_dir_is_exact_else_timestamped_and_never_reused(tmp_path):
     first = app.make_out_dir(str(tmp_path), None)
     second = app.make_out_dir(str(tmp_path), None)
     assert first.parent == second.parent == tmp_path / "micro" and first != second
+    assert app.make_out_dir(str(tmp_path), str(exact)) == exact  # still empty: taken
+    (exact / "results.jsonl").write_text("{}\n")
+    with pytest.raises(ConfigError, match="already holds results.jsonl: a run never writes over earlier results"):
+        app.make_out_dir(str(tmp_path), str(exact))  # an earlier set, e.g. a published one
+    assert (exact / "results.jsonl").read_text() == "{}\n"
+    with pytest.raises(ConfigError, match="is a file"):
+        app.make_out_dir(str(tmp_path), str(exact / "results.jsonl"))
+
+
+@pytest.mark.parametrize(("values", "message"), [
+    ({"temperature": math.nan}, "micro.temperature=nan must be finite and >= 0"),
+    ({"temperature": math.inf}, "micro.temperature=inf must be finite"),
+    ({"top_k": 20, "vocab": [32000, 16]}, "micro.top_k=20 covers a whole vocabulary of micro.vocab=[32000, 16]"),
+])
+def test_values_the_builders_would_not_honour_are_refused(values, message):
+    with pytest.raises(ConfigError, match=message.replace("[", "\\[").replace("]", "\\]")):
+        MicroConfig(**values)
+    MicroConfig(top_k=-1)  # SGLang's "no top-k": the whole-vocabulary path, asked for
 
 
 @pytest.mark.gpu

@@ -4,8 +4,11 @@ vocabularies and tiled to the row count."""
 
 from __future__ import annotations
 
+import json
+import shutil
 from pathlib import Path
 
+import numpy as np
 import pytest
 import torch
 
@@ -142,4 +145,19 @@ def test_real_families_tile_the_banks_rows(name):
 
 def test_a_missing_bank_is_a_message_naming_how_to_make_one(tmp_path):
     with pytest.raises(bank.BankError, match="make logit-bank"):
+        bank.load_rows(tmp_path, "smollm2")
+
+
+def test_a_bank_of_another_model_or_with_damaged_rows_is_refused(tmp_path):
+    shutil.copytree(FIXTURE_BANK / "smollm2", tmp_path / "gemma3")  # SmolLM2's rows filed as Gemma's
+    with pytest.raises(bank.BankError, match="holds rows of the model 'smollm2', not 'gemma3'"):
+        bank.load_rows(tmp_path, "gemma3")
+    shutil.copytree(FIXTURE_BANK / "smollm2", tmp_path / "smollm2")
+    bits = np.load(tmp_path / "smollm2" / "logits.npy")
+    bits[1, 7] = 0x7FC0  # a bfloat16 NaN
+    np.save(tmp_path / "smollm2" / "logits.npy", bits)
+    with pytest.raises(bank.BankError, match="not finite"):
+        bank.load_rows(tmp_path, "smollm2")
+    (tmp_path / "smollm2" / "manifest.json").write_text(json.dumps([1, 2]))
+    with pytest.raises(bank.BankError, match="is not a bank manifest"):
         bank.load_rows(tmp_path, "smollm2")

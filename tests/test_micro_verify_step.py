@@ -45,3 +45,25 @@ def test_the_report_says_how_calls_were_timed():
     assert "the host's work before its first kernel is timed too" in verify_step._timing([{"queued_ms": 0.0}, {}])
     queued = verify_step._timing([{"queued_ms": 1.0}])
     assert "queued behind a GPU busy-wait of about 1 ms" in queued and "host's launches overlap GPU work" in queued
+
+
+@pytest.mark.parametrize(("args", "message"), [
+    (["--families", ","], "--families ',' names no family"),
+    (["--vocabs", "abc"], "--vocabs 'abc': not a comma-separated list of integers"),
+    (["--vocabs", "32000,8"], "--vocabs '32000,8': each must be above top_k 20"),
+    (["--repeats", "0"], "--repeats 0 must each be >= 1"),
+    (["--families", "smollm2", "--bank", "/nonexistent"], "no readable smollm2 rows in the logit bank /nonexistent"),
+])
+def test_bad_arguments_are_named_before_anything_runs(tmp_path, capsys, args, message):
+    with pytest.raises(SystemExit) as exit_info:
+        verify_step.main([*args, "--device", "cpu", "--out", str(tmp_path / "vs")])
+    assert exit_info.value.code == 2 and message in capsys.readouterr().err
+    assert not (tmp_path / "vs").exists()  # nothing made
+
+
+def test_an_earlier_set_is_never_written_over(tmp_path, capsys):
+    (tmp_path / "report.md").write_text("an earlier set")
+    with pytest.raises(SystemExit) as exit_info:
+        verify_step.main(["--device", "cpu", "--out", str(tmp_path)])
+    assert exit_info.value.code == 2 and "already holds report.md" in capsys.readouterr().err
+    assert (tmp_path / "report.md").read_text() == "an earlier set"

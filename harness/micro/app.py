@@ -35,7 +35,7 @@ from harness.micro.inputs import (
     rotated_copies,
 )
 from harness.schema import to_json, write_json
-from harness.validation import ConfigError
+from harness.validation import ConfigError, new_out_dir
 
 MICRO_SCHEMA_VERSION = 1  # of the microbenchmark's own files (manifest.json, results.jsonl under results/micro)
 Step = Callable[[str], None]
@@ -116,11 +116,10 @@ def check_config(cfg: MicroConfig) -> None:
 
 
 def make_out_dir(results_dir: str, out_dir: str | None) -> Path:
-    """`out_dir` as given, else a new `<results_dir>/micro/<YYYYmmdd-HHMMSS>[-n]/`."""
+    """`out_dir` as given (a new or empty folder: ConfigError if it holds files), else a new
+    `<results_dir>/micro/<YYYYmmdd-HHMMSS>[-n]/`."""
     if out_dir:
-        path = Path(out_dir)
-        path.mkdir(parents=True, exist_ok=True)
-        return path
+        return Path(new_out_dir("micro.out_dir", out_dir))
     base = Path(results_dir) / "micro" / datetime.now().strftime("%Y%m%d-%H%M%S")
     path, n = base, 0
     while path.exists():

@@ -120,10 +120,18 @@ def load_rows(bank: Path, model: str) -> tuple[Tensor, dict[str, Any]]:
     except (OSError, ValueError) as exc:
         raise BankError(f"no readable {model} rows in the logit bank {bank} ({exc}); build them with "
                         f"`make logit-bank` (or point micro.bank at a bank)") from None
+    rebuild = "rebuild it with `make logit-bank`"
+    if not isinstance(manifest, dict) or not {"model", "rows", "vocab"} <= manifest.keys():
+        raise BankError(f"{folder / 'manifest.json'} is not a bank manifest (an object with model, rows and vocab); "
+                        f"{rebuild}")
+    if manifest["model"] != model:
+        raise BankError(f"{folder} holds rows of the model {manifest['model']!r}, not {model!r}; {rebuild}")
     rows = torch.from_numpy(np.ascontiguousarray(bits).view(np.int16)).view(torch.bfloat16)
     if tuple(rows.shape) != (manifest["rows"], manifest["vocab"]):
         raise BankError(f"{folder}: logits.npy is {tuple(rows.shape)}, the manifest says "
-                        f"({manifest['rows']}, {manifest['vocab']}); rebuild it with `make logit-bank`")
+                        f"({manifest['rows']}, {manifest['vocab']}); {rebuild}")
+    if not torch.isfinite(rows).all():  # a model's logits are finite: NaN or infinities mean a damaged file
+        raise BankError(f"{folder}: logits.npy holds values that are not finite; {rebuild}")
     return rows, manifest
 
 

@@ -3,6 +3,7 @@ ConfigStore as `microbench_schema`."""
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass, field
 
 from harness.validation import ConfigError, check_choice
@@ -55,8 +56,14 @@ class MicroConfig:
             raise ConfigError(f"micro.repeats={self.repeats} must be >= 1 and micro.warmup={self.warmup} >= 0")
         if not self.impls:
             raise ConfigError("micro.impls is empty; name at least one implementation")
-        if self.temperature < 0 or not 0 < self.top_p <= 1:
-            raise ConfigError(f"micro.temperature={self.temperature} must be >= 0 and micro.top_p={self.top_p} in (0, 1]")
+        if not (0 <= self.temperature < math.inf and 0 < self.top_p <= 1):  # (NaN fails both comparisons)
+            raise ConfigError(f"micro.temperature={self.temperature} must be finite and >= 0 and "
+                              f"micro.top_p={self.top_p} in (0, 1]")
+        if any(v <= self.top_k for v in self.vocab):
+            raise ConfigError(f"micro.top_k={self.top_k} covers a whole vocabulary of micro.vocab={self.vocab}: the "
+                              "builders would take the whole-vocabulary path while the report says top_k "
+                              f"{self.top_k}; keep top_k below every vocabulary, or ask for that path with "
+                              "micro.top_k=-1 (SGLang's 'no top-k')")
 
 
 @dataclass

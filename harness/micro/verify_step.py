@@ -33,6 +33,7 @@ from torch import Tensor
 from harness.micro import bank, measure
 from harness.micro.families import FAMILIES, make_family
 from harness.micro.inputs import rotated_copies
+from harness.validation import ConfigError, new_out_dir
 from harness.verify import radix_topk_backend, topk_first_probs, topk_fused_probs, verify_block
 from harness.verify.sparse import verify_step
 
@@ -160,21 +161,37 @@ def main(argv: list[str] | None = None) -> int:
     args = p.parse_args(argv)
     families = [f for f in args.families.split(",") if f]
     unknown = [f for f in families if f not in FAMILIES]
-    if unknown or args.steps < 1 or args.gamma < 1:
-        p.error(f"unknown families {unknown} (valid: {', '.join(FAMILIES)})" if unknown
-                else "--steps and --gamma must be >= 1")
+    if unknown or not families:
+        p.error(f"--families {args.families!r}: unknown {unknown}" if unknown else f"--families {args.families!r} "
+                f"names no family" + f" (valid: {', '.join(FAMILIES)})")
+    if args.steps < 1 or args.gamma < 1 or args.repeats < 1:
+        p.error(f"--steps {args.steps}, --gamma {args.gamma} and --repeats {args.repeats} must each be >= 1")
+    try:
+        vocabs = [int(v) for v in args.vocabs.split(",")]
+    except ValueError:
+        p.error(f"--vocabs {args.vocabs!r}: not a comma-separated list of integers, e.g. 32000,248320")
+    if any(v <= TOP_K for v in vocabs):
+        p.error(f"--vocabs {args.vocabs!r}: each must be above top_k {TOP_K} (the step keeps the top {TOP_K})")
     device = torch.device("cuda" if args.device == "auto" and torch.cuda.is_available() else
                           ("cpu" if args.device == "auto" else args.device))
     if args.queued_ms < 0 or (args.queued_ms and device.type != "cuda"):
         p.error(f"--queued-ms {args.queued_ms:g}: needs a CUDA device and a value >= 0 (a CPU has no queue to "
                 "hide the host's work behind); leave it at 0 here")
     bank_dir = bank.find_bank(args.bank)
-    missing = [f for f in families if FAMILIES[f].bank and bank_dir is None]
-    if missing:
-        p.error(f"the real families {missing} need a logit bank: make logit-bank, or --bank DIR")
-    out = Path(args.out or f"results/micro-verify-step/{time.strftime('%Y%m%d-%H%M%S')}")
-    out.mkdir(parents=True, exist_ok=True)
-    cells = [(f, int(v)) for v in args.vocabs.split(",") for f in families]
+    models = sorted({m for f in families if (m := FAMILIES[f].bank)})
+    if models and bank_dir is None:
+        p.error(f"the real families {[f for f in families if FAMILIES[f].bank]} need a logit bank: make logit-bank, "
+                "or --bank DIR")
+    try:  # the bank's rows readable before anything is timed
+        for model in models:
+            bank.load_rows(bank_dir or Path(), model)
+    except bank.BankError as exc:
+        p.error(str(exc))
+    try:
+        out = Path(new_out_dir("--out", args.out or f"results/micro-verify-step/{time.strftime('%Y%m%d-%H%M%S')}"))
+    except ConfigError as exc:
+        p.error(str(exc))
+    cells = [(f, v) for v in vocabs for f in families]
     results = []
     for family, vocab in track(cells, description="verify-step cells"):
         results.append(one_cell(family, vocab, args.steps, args.gamma, device, args.repeats, bank_dir,
