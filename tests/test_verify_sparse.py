@@ -130,6 +130,26 @@ def test_bad_shapes_are_named():
         sp.verify_tokenwise_sparse(s, drafts, q)
 
 
+@pytest.mark.parametrize("bad", ["nan logits", "top_p 0"])
+@pytest.mark.parametrize("block", [True, False])
+def test_a_target_row_without_mass_is_an_error_not_a_made_up_token(bad, block):
+    """Dense and sparse alike: no token can be sampled from a row without probability mass (the sparse path once
+    returned the padding id V, the dense one token 0)."""
+    bsz, gamma, vocab = 2, 3, 32
+    logits = torch.randn(bsz * (gamma + 1), vocab, generator=torch.Generator().manual_seed(0))
+    temperature, top_k, top_p = torch.ones(len(logits)), torch.full((len(logits),), 5), torch.ones(len(logits))
+    if bad == "nan logits":
+        logits[:] = float("nan")
+    else:
+        top_p[:] = 0.0
+    drafts, coins = torch.zeros(bsz, gamma, dtype=torch.long), torch.rand(bsz, gamma + 1)
+    with pytest.raises(ValueError, match="has no probability mass"):
+        sp.verify_step(logits, temperature, top_k, top_p, drafts, None, block=block, fused=False, uniforms=coins)
+    target = full_vocab_probs(logits, temperature, top_k, top_p).view(bsz, gamma + 1, vocab)
+    with pytest.raises(ValueError, match="has no probability mass"):
+        (verify_block if block else verify_tokenwise)(target, drafts, None, uniforms=coins)
+
+
 # ---------------------------------------------------------------------------------------------
 # the target distribution is preserved: an order-1 Markov target with 3 of 6 tokens possible after each
 # token (as after top-k), a full-support draft (so that drafts fall outside the target's support)

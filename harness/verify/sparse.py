@@ -21,7 +21,7 @@ from torch import Tensor
 from harness.verify.builders import row_groups
 from harness.verify.rows import row_params
 from harness.verify.topk import radix_topk
-from harness.verify.verifiers import VerifyOutput, _emit, _uniforms
+from harness.verify.verifiers import VerifyOutput, _emit, _uniforms, last_with_mass
 
 
 @dataclass
@@ -229,7 +229,7 @@ def _sample(weights: Tensor, ids: Tensor, u: Tensor) -> Tensor:
     over = at >= weights.shape[-1]
     if bool(over.any()):
         rows = over.nonzero().squeeze(-1)
-        at[rows] = (weights[rows] > 0).long().cumsum(dim=-1).argmax(dim=-1)  # the last entry with mass
+        at[rows] = last_with_mass(weights[rows])  # (a row without mass: ValueError, never the padding id V)
     return ids.gather(-1, at.unsqueeze(-1)).squeeze(-1)
 
 

@@ -22,7 +22,8 @@ def sample_from_probs(probs: Tensor, u: Tensor) -> Tensor:
     """Inverse-CDF sample of each row of probs [B, V] (need not be normalised) with u [B] in [0, 1).
 
     Never returns a zero-probability token: searchsorted(right=True) skips flat stretches of the CDF,
-    and a row whose u * total rounds up to the total takes its last token with mass.
+    and a row whose u * total rounds up to the total takes its last token with mass. A row without mass (zeros or
+    NaN) is a ValueError (no_mass).
     """
     cdf = torch.cumsum(probs, dim=-1, dtype=torch.float64)  # float64: rounding cannot shift a token's mass
     target = (u.double() * cdf[:, -1]).unsqueeze(-1)
@@ -30,8 +31,19 @@ def sample_from_probs(probs: Tensor, u: Tensor) -> Tensor:
     over = idx >= probs.shape[-1]
     if bool(over.any()):
         rows = over.nonzero().squeeze(-1)
-        idx[rows] = (probs[rows] > 0).long().cumsum(dim=-1).argmax(dim=-1)  # the last token with mass
+        idx[rows] = last_with_mass(probs[rows])
     return idx
+
+
+def last_with_mass(probs: Tensor) -> Tensor:
+    """The last index with mass of each row of `probs` [B, N]; ValueError when a row has none (zeros or NaN: no
+    token can be sampled, and any index would be made up)."""
+    mass = (probs > 0).long()
+    if not bool(mass.any(dim=-1).all()):
+        raise ValueError("a row of the target distribution has no probability mass: non-finite logits, or "
+                         "sampling parameters that keep no token (top_p <= 0, a NaN temperature); no token can be "
+                         "sampled from it")
+    return mass.cumsum(dim=-1).argmax(dim=-1)
 
 
 def _uniforms(uniforms: Tensor | None, generators: list[torch.Generator] | None, shape: tuple[int, int],
