@@ -20,10 +20,7 @@ from analysis.load import InputError
 from analysis.model import Report
 from analysis.report import MismatchError, build_report
 from analysis.tables import fmt_num
-from harness.schema import UNMEASURED_KEYS, read_json
-
-# settings that never change what is measured (where the campaigns were written among them)
-IGNORED = UNMEASURED_KEYS
+from harness.schema import read_json, unmeasured
 
 
 def flatten(config: Any, prefix: str = "") -> dict[str, Any]:
@@ -41,7 +38,8 @@ def swept_keys(configs: list[dict[str, Any]]) -> list[str]:
     single value differs (an argv that interpolates a swept value differs with it)."""
     flat = [flatten(c) for c in configs]
     keys = sorted({k for f in flat for k in f})
-    differ = [k for k in keys if k.split(".", 1)[0] not in IGNORED and len({repr(f.get(k)) for f in flat}) > 1]
+    # (unmeasured: settings that never change what is measured, where the campaigns were written among them)
+    differ = [k for k in keys if not unmeasured(k) and len({repr(f.get(k)) for f in flat}) > 1]
     scalar = [k for k in differ if not any(isinstance(f.get(k), list) for f in flat)]
     return scalar or differ
 

@@ -27,10 +27,17 @@ from typing import Any
 SCHEMA_VERSION = 2  # what the runner writes
 SCHEMA_VERSIONS = (1, 2)  # what the analysis reads
 
-# top-level config keys that do not change what is measured: a campaign resumes across them (a campaign
-# folder moved to another results_dir too), and a table over campaigns does not call them a swept value
+# config keys (dotted) that do not change what is measured: a campaign resumes across them (a campaign folder
+# moved to another results_dir too, a run that failed on a server start too slow for ready_timeout_s), and a table
+# over campaigns does not call them a swept value
 UNMEASURED_KEYS = ("campaign", "shard", "dry_run", "report", "strict_audit", "load_sample_s", "results_dir",
-                  "source_cache")
+                  "source_cache", "server.ready_timeout_s", "server.stop_timeout_s", "server.health_timeout_s")
+
+
+def unmeasured(key: str) -> bool:
+    """Whether the dotted config key is one of UNMEASURED_KEYS or inside one."""
+    parts = key.split(".")
+    return any(".".join(parts[:n]) in UNMEASURED_KEYS for n in range(1, len(parts) + 1))
 
 
 # ---------------------------------------------------------------------- the plan

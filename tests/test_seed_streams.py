@@ -102,6 +102,27 @@ def test_a_campaign_made_before_seed_streams_resumes(tmp_path):
         changed.open()  # a stream that is not 0 is a different experiment
 
 
+def test_a_campaign_resumes_with_longer_server_timeouts_but_not_another_measurement(tmp_path):
+    """A run that failed on a server start slower than server.ready_timeout_s can be redone with a longer one;
+    a timeout that decides which requests fail (client.timeout_s) is part of the experiment."""
+    base = ["experiment=embedded_block_vs_token", *TINY]
+    first = campaign_at(tmp_path / "c", *base, "server.ready_timeout_s=0.5")
+    first.open()
+    first.close()
+    again = campaign_at(tmp_path / "c", *base, "server.ready_timeout_s=120", "server.stop_timeout_s=5",
+                        "server.health_timeout_s=3")
+    again.open()
+    assert "resuming" in again.console.file.getvalue()
+    again.close()
+    with pytest.raises(ConfigError, match=r"differs at: client.timeout_s"):
+        campaign_at(tmp_path / "c", *base, "client.timeout_s=7").open()
+
+
+def test_a_base_seed_given_twice_is_refused():
+    with pytest.raises(ConfigError, match=r"experiment.base_seeds=\[1, 2, 1\] names \[1\] more than once"):
+        campaign_at(Path("/nonexistent"), "experiment=embedded_block_vs_token", *TINY, "experiment.base_seeds=[1,2,1]")
+
+
 @pytest.fixture(scope="module")
 def aa_campaign(tmp_path_factory):
     """embedded_aa end to end, once for the tests below: (campaign.json, {arm: {item_id: measured record}})."""

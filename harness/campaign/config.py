@@ -87,6 +87,10 @@ class ExperimentConfig:
         check_choice("experiment.baseline", self.baseline, names)
         if not self.base_seeds:
             raise ConfigError("experiment.base_seeds is empty; give at least one seed")
+        if len(set(self.base_seeds)) != len(self.base_seeds):
+            twice = sorted({s for s in self.base_seeds if self.base_seeds.count(s) > 1})
+            raise ConfigError(f"experiment.base_seeds={self.base_seeds} names {twice} more than once: runs of one "
+                              "seed would be paired as one; repeat a seed with experiment.repeats")
         if self.repeats < 1:
             raise ConfigError(f"experiment.repeats={self.repeats} must be >= 1")
         for arm in self.arms:

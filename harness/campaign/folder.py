@@ -30,7 +30,6 @@ from harness.campaign.storage import writing
 from harness.host.machine import CpuPin
 from harness.schema import (
     SCHEMA_VERSION,
-    UNMEASURED_KEYS,
     ArmDoc,
     CampaignDoc,
     ItemDoc,
@@ -40,6 +39,7 @@ from harness.schema import (
     WorkloadDoc,
     read_json,
     to_json,
+    unmeasured,
     write_json,
 )
 from harness.server.redact import Secrets, redact, redact_argv
@@ -294,7 +294,7 @@ def config_differences(old: Any, new: Any, prefix: str = "") -> list[str]:
     if isinstance(old, dict) and isinstance(new, dict):
         out = []
         for key in sorted(set(old) | set(new)):
-            if not prefix and key in UNMEASURED_KEYS:
+            if unmeasured(f"{prefix}{key}"):
                 continue
             out += config_differences(old.get(key), new.get(key), f"{prefix}{key}.")
         return out

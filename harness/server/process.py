@@ -146,8 +146,8 @@ class Server:
                 except (TimeoutError, aiohttp.ClientError):
                     pass
                 await asyncio.sleep(0.25)
-        raise ServerError(f"server not ready after {self.spec.ready_timeout_s:.0f}s (server.ready_timeout_s); "
-                          f"log {self.spec.log_path}:\n{self.log_tail()}")
+        raise ServerError(f"server not ready after {self.spec.ready_timeout_s:g} s (server.ready_timeout_s: a longer "
+                          f"one resumes the campaign); log {self.spec.log_path}:\n{self.log_tail()}")
 
     def alive(self) -> bool:
         return self.proc is not None and self.proc.poll() is None
