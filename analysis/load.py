@@ -352,6 +352,19 @@ def _deciding_values(values: list[Any]) -> list[Any]:
     return picked
 
 
+def _check_plan(path: Path, meta: dict[str, Any]) -> None:
+    """InputError when a planned run lacks what pairs it (its arm, seed and repeat) or the baseline is no arm."""
+    fix = "the file was edited or corrupted: restore it from a copy, or rerun the campaign"
+    for i, run in enumerate(meta.get("plan") or []):
+        for key in ("run_id", "arm", "base_seed", "repeat"):
+            if run.get(key) is None:
+                raise InputError(f"{path}: plan[{i}].{key} is missing or null; {fix}")
+    arms = [str(a.get("name")) for a in meta.get("arms") or []]
+    baseline = meta.get("baseline")
+    if baseline and arms and baseline not in arms:
+        raise InputError(f"{path}: baseline {baseline!r} is not one of the campaign's arms {arms}; {fix}")
+
+
 def read_campaign(path: Path) -> CampaignDir:
     meta = _read_json(path / "campaign.json")
     if meta.get("schema_version") not in SCHEMA_VERSIONS:
@@ -360,6 +373,7 @@ def read_campaign(path: Path) -> CampaignDir:
             f"this analysis reads versions {', '.join(map(str, SCHEMA_VERSIONS))}"
         )
     check_doc(path / "campaign.json", meta, CampaignDoc)
+    _check_plan(path / "campaign.json", meta)
     run_dirs: dict[str, Path] = {}
     runs_root = path / "runs"
     if runs_root.is_dir():

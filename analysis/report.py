@@ -53,8 +53,8 @@ def build_report(
 ) -> Report:
     """Read, audit and analyse the campaigns under `paths` (with report_memory()'s allocation settings). Raises
     InputError or MismatchError."""
-    if n_boot < 1:
-        raise InputError(f"--bootstrap must be >= 1, got {n_boot}")
+    if n_boot < 1 or seed < 0:
+        raise InputError(f"--bootstrap must be >= 1, got {n_boot}" if n_boot < 1 else f"--seed must be >= 0, got {seed}")
     with report_memory():
         return _build(paths, allow_mismatch, n_boot, seed, force_slow_reader)
 

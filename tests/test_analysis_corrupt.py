@@ -130,6 +130,23 @@ def test_mistyped_campaign_plan_is_refused_naming_file_and_key(tmp_path, capsys,
     assert "campaign.json: plan[1].base_seed=[1] is of type list; expected int" in err
 
 
+@pytest.mark.parametrize(("change", "message"), [
+    (lambda c: c["plan"][1].update(base_seed=None), "campaign.json: plan[1].base_seed is missing or null"),
+    (lambda c: c["plan"][0].pop("repeat"), "campaign.json: plan[0].repeat is missing or null"),
+    (lambda c: c.update(baseline="zzz"), "campaign.json: baseline 'zzz' is not one of the campaign's arms"),
+])
+def test_a_plan_that_cannot_pair_its_runs_is_refused(capsys, clean_campaign, change, message):
+    edit_json(clean_campaign / "campaign.json", change)
+    assert main([str(clean_campaign)]) == 2
+    err = capsys.readouterr().err
+    assert message in err and "Traceback" not in err
+
+
+def test_a_negative_bootstrap_seed_is_refused(capsys, clean_campaign):
+    assert main([str(clean_campaign), "--seed", "-1"]) == 2
+    assert "--seed must be >= 0, got -1" in capsys.readouterr().err
+
+
 @pytest.mark.parametrize(("value", "message"), [
     (True, "workload.items[1].seed_offset=True is a boolean; expected int or null"),
     (2**64, "workload.items[1].seed_offset=18446744073709551616 is out of the 64-bit integer range"),
