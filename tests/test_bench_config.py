@@ -142,6 +142,9 @@ def test_unwritable_results_dir_is_a_message_not_a_traceback(tmp_path):
     ("client.concurency=3", "client has no key 'concurency'; valid keys: route, stream, concurrency"),
     ("experiment.warmup.request=3", "warmup has no key 'request'; valid keys: requests, max_new_tokens"),
     ("bogus=1", "the top level has no key 'bogus'"),
+    ("+client.concurency=1", "client has no key 'concurency'"),  # added, it would be dropped without a word
+    ("++experiment.foo=1", "experiment has no key 'foo'"),
+    ("+extra=1", "the top level has no key 'extra'"),
     ("experiment=nope", "valid experiment configs: dflash_block_vs_token"),
     ("server=vllm", "valid server configs: embedded, sglang"),
 ])
@@ -153,7 +156,7 @@ def test_bad_overrides_list_the_valid_keys(override, message):
 
 def test_good_overrides_pass():
     check_overrides(["client.concurrency=4", "experiment.arms.0.args=[--x]", "server.env.FOO=1",
-                     "experiment=embedded_aa", "+extra=1", "hydra.verbose=true",
+                     "experiment=embedded_aa", "+server.env.FOO=1", "++client.concurrency=2", "hydra.verbose=true",
                      "client.concurrency=64,128"], BenchConfig, GROUPS)
 
 

@@ -92,8 +92,8 @@ def check_overrides(argv: list[str], schema: type, groups: tuple[str, ...], conf
         raise OverrideError(str(exc)) from None
     for o in overrides:
         key = o.key_or_group
-        if key.startswith("hydra") or o.is_add() or o.is_delete() or o.is_force_add():
-            continue
+        if key.startswith("hydra") or o.is_delete():
+            continue  # (an added key, +key or ++key, must exist too: the typed config drops one it does not know)
         if key in groups:
             options = group_options(key, config_dir, extra)
             for value in _group_values(o, options):
