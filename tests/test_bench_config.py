@@ -173,6 +173,17 @@ def test_cli_dry_run_prints_argv_and_launches_nothing():
     assert proc.returncode == 0, proc.stderr
     assert proc.stdout.count("-m harness.engine") == 6
     assert "nothing was launched" in proc.stdout
+    assert "workload: synthetic" in proc.stdout and "items, sha256" in proc.stdout  # read as a run reads it
+
+
+@pytest.mark.parametrize(("overrides", "message"), [
+    (["workload=jsonl", "workload.path=/nonexistent.jsonl"], "/nonexistent.jsonl does not exist"),
+    (["experiment.base_seeds=[9223372036854775807]"], "does not fit a 64-bit integer"),
+])
+def test_cli_dry_run_refuses_what_the_run_would_refuse(overrides, message):
+    proc = subprocess.run([sys.executable, "-m", "harness.bench", *overrides, "dry_run=true"],
+                          capture_output=True, text=True, timeout=120)
+    assert proc.returncode == 2 and message in proc.stdout + proc.stderr, proc.stdout + proc.stderr
 
 
 def user_config_dir(tmp_path) -> Path:

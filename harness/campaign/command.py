@@ -24,7 +24,7 @@ from harness.campaign.config import BenchConfig, register_configs
 from harness.campaign.dryrun import print_dry_run
 from harness.campaign.folder import Campaign, build_campaign
 from harness.campaign.overrides import OverrideError, check_overrides
-from harness.campaign.plan import planned_launches
+from harness.campaign.plan import check_request_seeds, planned_launches
 from harness.campaign.report import write_report
 from harness.campaign.runner import run_campaign, summary
 from harness.campaign.sources import resolve_sources
@@ -62,8 +62,10 @@ def run(cfg_node: DictConfig, console: Console, stops: StopSignals,
     if cfg.campaign is None and sweep is not None:
         cfg.campaign = sweep.campaign_id(cfg.client.concurrency)
     sources = resolve_sources(cfg)  # each arm's git ref, once: a commit and its snapshot
-    if cfg.dry_run:
-        return print_dry_run(cfg, console, sources), None
+    if cfg.dry_run:  # the workload read and its request seeds checked as a run would, before anything launches
+        workload = load_workload(cfg.workload)
+        check_request_seeds(cfg, workload)
+        return print_dry_run(cfg, console, sources, workload), None
     code = preflight_before_launch(cfg.server, planned_launches(cfg, sources), console)  # before anything is loaded
     if code:
         return code, None

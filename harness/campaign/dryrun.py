@@ -18,6 +18,7 @@ from harness.schema import PlannedRun, ServerCode, SourceDoc
 from harness.server.provenance import ProvenanceError, probe_server_code
 from harness.server.sglang_preflight import EXIT_CODE, print_verdict, run_preflight
 from harness.server.spec import PlannedLaunch
+from workloads.base import Workload
 
 
 def argv_diff(base: list[str], other: list[str]) -> str:
@@ -91,7 +92,8 @@ def print_server_code(launches: list[PlannedLaunch], sources: dict[str, SourceDo
     return failed
 
 
-def print_dry_run(cfg: BenchConfig, console: Console, sources: dict[str, SourceDoc] | None = None) -> int:
+def print_dry_run(cfg: BenchConfig, console: Console, sources: dict[str, SourceDoc] | None = None,
+                  workload: Workload | None = None) -> int:
     """Print the plan; the exit code: non-zero when the argv preflight refused or could not check a command, or
     (unless server.preflight=skip) an arm's interpreter could not say what code its server would run."""
     exp = cfg.experiment
@@ -101,7 +103,9 @@ def print_dry_run(cfg: BenchConfig, console: Console, sources: dict[str, SourceD
     report = run_preflight(cfg.server, launches, console)
     console.print(f"[bold]dry run[/] of experiment [bold]{exp.name}[/]: {len(plan)} runs, "
                   f"order={exp.order}, placement={exp.placement}, baseline={exp.baseline}")
-    console.print(f"workload: {cfg.workload.kind}; sampling: {cfg.sampling}; client: route={cfg.client.route} "
+    what = (f"{workload.name}, {len(workload.items)} items, sha256 {workload.sha256[:12]}" if workload else
+            cfg.workload.kind)
+    console.print(f"workload: {what}; sampling: {cfg.sampling}; client: route={cfg.client.route} "
                   f"concurrency={cfg.client.concurrency} request_rate={cfg.client.request_rate}")
     console.print(f"pinning: server.cpus={list(cfg.server.cpus) or 'none'} client.cpus={list(cfg.client.cpus) or 'none'}",
                   highlight=False)
