@@ -495,6 +495,14 @@ def test_values_the_builders_would_not_honour_are_refused(values, message):
     MicroConfig(top_k=-1)  # SGLang's "no top-k": the whole-vocabulary path, asked for
 
 
+@pytest.mark.skipif(sglang_importable(), reason="needs an environment without SGLang (its implementation skipped)")
+def test_a_set_that_measured_nothing_fails(tmp_path):
+    proc = run_micro("micro.impls=[sglang]", "micro.vocab=[64]", "micro.rows=[4]", "micro.repeats=1",
+                     "micro.warmup=0", "micro.device=cpu", "micro.min_rotate_bytes=0", f"micro.out_dir={tmp_path}")
+    assert proc.returncode == 1 and "failed: nothing was measured" in proc.stderr, proc.stdout + proc.stderr
+    assert "- (nothing ran)" in (tmp_path / "report.md").read_text()  # never "bitwise" for what was not compared
+
+
 @pytest.mark.gpu
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")
 def test_gpu_run_measures_peak_memory_and_matches(tmp_path):

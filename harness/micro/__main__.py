@@ -49,7 +49,8 @@ def _typed_config(cfg: DictConfig) -> MicroAppConfig:
 
 @hydra.main(version_base=HYDRA_VERSION_BASE, config_path=str(CONFIG_DIR), config_name="microbench")
 def hydra_main(cfg: DictConfig) -> None:
-    """Check the config, run, write report.md, print the table and where everything went."""
+    """Check the config, run, write report.md, print the table and where everything went; exit 1 when a
+    measurement raised or nothing could be measured."""
     console = Console(width=None if sys.stdout.isatty() else PIPE_WIDTH)
     try:
         app = _typed_config(cfg)
@@ -63,6 +64,12 @@ def hydra_main(cfg: DictConfig) -> None:
     console.print(console_table(result.rows, title=f"verify-probability builders on {result.manifest['device']['type']}"))
     console.print(f"results: {result.out_dir}/ (manifest.json, results.jsonl, {report.name})", highlight=False,
                   soft_wrap=True)
+    errors = sum(r.status == "error" for r in result.rows)
+    if errors or not any(r.status == "ok" for r in result.rows):  # a set that lacks what it was asked to time
+        print(f"failed: {errors} measurement(s) raised (the report's cells and notes say which)" if errors else
+              "failed: nothing was measured: every implementation asked for was skipped (the notes above say why)",
+              file=sys.stderr)
+        raise SystemExit(1)
 
 
 def main() -> None:

@@ -110,8 +110,10 @@ def round_robin_order(names: Sequence[str], round_index: int) -> list[str]:
     return order
 
 
-def start_text(queued_ms: float) -> str:
-    """How a timed call starts, in the words the reports print (the module's docstring)."""
+def start_text(queued_ms: float, gpu: bool = True) -> str:
+    """How a timed call starts, in the words the reports print (the module's docstring); `gpu` False: on a CPU."""
+    if not gpu:
+        return "each call runs on the CPU after the previous one returned (no device queue: the whole call is timed)"
     if queued_ms:
         return (f"each call queued behind a GPU busy-wait of about {queued_ms:g} ms (the host's launches overlap GPU "
                 "work, as when the call follows the target model's forward in a server; the GPU's span from the end "

@@ -105,9 +105,10 @@ def family_table(rows: Sequence[ResultRow], family: str) -> str:
         for n in dict.fromkeys(r.rows for r in mine if r.vocab == vocab):
             cell = {r.impl: r for r in mine if r.vocab == vocab and r.rows == n}
             floor = next((r.copy_floor_ms for r in cell.values() if r.copy_floor_ms), None)
-            equal = "; ".join(f"{i}: {fmt_equal(cell[i])}" for i in impls
-                              if i in cell and cell[i].status == "ok" and not cell[i].bitwise_equal)
-            lines.append([f"{vocab:,}", n, *[fmt_cell(cell.get(i)) for i in impls], fmt_ms(floor), equal or "bitwise"])
+            ran = [i for i in impls if i in cell and cell[i].status == "ok"]
+            equal = "; ".join(f"{i}: {fmt_equal(cell[i])}" for i in ran if not cell[i].bitwise_equal)
+            lines.append([f"{vocab:,}", n, *[fmt_cell(cell.get(i)) for i in impls], fmt_ms(floor),
+                          equal or ("bitwise" if ran else "- (nothing ran)")])
     headers = ["vocab", "rows", *[f"{i} ms (x floor)" for i in impls], "copy floor ms", "equal to baseline"]
     return tabulate(lines, headers=headers, tablefmt="pipe", disable_numparse=True)
 
@@ -194,7 +195,7 @@ def _where(manifest: dict[str, Any]) -> str:
     return f"{where} · {torch_v} · {fi} · radix top-k: {manifest['radix_topk_backend']} · git {sha}"
 
 
-def _setup(micro: dict[str, Any]) -> str:
+def _setup(micro: dict[str, Any], gpu: bool = True) -> str:
     pad = micro["padding_fraction"]
     vocabs = ", ".join(f"{v:,}" for v in micro["vocab"])
     return (f"logit families {', '.join(micro['logits'])} · vocabularies {vocabs} · top_k {micro['top_k']} · "
@@ -204,7 +205,7 @@ def _setup(micro: dict[str, Any]) -> str:
             f"{micro['warmup']} warm-up rounds; each round calls the copy and every implementation once, "
             f"in a shuffled order, each call on the next of several input copies (together over "
             f"{micro['min_rotate_bytes'] / 2**20:.0f} MiB, so no call finds its input in the cache); "
-            + measure.start_text(micro.get("queued_ms") or 0.0))
+            + measure.start_text(micro.get("queued_ms") or 0.0, gpu))
 
 
 def _impl_lines(manifest: dict[str, Any], names: Sequence[str]) -> list[str]:
@@ -252,7 +253,8 @@ def render_markdown(manifest: dict[str, Any], rows: Sequence[ResultRow]) -> str:
     """The whole report.md: setup, the seed-shaped before/after table, the families, the full table, notes."""
     micro = manifest["config"]["micro"]
     before, after = micro["baseline"], micro["after"]
-    parts = ["# Verify-probability builders: microbenchmark", "", _where(manifest), "", _setup(micro), ""]
+    gpu = (manifest.get("device") or {}).get("type") == "cuda"
+    parts = ["# Verify-probability builders: microbenchmark", "", _where(manifest), "", _setup(micro, gpu), ""]
     seed = seed_table(rows, before, after)
     first = first_input(rows)
     shown = f" ({first[0].family} logits, vocabulary {first[0].vocab:,})" if first else ""

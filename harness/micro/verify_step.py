@@ -139,8 +139,8 @@ def render(results: list[dict], device_name: str) -> str:
 
 
 def _timing(results: list[dict]) -> str:
-    queued = sorted({r.get("queued_ms", 0.0) for r in results})
-    return "Timing: " + "; ".join(measure.start_text(q) for q in queued) + "."
+    starts = sorted({(r.get("queued_ms", 0.0), not str(r.get("device", "cuda")).startswith("cpu")) for r in results})
+    return "Timing: " + "; ".join(measure.start_text(q, gpu) for q, gpu in starts) + "."
 
 
 def main(argv: list[str] | None = None) -> int:
