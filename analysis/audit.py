@@ -209,7 +209,7 @@ def select(data: Loaded, plan: PlanKeys) -> tuple[Selection, np.ndarray]:
     in_plan = outside_warmup & (key >= 0) & is_planned[np.maximum(key, 0)]
     key = np.where(in_plan, key, -1)
     first = in_plan & ~pd.Series(key).duplicated(keep="first").to_numpy()
-    errored = first & (_errored(rec) | invalid_values(rec).any(axis=0))
+    errored = first & (_errored(rec) | invalid_values(rec, runs).any(axis=0))
     sel = Selection(
         measured=outside_warmup & finished,
         chosen=first,
@@ -224,6 +224,7 @@ def _errored(rec: pd.DataFrame) -> np.ndarray:
     return rec["error"].notna().to_numpy() | ~reason_ok | np.isnan(rec["completion_tokens"].to_numpy())
 
 
+WINDOW_SLACK_S, WINDOW_SLACK_FRAC = 60.0, 0.05  # clock steps between the anchor's two clocks, and rounding
 INVALID_REASONS = (
     "completion_tokens is negative or not an integer",
     "spec_verify_ct is negative or not an integer",
@@ -233,17 +234,23 @@ INVALID_REASONS = (
     "t_end is before t_sent",
     "t_first_token is outside [t_sent, t_end]",
     "t_sent or t_end is missing (the client sets both on every request it sends)",
+    f"t_sent or t_end is outside its run (the manifest's wall_anchor to t_end_unix, {WINDOW_SLACK_S:g} s and "
+    f"{WINDOW_SLACK_FRAC:.0%} of the run either side)",
 )
 
 
-def invalid_values(rec: pd.DataFrame) -> np.ndarray:
-    """[len(INVALID_REASONS), records] masks of numbers no server or client can have produced.
+def invalid_values(rec: pd.DataFrame, runs: pd.DataFrame) -> np.ndarray:
+    """[len(INVALID_REASONS), records] masks of numbers no server or client can have produced (`runs`: the runs'
+    windows, by the records' `_run`).
 
     Such a record is counted as errored (never in a figure) and fails the audit.
     """
     ct, vct, ncd, cap = (rec[c].to_numpy() for c in ("completion_tokens", "spec_verify_ct", "spec_num_correct_drafts",
                                                     "max_new_tokens"))
     t_sent, t_first, t_end = (rec[c].to_numpy() for c in ("t_sent", "t_first_token", "t_end"))
+    run = rec["_run"].to_numpy()
+    start, end = (runs[c].to_numpy(dtype=float)[run] for c in ("window_start", "window_end"))
+    slack = WINDOW_SLACK_S + WINDOW_SLACK_FRAC * np.nan_to_num(end - start)
 
     def bad_count(x: np.ndarray) -> np.ndarray:
         return ~np.isnan(x) & ((x < 0) | (x != np.floor(x)))
@@ -251,7 +258,8 @@ def invalid_values(rec: pd.DataFrame) -> np.ndarray:
     with np.errstate(invalid="ignore"):  # NaN (null) compares False: a missing value is not invalid, except
         # t_sent and t_end of a request that did not fail (t_first_token stays null when no chunk carried output)
         masks = (bad_count(ct), bad_count(vct), bad_count(ncd), ct > cap, (vct == 0) & (ct > 1), t_end < t_sent,
-                 (t_first < t_sent) | (t_first > t_end), ~_errored(rec) & (np.isnan(t_sent) | np.isnan(t_end)))
+                 (t_first < t_sent) | (t_first > t_end), ~_errored(rec) & (np.isnan(t_sent) | np.isnan(t_end)),
+                 (t_sent < start - slack) | (t_end > end + slack))
     return np.vstack(masks) if len(rec) else np.zeros((len(INVALID_REASONS), 0), dtype=bool)
 
 
@@ -282,7 +290,7 @@ def coverage(data: Loaded, plan: PlanKeys, sel: Selection, key: np.ndarray) -> d
     table["unplanned_records"] = np.bincount(arm_codes[rec_run[unplanned]], minlength=len(arm_names))
     table = table[(table["planned"] > 0) | (table["unplanned_records"] > 0)]
     err = np.flatnonzero(sel.errored)
-    invalid = invalid_values(rec)[:, err].any(axis=0)
+    invalid = invalid_values(rec, data.runs)[:, err].any(axis=0)
     errors = rec["error"].to_numpy()[err].astype(object)
     errored = _key_frame(data, rec_run[err], rec["_item"].to_numpy()[err]).assign(
         finish_reason=rec["finish_reason"].to_numpy()[err].astype(object),
@@ -503,7 +511,7 @@ def check_commands(arm_diffs: list[ArmDiff], variants: list[RunVariant]) -> Chec
 
 def check_values(data: Loaded, sel: Selection) -> Check:
     """Counts and times that cannot be true (negative, fractional, out of order) fail the audit."""
-    masks = invalid_values(data.records)
+    masks = invalid_values(data.records, data.runs)
     in_scope = sel.chosen | sel.measured
     bad = in_scope & masks.any(axis=0)
     details = _rows(data, bad, lambda i: "; ".join(r for r, m in zip(INVALID_REASONS, masks[:, i], strict=True) if m))

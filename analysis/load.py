@@ -636,7 +636,7 @@ _RUN_COLUMNS = (
     "harness_version", "harness_git_sha", "harness_dirty", "log_checks_passed",
     "schema_version", "seed_stream", "open_loop", "scores_path", "scorer",
     "machine_recorded", "cpu_other_frac", "steal_frac", "cpu_other_before", "cpu_other_after",
-    "hostname", "node_type", "manifest_gpu", "gpu_env", "spec_algorithm",
+    "hostname", "node_type", "manifest_gpu", "gpu_env", "spec_algorithm", "window_start", "window_end",
 )
 
 
@@ -687,7 +687,22 @@ def _run_row(camp: CampaignDir, run_id: str, plan: dict[str, Any] | None) -> dic
         "manifest_gpu": man.get("gpu"),
         "gpu_env": (man.get("env") or {}).get("CUDA_VISIBLE_DEVICES"),
         "spec_algorithm": flag_value(man.get("command"), "--speculative-algorithm"),
+        **_window(man),
     }
+
+
+def _window(man: dict[str, Any]) -> dict[str, float]:
+    """The run's span on the runner's monotonic clock (its records' t_* times): from the manifest's wall_anchor
+    (taken as the run started) to its t_end_unix (as it ended) mapped through the anchor; NaN where unknown."""
+    anchor = man.get("wall_anchor") or {}
+    mono, unix, end = (_number(x) for x in (anchor.get("monotonic"), anchor.get("unix"), man.get("t_end_unix")))
+    return {"window_start": mono, "window_end": mono + end - unix}
+
+
+def _number(x: Any) -> float:
+    """x as a finite float, else NaN."""
+    ok = isinstance(x, int | float) and not isinstance(x, bool) and math.isfinite(x)
+    return float(x) if ok else math.nan
 
 
 def flag_value(argv: Any, flag: str) -> str | None:

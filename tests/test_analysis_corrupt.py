@@ -44,6 +44,8 @@ CLEAN_BLOCK_AL = 142 / 42  # the block arm's pooled acceptance length in the cle
     (lambda r: r.update(t_first_token=r["t_end"] + 1), "t_first_token is outside"),
     (lambda r: r.update(t_end=None), "t_sent or t_end is missing"),  # its tokens would count in a shorter window
     (lambda r: r.pop("t_sent"), "t_sent or t_end is missing"),
+    (lambda r: r.update(t_end=10104.5), "t_sent or t_end is outside its run"),  # the run's window ends at 500 s
+    (lambda r: r.update(t_sent=-500.0), "t_sent or t_end is outside its run"),  # it starts at 0
 ])
 def test_impossible_values_fail_the_audit_and_stay_out_of_the_figures(tmp_path, change, reason, clean_campaign):
     camp = clean_campaign
