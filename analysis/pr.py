@@ -63,6 +63,8 @@ def _wrap(lines: list[str]) -> list[str]:
 def _title(report: Report) -> str:
     first = report.data.campaigns[0]
     others = ", ".join(f"`{a}`" for a in report.arms if a != report.baseline)
+    if not others:
+        return f"## {first.experiment}: `{report.baseline}` alone (no other arm: nothing is compared)"
     diff = first.meta.get("declared_difference") or "no declared difference"
     return f"## {first.experiment}: {others} vs `{report.baseline}` ({diff})"
 

@@ -100,7 +100,8 @@ def default_out_dir(paths: list[str | Path]) -> Path:
 def write_report(report: Report, out_dir: str | Path) -> list[Path]:
     """Write report.md, pr.md, summary.json and figures/*.png under `out_dir`; returns the files written."""
     out = Path(out_dir)
-    out.mkdir(parents=True, exist_ok=True)
+    (out / "figures").mkdir(parents=True, exist_ok=True)  # both folders first: one that cannot be made stops the
+    # call before any file is written
     md, short, doc = out / "report.md", out / "pr.md", out / "summary.json"
     md.write_text(report.markdown)
     short.write_text(report.pr)

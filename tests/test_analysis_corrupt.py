@@ -4,6 +4,7 @@ traceback, never a figure that silently absorbs an impossible number."""
 from __future__ import annotations
 
 import json
+import shutil
 from pathlib import Path
 
 import pytest
@@ -144,6 +145,16 @@ def test_a_plan_that_cannot_pair_its_runs_is_refused(capsys, clean_campaign, cha
     assert message in err and "Traceback" not in err
 
 
+def test_a_campaign_of_one_arm_says_nothing_is_compared(clean_campaign):
+    def one_arm(c):
+        c["arms"] = [a for a in c["arms"] if a["name"] == "token"]
+        c["plan"] = [r for r in c["plan"] if r["arm"] == "token"]
+    edit_json(clean_campaign / "campaign.json", one_arm)
+    for run in ("r1-block-100", "r2-block-200"):
+        shutil.rmtree(clean_campaign / "runs" / run)
+    assert build_report([clean_campaign]).pr.startswith("## golden: `token` alone (no other arm: nothing is compared)")
+
+
 def test_a_negative_bootstrap_seed_is_refused(capsys, clean_campaign):
     assert main([str(clean_campaign), "--seed", "-1"]) == 2
     assert "--seed must be >= 0, got -1" in capsys.readouterr().err
@@ -189,3 +200,8 @@ def test_unwritable_out_folder_is_refused_with_a_message(tmp_path, capsys):
     assert main([str(CLEAN), "--out", str(blocker / "report")]) == 2
     err = capsys.readouterr().err
     assert f"cannot write the report to {blocker / 'report'}" in err and "give a writable folder with --out" in err
+    out = tmp_path / "out"
+    out.mkdir()
+    (out / "figures").write_text("a file where the figures go")
+    assert main([str(CLEAN), "--out", str(out)]) == 2
+    assert sorted(p.name for p in out.iterdir()) == ["figures"]  # exit 2 means nothing written
