@@ -106,8 +106,9 @@ def test_a_campaign_resumes_with_longer_server_timeouts_but_not_another_measurem
     """A run that failed on a server start slower than server.ready_timeout_s can be redone with a longer one;
     a timeout that decides which requests fail (client.timeout_s) is part of the experiment."""
     base = ["experiment=embedded_block_vs_token", *TINY]
-    first = campaign_at(tmp_path / "c", *base, "server.ready_timeout_s=0.5")
+    first = campaign_at(tmp_path / "c", *base, "server.ready_timeout_s=0.5", "campaign=c")
     first.open()
+    assert "new campaign" in first.console.file.getvalue()  # campaign=c named none: said, in case it was mistyped
     first.close()
     again = campaign_at(tmp_path / "c", *base, "server.ready_timeout_s=120", "server.stop_timeout_s=5",
                         "server.health_timeout_s=3")

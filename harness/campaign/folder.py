@@ -108,6 +108,10 @@ class Campaign:
                 path = self.root / "campaign.json"
                 if not path.exists():
                     write_json(path, self.secrets.scrub_json(to_json(self.campaign_doc())))
+                    if self.cfg.campaign:  # a name that was meant to resume one would be mistyped
+                        self.console.print(f"[bold]new[/] campaign {self.root} (campaign={self.cfg.campaign} named "
+                                           "no campaign there: to resume one, give a folder name of "
+                                           f"{self.root.parent})", soft_wrap=True)
                     return
                 old = read_doc(path, STOP_CAMPAIGN)
         except OSError as exc:
