@@ -145,6 +145,14 @@ def test_unwritable_results_dir_is_a_message_not_a_traceback(tmp_path):
     ("+client.concurency=1", "client has no key 'concurency'"),  # added, it would be dropped without a word
     ("++experiment.foo=1", "experiment has no key 'foo'"),
     ("+extra=1", "the top level has no key 'extra'"),
+    ("client.concurrency=abc", "client.concurrency='abc' is not an integer"),  # a value the typed config refuses:
+    ("client.concurrency=1.5", "client.concurrency=1.5 is not an integer"),  # named here, exit 2 (Hydra: exit 1)
+    ("client.concurrency=4,abc", "client.concurrency='abc' is not an integer"),
+    ("dry_run=maybe", "dry_run='maybe' is not true or false"),
+    ("experiment.base_seeds=abc", "experiment.base_seeds='abc' is not a list"),
+    ("experiment.base_seeds=[1,x]", "experiment.base_seeds='x' is not an integer"),
+    ("client.concurrency=null", "client.concurrency needs a value"),
+    ("~client.concurrency", "the typed config cannot lose a key"),
     ("experiment=nope", "valid experiment configs: dflash_block_vs_token"),
     ("server=vllm", "valid server configs: embedded, sglang"),
 ])
@@ -157,6 +165,8 @@ def test_bad_overrides_list_the_valid_keys(override, message):
 def test_good_overrides_pass():
     check_overrides(["client.concurrency=4", "experiment.arms.0.args=[--x]", "server.env.FOO=1",
                      "experiment=embedded_aa", "+server.env.FOO=1", "++client.concurrency=2", "hydra.verbose=true",
+                     "client.request_rate=null", "experiment.base_seeds=[1,2]", "client.concurrency=range(1,3)",
+                     "dry_run=yes", "~server.env.FOO", "client.timeout_s=5",
                      "client.concurrency=64,128"], BenchConfig, GROUPS)
 
 

@@ -15,6 +15,8 @@ from typing import Any
 from hydra.core.override_parser.overrides_parser import OverridesParser
 from hydra.core.override_parser.types import ValueType
 from hydra.errors import HydraException
+from omegaconf import BooleanNode, FloatNode, IntegerNode
+from omegaconf.errors import ValidationError
 
 from harness.hydra_setup import CONFIG_DIR
 
@@ -56,8 +58,9 @@ def _unwrap(tp: Any) -> Any:
     return tp
 
 
-def check_key(schema: type, dotted: str) -> None:
-    """Raise OverrideError naming the first unknown segment of `dotted` and the valid keys there."""
+def check_key(schema: type, dotted: str) -> Any:
+    """The type of `dotted` in the schema (Any inside a free-form mapping); OverrideError naming its first unknown
+    segment and the valid keys there."""
     tp: Any = schema
     walked: list[str] = []
     for part in dotted.split("."):
@@ -75,24 +78,53 @@ def check_key(schema: type, dotted: str) -> None:
                 raise OverrideError(f"{'.'.join(walked)} is a list: index it with a number, not {part!r}")
             tp = typing.get_args(tp)[0] if typing.get_args(tp) else Any
         elif origin is dict or tp is Any:
-            return  # free-form mapping: any key
+            return Any  # free-form mapping: any key
         else:
             raise OverrideError(f"{'.'.join(walked)} is a value, it has no key {part!r}")
         walked.append(part)
+    return tp
+
+
+_NODES = {int: (IntegerNode, "an integer"), float: (FloatNode, "a number"), bool: (BooleanNode, "true or false")}
+
+
+def check_value(key: str, tp: Any, value: Any) -> None:
+    """OverrideError when `value` (as Hydra parsed it) is one the typed config would refuse for a field of type `tp`
+    (the same conversions: OmegaConf's nodes); lists are checked element by element."""
+    if value is None:
+        if typing.get_origin(tp) in (typing.Union, types.UnionType) and type(None) in typing.get_args(tp):
+            return
+        if tp is not Any:
+            raise OverrideError(f"{key}=null: {key} needs a value")
+        return
+    tp = _unwrap(tp)
+    if typing.get_origin(tp) in (list, tuple) and typing.get_args(tp):
+        if not isinstance(value, list):
+            raise OverrideError(f"{key}={value!r} is not a list; write it as {key}=[...]")
+        for element in value:
+            check_value(key, typing.get_args(tp)[0], element)
+        return
+    if tp in _NODES:
+        node, kind = _NODES[tp]
+        try:
+            node(value)
+        except ValidationError:
+            raise OverrideError(f"{key}={value!r} is not {kind}") from None
 
 
 def check_overrides(argv: list[str], schema: type, groups: tuple[str, ...], config_dir: Path = CONFIG_DIR) -> None:
     """Validate `key=value` overrides (Hydra syntax) against the schema and the config groups."""
     extra = extra_config_dirs(argv)
     candidates = [a for i, a in enumerate(argv)
-                  if "=" in a and not a.startswith("-") and not (i and argv[i - 1] in ("--config-dir", "-cd"))]
+                  if ("=" in a or a.startswith("~")) and not a.startswith("-")
+                  and not (i and argv[i - 1] in ("--config-dir", "-cd"))]
     try:
         overrides = OverridesParser.create().parse_overrides(candidates)
     except HydraException as exc:
         raise OverrideError(str(exc)) from None
     for o in overrides:
         key = o.key_or_group
-        if key.startswith("hydra") or o.is_delete():
+        if key.startswith("hydra"):
             continue  # (an added key, +key or ++key, must exist too: the typed config drops one it does not know)
         if key in groups:
             options = group_options(key, config_dir, extra)
@@ -102,4 +134,17 @@ def check_overrides(argv: list[str], schema: type, groups: tuple[str, ...], conf
                     raise OverrideError(f"{key}={value!r} does not exist (or matches nothing); valid {key} configs: "
                                         f"{', '.join(options)} (files in {where})")
             continue
-        check_key(schema, key)
+        tp = check_key(schema, key)
+        if o.is_delete():
+            if tp is not Any:  # inside a free-form mapping (server.env.NAME) a key may go
+                raise OverrideError(f"~{key}: the typed config cannot lose a key; set it instead ({key}=...)")
+            continue
+        parsed: list[Any]
+        if o.value_type in (ValueType.SIMPLE_CHOICE_SWEEP, ValueType.CHOICE_SWEEP, ValueType.RANGE_SWEEP):
+            parsed = list(o.sweep_iterator())
+        elif o.is_sweep_override():
+            continue  # an interval (a sweeper's search space): its sweeper picks the values
+        else:
+            parsed = [o.value()]
+        for one in parsed:
+            check_value(key, tp, one)
