@@ -484,7 +484,24 @@ def test_out_dir_is_exact_else_timestamped_and_never_reused(tmp_path):
         app.make_out_dir(str(tmp_path), str(exact / "results.jsonl"))
 
 
+def test_an_interrupted_set_is_marked_so_and_keeps_its_rows(tmp_path):
+    said, steps = [], []
+
+    def step(label: str) -> None:
+        steps.append(label)
+        if len(steps) == 3:
+            raise KeyboardInterrupt
+    cfg = MicroConfig(vocab=[64], rows=[2, 4], repeats=1, warmup=0, impls=["full_vocab"], device="cpu",
+                      min_rotate_bytes=0, out_dir=str(tmp_path / "m"))
+    with pytest.raises(KeyboardInterrupt):
+        app.run(cfg, results_dir=str(tmp_path), resolved={}, overrides=[], step=step, say=said.append)
+    assert json.loads((tmp_path / "m" / "manifest.json").read_text())["status"] == "interrupted"
+    assert (tmp_path / "m" / "results.jsonl").read_text().strip()  # the rows measured before it
+    assert any("interrupted: the rows measured so far are kept in" in s for s in said)
+
+
 @pytest.mark.parametrize(("values", "message"), [
+    ({"min_rotate_bytes": -1}, "micro.min_rotate_bytes=-1 must be >= 0"),
     ({"temperature": math.nan}, "micro.temperature=nan must be finite and >= 0"),
     ({"temperature": math.inf}, "micro.temperature=inf must be finite"),
     ({"top_k": 20, "vocab": [32000, 16]}, "micro.top_k=20 covers a whole vocabulary of micro.vocab=[32000, 16]"),

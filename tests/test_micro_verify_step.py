@@ -67,3 +67,18 @@ def test_an_earlier_set_is_never_written_over(tmp_path, capsys):
         verify_step.main(["--device", "cpu", "--out", str(tmp_path)])
     assert exit_info.value.code == 2 and "already holds report.md" in capsys.readouterr().err
     assert (tmp_path / "report.md").read_text() == "an earlier set"
+
+
+def test_an_interrupt_keeps_the_cells_measured(tmp_path, capsys, monkeypatch):
+    real, calls = verify_step.one_cell, []
+
+    def one_cell(*args, **kwargs):
+        calls.append(args[0])
+        if len(calls) == 2:
+            raise KeyboardInterrupt
+        return real(*args, **kwargs)
+    monkeypatch.setattr(verify_step, "one_cell", one_cell)
+    code = verify_step.main(["--families", "iid,bf16", "--vocabs", "256", "--steps", "2", "--gamma", "1",
+                             "--repeats", "1", "--device", "cpu", "--out", str(tmp_path / "vs")])
+    assert code == 130 and "interrupted: 1 of 2 cells measured" in capsys.readouterr().err
+    assert len((tmp_path / "vs" / "results.jsonl").read_text().splitlines()) == 1

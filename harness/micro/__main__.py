@@ -60,6 +60,8 @@ def hydra_main(cfg: DictConfig) -> None:
     except (ConfigError, ImplError, FamilyError, BankError) as exc:
         print(f"error: {exc}", file=sys.stderr)
         raise SystemExit(2) from None
+    except KeyboardInterrupt:  # (run() said where its rows are)
+        raise SystemExit(130) from None
     report = write_report(result.out_dir, result.manifest, result.rows)
     console.print(console_table(result.rows, title=f"verify-probability builders on {result.manifest['device']['type']}"))
     console.print(f"results: {result.out_dir}/ (manifest.json, results.jsonl, {report.name})", highlight=False,

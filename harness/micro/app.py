@@ -376,6 +376,10 @@ def run(cfg: MicroConfig, *, results_dir: str, resolved: dict, overrides: list[s
         f"radix top-k: {manifest['radix_topk_backend']}, writing to {out_dir}/")
     try:
         results = _bench_all(cfg, sources, device, impls, baseline, out_dir / "results.jsonl", step)
+    except KeyboardInterrupt:
+        _finish(out_dir, manifest, "interrupted")
+        say(f"interrupted: the rows measured so far are kept in {out_dir / 'results.jsonl'} (no report.md)")
+        raise
     except BaseException:
         _finish(out_dir, manifest, "failed")
         raise

@@ -52,6 +52,8 @@ class MicroConfig:
             raise ConfigError("micro.logits is empty; name at least one logit family, e.g. micro.logits=[iid]")
         if self.queued_ms < 0:
             raise ConfigError(f"micro.queued_ms={self.queued_ms} must be >= 0 (0: no queueing)")
+        if self.min_rotate_bytes < 0:
+            raise ConfigError(f"micro.min_rotate_bytes={self.min_rotate_bytes} must be >= 0 (0: one input, no copies)")
         if self.repeats < 1 or self.warmup < 0:
             raise ConfigError(f"micro.repeats={self.repeats} must be >= 1 and micro.warmup={self.warmup} >= 0")
         if not self.impls:

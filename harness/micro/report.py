@@ -195,6 +195,13 @@ def _where(manifest: dict[str, Any]) -> str:
     return f"{where} · {torch_v} · {fi} · radix top-k: {manifest['radix_topk_backend']} · git {sha}"
 
 
+def _rotation(min_bytes: int) -> str:
+    if min_bytes <= 0:
+        return "every call on the same input (micro.min_rotate_bytes=0: a call may find it in the cache)"
+    return (f"each call on the next of several input copies (together over {min_bytes / 2**20:.0f} MiB, so that no "
+            "call finds its input in the cache)")
+
+
 def _setup(micro: dict[str, Any], gpu: bool = True) -> str:
     pad = micro["padding_fraction"]
     vocabs = ", ".join(f"{v:,}" for v in micro["vocab"])
@@ -203,8 +210,7 @@ def _setup(micro: dict[str, Any], gpu: bool = True) -> str:
             f"{micro['seed']}) · padding rows (all-equal logits) on top of each family: {pad:.0%} · median of "
             f"{micro['repeats']} timed rounds after "
             f"{micro['warmup']} warm-up rounds; each round calls the copy and every implementation once, "
-            f"in a shuffled order, each call on the next of several input copies (together over "
-            f"{micro['min_rotate_bytes'] / 2**20:.0f} MiB, so no call finds its input in the cache); "
+            f"in a shuffled order, {_rotation(micro['min_rotate_bytes'])}; "
             + measure.start_text(micro.get("queued_ms") or 0.0, gpu))
 
 

@@ -192,11 +192,16 @@ def main(argv: list[str] | None = None) -> int:
     except ConfigError as exc:
         p.error(str(exc))
     cells = [(f, v) for v in vocabs for f in families]
-    results = []
-    for family, vocab in track(cells, description="verify-step cells"):
-        results.append(one_cell(family, vocab, args.steps, args.gamma, device, args.repeats, bank_dir,
-                                args.queued_ms))
-        (out / "results.jsonl").write_text("".join(json.dumps(r) + "\n" for r in results))
+    results: list[dict] = []
+    try:
+        for family, vocab in track(cells, description="verify-step cells"):
+            results.append(one_cell(family, vocab, args.steps, args.gamma, device, args.repeats, bank_dir,
+                                    args.queued_ms))
+            (out / "results.jsonl").write_text("".join(json.dumps(r) + "\n" for r in results))
+    except KeyboardInterrupt:
+        Console(stderr=True).print(f"interrupted: {len(results)} of {len(cells)} cells measured, kept in "
+                                   f"{out / 'results.jsonl'} (no report.md)", highlight=False, soft_wrap=True)
+        return 130
     name = torch.cuda.get_device_name(device) if device.type == "cuda" else f"CPU, torch {torch.__version__}"
     report = render(results, name)
     (out / "report.md").write_text(report)
