@@ -26,6 +26,7 @@ def test_a_small_run_writes_its_report_and_the_paths_agree(tmp_path, capsys):
     report = (out / "report.md").read_text()
     assert report.count("| 2,048 |") == 3 and "read floor" in report and "sparse: torch." in report
     assert "Timing: each call runs on the CPU after the previous one returned" in report  # no GPU words on a CPU
+    assert "torch threads, torch " in report.splitlines()[0] and ", git " in report.splitlines()[0]  # the machine
     assert "wrote" in capsys.readouterr().out
 
 
@@ -82,3 +83,12 @@ def test_an_interrupt_keeps_the_cells_measured(tmp_path, capsys, monkeypatch):
                              "--repeats", "1", "--device", "cpu", "--out", str(tmp_path / "vs")])
     assert code == 130 and "interrupted: 1 of 2 cells measured" in capsys.readouterr().err
     assert len((tmp_path / "vs" / "results.jsonl").read_text().splitlines()) == 1
+
+
+def test_real_rows_are_named_with_their_bank_and_count(tmp_path):
+    out = tmp_path / "vs"
+    assert verify_step.main(["--families", "smollm2", "--vocabs", "256", "--steps", "2", "--gamma", "1", "--repeats",
+                             "1", "--device", "cpu", "--bank", "tests/fixtures/logit_bank", "--out", str(out)]) == 0
+    row = json.loads((out / "results.jsonl").read_text())
+    assert row["bank"] == "tests/fixtures/logit_bank" and row["bank_rows"] == 4  # 2 x 2 rows, of the bank's 8
+    assert "smollm2 at 256: 4 distinct rows of tests/fixtures/logit_bank tiled to 4" in (out / "report.md").read_text()

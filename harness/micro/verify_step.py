@@ -30,6 +30,7 @@ from rich.console import Console
 from rich.progress import track
 from torch import Tensor
 
+from harness.host import envinfo
 from harness.micro import bank, measure
 from harness.micro.families import FAMILIES, make_family
 from harness.micro.inputs import rotated_copies
@@ -114,7 +115,24 @@ def one_cell(family: str, vocab: int, steps: int, gamma: int, device: torch.devi
     return {"family": family, "vocab": vocab, "steps": steps, "gamma": gamma, "rows": rows, "device": str(device),
             "median_ms": med, "read_floor_ms": med["read_floor"], "rows_differ": differ, "peak_bytes": peaks,
             "mean_accepted": accepted, "repeats": repeats, "radix_topk": radix_topk_backend(device),
-            "queued_ms": queued_ms}
+            "queued_ms": queued_ms, **_bank_rows(family, rows, bank_dir)}
+
+
+def _bank_rows(family: str, rows: int, bank_dir: Path | None) -> dict:
+    """A real family's source: the bank and how many distinct rows were tiled to the cell's rows."""
+    model = FAMILIES[family].bank
+    if not model or bank_dir is None:
+        return {}
+    return {"bank": str(bank_dir), "bank_rows": min(rows, int(bank.load_rows(bank_dir, model)[0].shape[0]))}
+
+
+def machine_line(device: torch.device) -> str:
+    """Where the set ran: the device (GPU name, or the CPU's model and threads), torch, the code's commit."""
+    where = (torch.cuda.get_device_name(device) if device.type == "cuda" else
+             f"CPU {envinfo.host_info().cpu}, {torch.get_num_threads()} torch threads")
+    git = envinfo.git_info()
+    sha = (git.git_sha or "no checkout")[:10] + (" (dirty)" if git.dirty else "")
+    return f"{where}, torch {torch.__version__}, git {sha}"
 
 
 def render(results: list[dict], device_name: str) -> str:
@@ -123,6 +141,7 @@ def render(results: list[dict], device_name: str) -> str:
              "median ms of interleaved rounds; (x) = multiples of the one-read floor timed in the same rounds; "
              "rows differ = steps whose tokens differ from dense_topk_first's; the radix top-k of dense_topk_first "
              f"and sparse: {', '.join(sorted({r['radix_topk'] for r in results}))}.", "", _timing(results), "",
+             *_real_rows(results),
              "| family | vocab | steps x (gamma+1) | read floor ms | dense_topk_first | dense_topk_fused | sparse | "
              "sparse_fused | rows differ (fused, sparse, sparse_fused) | peak MiB (first, fused, sparse, sparse_fused) "
              "| accepted/step |",
@@ -136,6 +155,15 @@ def render(results: list[dict], device_name: str) -> str:
         lines.append(f"| {r['family']} | {r['vocab']:,} | {r['steps']} x {r['gamma'] + 1} | {floor:.3f} | "
                      + " | ".join(cell[n] for n in PATHS) + f" | {differ} | {mib} | {r['mean_accepted']:.2f} |")
     return "\n".join(lines) + "\n"
+
+
+def _real_rows(results: list[dict]) -> list[str]:
+    """A line (and a blank one) naming the real families' rows, or nothing."""
+    real = sorted({(r["family"], r["bank"], r["bank_rows"], r["rows"], r["vocab"]) for r in results if r.get("bank")})
+    if not real:
+        return []
+    return ["Real rows (from a logit bank, each model's rows truncated or padded to the vocabulary): " + "; ".join(
+        f"{f} at {v:,}: {n} distinct rows of {b} tiled to {rows}" for f, b, n, rows, v in real) + ".", ""]
 
 
 def _timing(results: list[dict]) -> str:
@@ -202,8 +230,7 @@ def main(argv: list[str] | None = None) -> int:
         Console(stderr=True).print(f"interrupted: {len(results)} of {len(cells)} cells measured, kept in "
                                    f"{out / 'results.jsonl'} (no report.md)", highlight=False, soft_wrap=True)
         return 130
-    name = torch.cuda.get_device_name(device) if device.type == "cuda" else f"CPU, torch {torch.__version__}"
-    report = render(results, name)
+    report = render(results, machine_line(device))
     (out / "report.md").write_text(report)
     print(report)
     Console().print(f"wrote {out / 'report.md'} and {out / 'results.jsonl'}")
