@@ -6,12 +6,13 @@ import io
 import subprocess
 import sys
 from pathlib import Path
+from types import SimpleNamespace
 
 import pytest
 from hydra import compose, initialize_config_dir
 from rich.console import Console
 
-from harness.campaign.command import GROUPS, to_typed
+from harness.campaign.command import GROUPS, after_runs, to_typed
 from harness.campaign.config import BenchConfig, register_configs
 from harness.campaign.dryrun import print_dry_run
 from harness.campaign.overrides import OverrideError, check_overrides, group_options
@@ -345,3 +346,16 @@ def test_new_campaign_ids_differ_within_one_second():
     ids = {new_campaign_id(cfg) for _ in range(50)}
     assert len(ids) == 50
     assert all(i.split("-")[2] == f"c{cfg.client.concurrency}" for i in ids)
+
+
+def test_a_shard_that_ends_names_the_shards_still_to_run(tmp_path):
+    plan = [SimpleNamespace(run_id=f"r{i}", slot=i // 2) for i in range(6)]  # 3 shards of 2 runs
+    done = {"r0", "r1", "r4", "r5"}  # shards 0 and 2 finished, shard 1 not yet
+    campaign = SimpleNamespace(plan=plan, root=tmp_path / "c1",
+                               run_status=lambda run_id: "finished" if run_id in done else None)
+    cfg = SimpleNamespace(report=True, shard=0, strict_audit=True)
+    out = io.StringIO()
+    code = after_runs(cfg, campaign, {"r0": "finished", "r1": "finished"}, Console(file=out, width=300), None,
+                      "campaign=c1 shard=0")
+    assert code == 0
+    assert "shard 0 done; shards not finished: 1 (run each with campaign=c1 shard=K)" in out.getvalue()

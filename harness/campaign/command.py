@@ -115,8 +115,12 @@ def after_runs(cfg: BenchConfig, campaign: Campaign, statuses: dict[str, str], c
         hold_sync("report")
         report_code = write_report(campaign.root, console, cfg.strict_audit)
     if cfg.shard is not None and not report_now:
-        console.print(f"shard {cfg.shard} done; the campaign's report, once every shard has finished: "
-                      f"specbench-report {campaign.root}" + (" (the sweep writes it at its end)" if sweep else ""))
+        left = sorted({r.slot for r in campaign.plan if campaign.run_status(r.run_id) != "finished"})
+        todo = f"; shards not finished: {', '.join(map(str, left))} (run each with campaign={campaign.root.name} " \
+               "shard=K)" if left and not sweep else ""
+        console.print(f"shard {cfg.shard} done{todo}; the campaign's report, once every shard has finished: "
+                      f"specbench-report {campaign.root}" + (" (the sweep writes it at its end)" if sweep else ""),
+                      soft_wrap=True)
     console.print(f"[bold green]records:[/] {campaign.root}/runs/*/records.jsonl")
     failed = [r for r, s in statuses.items() if s != "finished"]
     if failed:
