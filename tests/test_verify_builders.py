@@ -260,3 +260,11 @@ def test_gpu_uses_flashinfer_when_installed():
     logits = random_logits(64, vocab=248320, device="cuda")
     args = params(64, 20, 0.95, 1.0, "cuda")
     assert torch.equal(topk_first_probs(logits, *args), full_vocab_probs(logits, *args))
+
+
+def test_sampling_parameters_may_be_numbers_and_a_wrong_count_is_named():
+    logits = torch.randn(3, 50, generator=torch.Generator().manual_seed(0))
+    rows = full_vocab_probs(logits, torch.full((3,), 0.7), torch.full((3,), 5), torch.full((3,), 0.9))
+    assert torch.equal(full_vocab_probs(logits, 0.7, 5, 0.9), rows)  # a number is every row's
+    with pytest.raises(ValueError, match="top_k has 2 value"):
+        full_vocab_probs(logits, 0.7, torch.tensor([5, 5]), 0.9)

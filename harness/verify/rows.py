@@ -24,15 +24,21 @@ def row_params(logits: Tensor, temperature: Tensor, top_k: Tensor, top_p: Tensor
     """The per-row parameters as the builders use them: [rows] each, contiguous, on the logits' device;
     temperature and top_p fp32, top_k int64."""
     n, device = logits.shape[0], logits.device
-    return (_as_rows(temperature, n, device, torch.float32), _as_rows(top_k, n, device, torch.int64),
-            _as_rows(top_p, n, device, torch.float32))
+    return (_as_rows("temperature", temperature, n, device, torch.float32),
+            _as_rows("top_k", top_k, n, device, torch.int64), _as_rows("top_p", top_p, n, device, torch.float32))
 
 
-def _as_rows(x: Tensor, n: int, device: torch.device, dtype: torch.dtype) -> Tensor:
+def _as_rows(name: str, x: Tensor | float | list, n: int, device: torch.device, dtype: torch.dtype) -> Tensor:
     """x as [n] contiguous `dtype` on `device`; x itself when it already is (checked first: a builder's call
-    waits for this on the host, and .to() costs several microseconds even when it changes nothing)."""
+    waits for this on the host, and .to() costs several microseconds even when it changes nothing). A number is
+    every row's; ValueError when x holds another count of values than the n rows."""
+    if not isinstance(x, Tensor):
+        x = torch.as_tensor(x, dtype=dtype)
+        x = x.expand(n) if x.dim() == 0 else x
     if x.dtype == dtype and x.dim() == 1 and x.shape[0] == n and x.device == device and x.is_contiguous():
         return x
+    if x.numel() != n:
+        raise ValueError(f"{name} has {x.numel()} value(s) for {n} rows of logits: give one per row (or a number)")
     return x.to(device=device, dtype=dtype).reshape(n).contiguous()
 
 
