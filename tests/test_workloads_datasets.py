@@ -362,3 +362,24 @@ def test_bad_json_line_read_through_datasets_is_a_message(tmp_path: Path) -> Non
     path.write_text('{"problem_idx": 1, "problem": "x", "answer": "5"}\n{"problem_idx": 2, "problem": \n')
     with pytest.raises(WorkloadError, match=r"could not read .*aime\.jsonl .*JSON parse error.*check that every row"):
         load_workload(aime_cfg(tmp_path, path))
+
+
+def test_a_file_replaced_in_place_is_read_again_not_served_from_the_cache(tmp_path: Path) -> None:
+    """Same size, same modification time (cp -p, rsync -t, tar): datasets' cache would serve the old rows, and the
+    frozen hash would pass over the changed file."""
+    path = tmp_path / "aime.jsonl"
+    path.write_text('{"problem_idx": 1, "problem": "Find x.", "answer": 11}\n')
+    first = load_workload(aime_cfg(tmp_path, path))
+    stat = path.stat()
+    path.write_text('{"problem_idx": 1, "problem": "Find x.", "answer": 13}\n')
+    os.utime(path, ns=(stat.st_atime_ns, stat.st_mtime_ns))
+    with pytest.raises(WorkloadError, match="do not match the frozen hash"):
+        load_workload(aime_cfg(tmp_path, path, sha256=first.sha256))
+    assert load_workload(aime_cfg(tmp_path, path)).items[0].answer == "13"
+
+
+def test_an_empty_json_file_is_a_message(tmp_path: Path) -> None:
+    path = tmp_path / "aime.jsonl"
+    path.write_text("")
+    with pytest.raises(WorkloadError, match=r"aime\.jsonl \(split train\) holds no rows"):
+        load_workload(aime_cfg(tmp_path, path))

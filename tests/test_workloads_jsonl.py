@@ -88,6 +88,13 @@ BAD_LINES = [
     ("bool answer", {"id": 1, "prompt": "x", "answer": False}, "'answer' must be a string or an integer"),
     ("category not text", {"id": 1, "prompt": "x", "category": 3}, "'category' must be a string"),
     ("duplicate id", {"id": 7, "prompt": "again"}, "id '7' is already used (" ),
+    ("NaN", '{"id": 1, "prompt": "x", "meta": NaN}', "NaN is not a JSON number; write the value as text"),
+    ("Infinity", '{"id": 1, "prompt": "x", "meta": {"w": -Infinity}}', "-Infinity is not a JSON number"),
+    ("huge integer", '{"id": 1, "prompt": "x", "meta": ' + "9" * 5000 + "}", "an integer of more than 4,300 digits"),
+    ("lone surrogate", '{"id": 1, "prompt": "bad \\ud800"}', "holds text that is not valid Unicode"),
+    ("empty answer", {"id": 1, "prompt": "x", "answer": " "}, "'answer' is empty (no response could match it)"),
+    ("empty last message", {"id": 1, "messages": [{"role": "user", "content": "  "}]},
+     "the last message (the user's, which the model answers) has no text"),
 ]
 
 
@@ -132,3 +139,12 @@ def test_non_utf8_bytes_name_the_line_and_column(tmp_path: Path) -> None:
     with pytest.raises(WorkloadError, match=r"items\.jsonl: line 2: not UTF-8 \(byte 0xe9 at column 25\); save the "
                                             r"file as UTF-8"):
         load_workload(cfg_for(path))
+
+
+def test_a_row_without_a_json_form_is_named_not_hashed() -> None:
+    """Rows of a Parquet or a hub dataset (aime25, speed_bench) may hold NaN: the hash names the row."""
+    assert rows_sha256([{"a": 1}]) == rows_sha256([{"a": 1}], "x.parquet")
+    with pytest.raises(WorkloadError, match=r"x\.parquet: row 1 holds a value with no JSON form \(Out of range float"):
+        rows_sha256([{"a": 1}, {"a": float("nan")}], "x.parquet")
+    with pytest.raises(WorkloadError, match="row 0 holds a value with no JSON form .text that is not valid Unicode"):
+        rows_sha256([{"a": "\ud800"}], "x.parquet")

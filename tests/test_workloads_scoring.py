@@ -33,6 +33,13 @@ TRICKY = [
     ("box in a box", f"{B}{{{B}{{70}}}}", "70", "70", True, False),
     ("escaped braces", f"{B}{{\\{{1, 2\\}}}}", "70", "\\{1, 2\\}", False, False),
     ("empty box", f"{B}{{}} and 70", "70", "", False, False),
+    ("empty box after the answer", f"So {B}{{42}}.\n\nPut your final answer within {B}{{}}.", "42", "42", True, False),
+    ("spaced digits are not one number", f"{B}{{4 2}}", "42", "4 2", False, False),
+    ("thin-spaced digits are not one number", f"{B}{{4\\,2}}", "42", "4\\,2", False, False),
+    ("thousands with a space", f"{B}{{1 000}}", "1000", "1 000", True, False),
+    ("thousands with a thin space", f"{B}{{1\\,000}}", "1000", "1\\,000", True, False),
+    ("a loop of digits", f"{B}{{{'1' * 5000}}}", "42", "1" * 5000, False, False),  # past Python's int limit
+    ("a loop of digits, no box", "The answer is " + "0" * 5000, "42", "0" * 5000, False, True),
     ("box cut by the token cap", f"{B}{{70}} but let me recheck... {B}{{7", "70", "70", True, False),
     (
         "thinking before the answer",

@@ -64,12 +64,28 @@ def read_jsonl(cfg: WorkloadConfig, path: Path) -> tuple[SourceRows, list[int]]:
 
 def _parse_line(line: str, where: str) -> dict[str, Any]:
     try:
-        obj = json.loads(line)
+        obj = json.loads(line, parse_constant=_no_constant)
     except json.JSONDecodeError as e:
         raise WorkloadError(f"{where}: not valid JSON ({e.msg} at column {e.colno}); one object per line") from e
+    except ValueError as e:  # NaN or Infinity (not JSON), or an integer too long for Python to read
+        what = str(e) if isinstance(e, _NotJson) else "an integer of more than 4,300 digits"
+        raise WorkloadError(f"{where}: {what}; write the value as text, or drop it") from None
     if not isinstance(obj, dict):
         raise WorkloadError(f"{where}: expected a JSON object, got {type(obj).__name__}")
+    try:  # a lone surrogate ("\ud800") parses, but no file or request can carry it
+        json.dumps(obj, ensure_ascii=False).encode("utf-8")
+    except UnicodeEncodeError:
+        raise WorkloadError(f"{where}: holds text that is not valid Unicode (a lone surrogate such as \\ud800)") \
+            from None
     return obj
+
+
+class _NotJson(ValueError):
+    pass
+
+
+def _no_constant(name: str) -> Any:
+    raise _NotJson(f"{name} is not a JSON number")
 
 
 def to_candidates(rows: list[dict[str, Any]], wheres: list[str]) -> list[Candidate]:
@@ -101,6 +117,9 @@ def validate_row(row: dict[str, Any], where: str) -> None:
     answer = row.get("answer")
     if answer is not None and (isinstance(answer, bool) or not isinstance(answer, str | int)):
         raise WorkloadError(f"{where}: 'answer' must be a string or an integer, got {answer!r}")
+    if isinstance(answer, str) and not answer.strip():
+        raise WorkloadError(f"{where}: 'answer' is empty (no response could match it); leave the key out for an "
+                            "item without a reference answer")
     category = row.get("category")
     if category is not None and not isinstance(category, str):
         raise WorkloadError(f"{where}: 'category' must be a string, got {category!r}")
@@ -125,6 +144,8 @@ def _check_messages(messages: Any, where: str) -> None:
             raise WorkloadError(f"{where}: messages[{k}].content must be a string")
     if messages[-1]["role"] != "user":
         raise WorkloadError(f"{where}: the last message must be the user's (the model answers it)")
+    if not messages[-1]["content"].strip():
+        raise WorkloadError(f"{where}: the last message (the user's, which the model answers) has no text")
 
 
 def _candidate(row: dict[str, Any], seed_offset: int) -> Candidate:

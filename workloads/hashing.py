@@ -25,11 +25,17 @@ def canonical_line(row: Mapping[str, Any]) -> str:
     return json.dumps(row, sort_keys=True, ensure_ascii=False, separators=(",", ":"), allow_nan=False)
 
 
-def rows_sha256(rows: Iterable[Mapping[str, Any]]) -> str:
-    """SHA256 (hex) of the canonical serialisation of `rows`."""
+def rows_sha256(rows: Iterable[Mapping[str, Any]], what: str = "the rows") -> str:
+    """SHA256 (hex) of the canonical serialisation of `rows`; WorkloadError naming the row (0-based, of `what`) that
+    has no canonical form: NaN or infinite numbers (JSON has none), text that is not valid Unicode."""
     digest = hashlib.sha256()
-    for row in rows:
-        digest.update(canonical_line(row).encode("utf-8"))
+    for i, row in enumerate(rows):
+        try:
+            digest.update(canonical_line(row).encode("utf-8"))
+        except (ValueError, UnicodeEncodeError) as exc:  # (ValueError: NaN, infinities, an int past 4,300 digits)
+            reason = "text that is not valid Unicode" if isinstance(exc, UnicodeEncodeError) else str(exc)
+            raise WorkloadError(f"{what}: row {i} holds a value with no JSON form ({reason}); fix or drop that row") \
+                from None
         digest.update(b"\n")
     return digest.hexdigest()
 

@@ -24,7 +24,7 @@ def materialise(
     """Freeze-check `src`, convert its rows with `to_candidates`, select, and build the Workload."""
     if not src.rows:
         raise WorkloadError(f"workload {cfg.kind}: {src.label} has no rows")
-    sha = rows_sha256(src.rows)
+    sha = rows_sha256(src.rows, src.label)
     check_frozen(cfg, sha, src.label, warn_unpinned=src.source != "generated")
     chosen = select(cfg, to_candidates(src.rows), placeholder_help)
     return Workload(

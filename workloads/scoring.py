@@ -2,12 +2,14 @@
 
 - Extraction: the last complete `\\boxed{...}` (or `\\fbox{...}`) of the whole response, thinking
   included, braces matched (LaTeX-escaped `\\{`/`\\}` do not count); boxes nested in it are
-  unwrapped. A box left open at the end (a response cut by the token cap) does not count.
+  unwrapped. A box left open at the end (a response cut by the token cap) does not count, nor an empty
+  box after an answer (a repeated "put your final answer within \\boxed{}").
 - Fallback (MathArena, `strict_parsing: false`): when nothing is boxed, the last integer of the text,
   flagged `fallback=True`.
 - Comparison: integer against integer after light normalisation (`042` = 42, `\\text{42}`,
-  `42^\\circ`, `1{,}000`); anything else goes to math-verify (`\\frac{84}{2}` = 42, `x = 42` = 42,
-  `\\frac{1}{2}` != 1).
+  `42^\\circ`, `1{,}000`, `1\\,000`, `1 000`; digits apart otherwise are no integer: `4 2` != 42, and
+  more than 1,000 digits are none); anything else goes to math-verify (`\\frac{84}{2}` = 42,
+  `x = 42` = 42, `\\frac{1}{2}` != 1).
 """
 
 from __future__ import annotations
@@ -26,6 +28,8 @@ _INT = re.compile(r"[+-]?\d+")
 _GROUPED_INT = re.compile(r"\d{1,3}(?:,\d{3})+")
 _INTEGRAL_DECIMAL = re.compile(r"([+-]?\d+)\.0*")
 _MAX_VERIFY_CHARS = 400  # longer "answers" are compared as strings (sympy can hang on junk)
+_MAX_INT_DIGITS = 1000
+_DIGIT_GAP = re.compile(r"(?<=\d)(?:\s|\\[,;:! ]|~)+(?=\d)")  # space between two digits: "1 000", "1\\,000"
 
 
 @dataclass
@@ -83,13 +87,15 @@ class Scorer:
 
 
 def last_boxed(text: str) -> str | None:
-    """Content of the last complete `\\boxed{...}`/`\\fbox{...}` in `text`, inner boxes unwrapped."""
+    """Content of the last complete `\\boxed{...}`/`\\fbox{...}` in `text` that is not empty (an empty box, as in
+    a repeated "put your answer within \\boxed{}", answers nothing), inner boxes unwrapped."""
     last: str | None = None
     pos = 0
     while (found := _next_box(text, pos)) is not None:
         content, pos = found
-        last = content
-    return None if last is None else _unwrap_boxes(last).strip()
+        if (inner := _unwrap_boxes(content).strip()) or last is None:
+            last = inner
+    return last
 
 
 def last_integer(text: str) -> str | None:
@@ -109,8 +115,11 @@ def answers_match(answer: str, reference: str) -> bool:
 
 
 def as_integer(value: str) -> int | None:
-    """`value` as an integer after light LaTeX normalisation, or None when it is not one."""
+    """`value` as an integer after light LaTeX normalisation, or None when it is not one (nor one of at most
+    _MAX_INT_DIGITS digits: a response that loops on digits is no answer, and Python refuses to read such a number)."""
     s = _normalise(value)
+    if len(s) > _MAX_INT_DIGITS:
+        return None
     if _INT.fullmatch(s):
         return int(s)
     if _GROUPED_INT.fullmatch(s):
@@ -178,6 +187,7 @@ def _normalise(value: str) -> str:
     s = value.strip().strip("$").strip()
     for _ in range(3):  # nested wrappers: \textbf{\text{42}}
         s = _WRAPPERS.sub(r"\1", s)
+    s = _DIGIT_GAP.sub(",", s)  # a thousands separator ("1 000" reads as 1,000); "4 2" is then no integer
     s = _SPACING.sub("", s)
     s = _DEGREES.sub("", s)
     s = s.replace("{,}", ",").replace(" ", "")

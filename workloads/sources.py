@@ -60,7 +60,8 @@ def _read_hub(cfg: WorkloadConfig) -> SourceRows:
         ds = datasets.load_dataset(
             cfg.hf_id, cfg.hf_config, split=cfg.split, revision=cfg.revision, cache_dir=cfg.cache_dir
         )
-    except (OSError, ValueError, datasets.exceptions.DatasetsError) as e:
+    except (OSError, ValueError, StopIteration, datasets.exceptions.DatasetsError) as e:  # (StopIteration: an
+        # empty JSON file)
         offline = os.environ.get("HF_DATASETS_OFFLINE") or os.environ.get("HF_HUB_OFFLINE")
         raise WorkloadError(
             f"workload {cfg.kind}: could not load {label}: {type(e).__name__}: {e}\n"
@@ -83,11 +84,18 @@ def _read_local(cfg: WorkloadConfig, path: Path) -> SourceRows:
         ds = _load_dir(cfg, path) if path.is_dir() else _load_file(cfg, path)
     except WorkloadError:
         raise
+    except StopIteration:  # datasets' JSON reader on an empty file
+        raise WorkloadError(f"workload {cfg.kind}: {label} holds no rows") from None
     except (OSError, ValueError, datasets.exceptions.DatasetsError) as e:
         cause = f" (cause: {type(e.__cause__).__name__}: {e.__cause__})" if e.__cause__ else ""
         raise WorkloadError(f"workload {cfg.kind}: could not read {label}: {type(e).__name__}: {e}{cause}; "
                             "check that every row of the file is valid") from e
     return SourceRows(ds.to_list(), dataset_id_of(cfg), cfg.revision, f"file:{path.resolve()}", label)
+
+
+# a local file is read again each time: datasets' cache would serve the rows of an earlier file of the same size and
+# modification time (cp -p, rsync -t, tar), and the frozen hash would pass over a changed file
+_FRESH = "force_redownload"
 
 
 def _load_file(cfg: WorkloadConfig, path: Path) -> Any:
@@ -100,7 +108,8 @@ def _load_file(cfg: WorkloadConfig, path: Path) -> Any:
             f"use one of {', '.join(_FILE_BUILDERS)} or a dataset directory"
         )
     return datasets.load_dataset(
-        builder, data_files={cfg.split: str(path)}, split=cfg.split, cache_dir=cfg.cache_dir
+        builder, data_files={cfg.split: str(path)}, split=cfg.split, cache_dir=cfg.cache_dir,
+        download_mode=_FRESH,
     )
 
 
@@ -110,7 +119,7 @@ def _load_dir(cfg: WorkloadConfig, path: Path) -> Any:
     if (path / "dataset_dict.json").exists() or (path / "state.json").exists():
         return _pick_split(cfg, datasets.load_from_disk(str(path)))
     name = cfg.hf_config if (path / "README.md").exists() else None
-    return datasets.load_dataset(str(path), name, split=cfg.split, cache_dir=cfg.cache_dir)
+    return datasets.load_dataset(str(path), name, split=cfg.split, cache_dir=cfg.cache_dir, download_mode=_FRESH)
 
 
 def _pick_split(cfg: WorkloadConfig, loaded: Any) -> Any:
