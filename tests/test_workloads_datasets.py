@@ -184,6 +184,9 @@ def test_aime_bad_answer_names_the_row(tmp_path: Path) -> None:
     rows[1]["answer"] = "\\frac{1}{2}"
     with pytest.raises(WorkloadError, match=r"row 2 \(problem_idx 2\): answer='\\\\frac\{1\}\{2\}' is not an integer"):
         load_workload(aime_cfg(tmp_path, write_jsonl(rows, tmp_path / "bad.jsonl")))
+    rows[1]["answer"] = 1000
+    with pytest.raises(WorkloadError, match=r"row 2 \(problem_idx 2\): answer=1000 is outside AIME's 0 to 999"):
+        load_workload(aime_cfg(tmp_path, write_jsonl(rows, tmp_path / "bad2.jsonl")))
 
 
 def test_aime_wrong_file_lists_the_columns(tmp_path: Path) -> None:

@@ -42,6 +42,8 @@ def _candidate(cfg: WorkloadConfig, row: dict[str, Any], n: int, label: str) -> 
     answer = as_integer(str(row["answer"])) if not isinstance(row["answer"], bool) else None
     if answer is None:
         raise WorkloadError(f"{where} (problem_idx {idx}): answer={row['answer']!r} is not an integer")
+    if not 0 <= answer <= 999:  # the prompt tells the model so: another answer could never be matched
+        raise WorkloadError(f"{where} (problem_idx {idx}): answer={row['answer']!r} is outside AIME's 0 to 999")
     types = _problem_types(row.get("problem_type"), where)
     prompt = math_prompt(problem, cfg.prompt_template)
     item = Item(
