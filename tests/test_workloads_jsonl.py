@@ -148,3 +148,9 @@ def test_a_row_without_a_json_form_is_named_not_hashed() -> None:
         rows_sha256([{"a": 1}, {"a": float("nan")}], "x.parquet")
     with pytest.raises(WorkloadError, match="row 0 holds a value with no JSON form .text that is not valid Unicode"):
         rows_sha256([{"a": "\ud800"}], "x.parquet")
+
+
+def test_ids_that_give_one_seed_offset_name_both_rows_and_the_file(tmp_path: Path) -> None:
+    path = write(tmp_path, [{"id": "007", "prompt": "a"}, {"id": 5, "prompt": "b"}, {"id": 7, "prompt": "c"}])
+    with pytest.raises(WorkloadError, match=r"items\.jsonl: rows 1 and 3 have the same seed_offset 7"):
+        load_workload(cfg_for(path))

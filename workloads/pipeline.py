@@ -26,7 +26,7 @@ def materialise(
         raise WorkloadError(f"workload {cfg.kind}: {src.label} has no rows")
     sha = rows_sha256(src.rows, src.label)
     check_frozen(cfg, sha, src.label, warn_unpinned=src.source != "generated")
-    chosen = select(cfg, to_candidates(src.rows), placeholder_help)
+    chosen = select(cfg, to_candidates(src.rows), placeholder_help, src.label)
     return Workload(
         name=cfg.kind,
         dataset_id=src.dataset_id,

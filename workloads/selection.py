@@ -34,9 +34,11 @@ class Selection:
     skipped_placeholders: int
 
 
-def select(cfg: WorkloadConfig, candidates: Sequence[Candidate], placeholder_help: str = "") -> Selection:
-    """Apply `workload.categories`, `workload.skip_placeholders` and `workload.subsample`."""
-    check_unique(candidates)
+def select(cfg: WorkloadConfig, candidates: Sequence[Candidate], placeholder_help: str = "",
+           what: str = "the workload") -> Selection:
+    """Apply `workload.categories`, `workload.skip_placeholders` and `workload.subsample` (`what`: the source, as
+    errors name it)."""
+    check_unique(candidates, what)
     kept = filter_categories(cfg, candidates)
     kept, skipped = drop_placeholders(cfg, kept, placeholder_help)
     items = [c.item for c in kept]
@@ -45,15 +47,16 @@ def select(cfg: WorkloadConfig, candidates: Sequence[Candidate], placeholder_hel
     return Selection(items=items, skipped_placeholders=skipped)
 
 
-def check_unique(candidates: Sequence[Candidate]) -> None:
-    """Refuse duplicate item ids or seed offsets (two requests would share a seed)."""
+def check_unique(candidates: Sequence[Candidate], what: str = "the workload") -> None:
+    """Refuse duplicate item ids or seed offsets (two requests would share a seed), naming both rows of `what`."""
     for attr in ("item_id", "seed_offset"):
-        seen: set[object] = set()
-        for c in candidates:
+        seen: dict[object, int] = {}
+        for n, c in enumerate(candidates, start=1):
             value = getattr(c.item, attr)
             if value in seen:
-                raise WorkloadError(f"two items have the same {attr} {value!r}; ids must be unique")
-            seen.add(value)
+                raise WorkloadError(f"{what}: rows {seen[value]} and {n} have the same {attr} {value!r} (ids such as "
+                                    "'007' and 7 give one seed_offset); ids must be unique")
+            seen[value] = n
 
 
 def filter_categories(cfg: WorkloadConfig, candidates: Sequence[Candidate]) -> list[Candidate]:
