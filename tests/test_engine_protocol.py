@@ -92,6 +92,18 @@ def test_tokenizer_folder_is_published_in_the_cache(server, cache_home: Path) ->
     assert models["data"][0]["id"] == "embedded:mini"
 
 
+def test_port_zero_logs_the_port_the_system_gave() -> None:
+    proc = subprocess.Popen([sys.executable, "-m", "harness.engine", "--model-path", "embedded:tiny", "--host",
+                             "127.0.0.1", "--port", "0"], stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+    try:
+        line = next(line for line in proc.stdout if "Listening on" in line)  # type: ignore[union-attr]
+        port = int(line.rsplit(":", 1)[1])
+        assert port > 0 and get(f"http://127.0.0.1:{port}/health")[0] in (200, 503)  # the server answers there
+    finally:
+        proc.terminate()
+        proc.wait(timeout=30)
+
+
 def test_log_has_the_resolved_config_and_the_ready_line(server) -> None:
     log = server.log_text()
     assert "sampling_enabled=True" in log and "speculative_use_block_verification=True" in log
@@ -212,6 +224,21 @@ def test_flush_cache_refuses_while_busy_and_resets_the_counters(server) -> None:
     assert "avg_spec_accept_length" not in get_json(server.url + "/server_info")["internal_states"][0]  # as SGLang
 
 
+def test_a_request_id_in_flight_is_refused_as_sglang_does(server) -> None:
+    stream = Stream(server.url + "/generate", {"text": "long", "stream": True, "rid": "same",
+                                               "sampling_params": {"max_new_tokens": 1500, "ignore_eos": True}})
+    try:
+        assert stream.next_event() is not None  # running now
+        status, reply = post_json(server.url + "/generate", {"text": "x", "rid": "same"})
+        assert status == 400 and "Duplicate request ID detected" in reply["error"]["message"]
+        status, reply = post_json(server.url + "/v1/chat/completions", {**chat_body(), "rid": "same"})
+        assert status == 400 and "Duplicate request ID detected" in reply["error"]["message"]
+    finally:
+        stream.close()
+    status, reply = post_json(server.url + "/generate", {"text": ["a", "b"], "rid": ["x", "x"]})
+    assert status == 400 and "Duplicate request ID detected: rid 'x'" in reply["error"]["message"]
+
+
 # ---------------------------------------------------------------------- OpenAI chat
 
 
@@ -256,6 +283,34 @@ def test_chat_bad_input_gets_400(server) -> None:
                  {**chat_body(), "max_tokens": -2}, {**chat_body(), "logprobs": True}, {**chat_body(), "foo": 1}):
         status, reply = post_json(server.url + "/v1/chat/completions", body)
         assert status == 400 and reply["error"]["message"], body
+    _, reply = post_json(server.url + "/v1/chat/completions", {**chat_body(), "max_tokens": -2})
+    assert reply["error"]["message"].startswith("max_tokens=-2")  # the request's key, not sampling_params'
+    _, reply = post_json(server.url + "/v1/chat/completions", {**chat_body(), "seed": "x"})
+    assert reply["error"]["message"].startswith("seed=")
+
+
+def test_a_long_prompt_is_read_off_the_event_loop_and_measured_as_any(server) -> None:
+    """Past OFF_LOOP_CHARS the text is tokenized in a thread: the same refusal, and the same ids, as on the loop."""
+    status, reply = post_json(server.url + "/generate", {"text": "a" * 70_000, "sampling_params": {"max_new_tokens": 1}})
+    assert status == 400 and "prompt (70000 tokens) + max_new_tokens (1) exceeds" in reply["error"]["message"]
+    short = post_json(server.url + "/generate", {"text": "a" * 1000, "sampling_params": {"max_new_tokens": 1}})[1]
+    long = post_json(server.url + "/generate", {"text": "a" * 66_000, "sampling_params": {"max_new_tokens": 1}})
+    assert short["meta_info"]["prompt_tokens"] == 1000 and long[0] == 400  # 66,000 + 1 > 65,536
+
+
+def test_chat_without_max_tokens_needs_room_for_one_token_only(server) -> None:
+    prompt = {"role": "user", "content": "0" * 65_450}
+    status, reply = post_json(server.url + "/v1/chat/completions", {"messages": [prompt], "max_tokens": 200})
+    assert status == 400  # the limit asked for does not fit
+    status, reply = post_json(server.url + "/v1/chat/completions", {"messages": [prompt], "ignore_eos": True})
+    assert status == 200 and reply["usage"]["prompt_tokens"] + reply["usage"]["completion_tokens"] == 65_536, reply
+
+
+def test_chat_takes_max_tokens_when_max_completion_tokens_is_null(server) -> None:
+    """As SGLang (max_completion_tokens or max_tokens): an explicit null is not a limit of the context's length."""
+    body = {**chat_body(), "max_tokens": 3, "max_completion_tokens": None, "ignore_eos": True}
+    status, reply = post_json(server.url + "/v1/chat/completions", body)
+    assert status == 200 and reply["usage"]["completion_tokens"] == 3, reply
 
 
 # ---------------------------------------------------------------------- OpenAI completions

@@ -94,8 +94,11 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--speculative-algorithm", default=None, help=f"one of {', '.join(ALGORITHMS)}")
     p.add_argument("--speculative-num-draft-tokens", type=int, default=None,
                    help=f"tokens per verify step, gamma + 1 (default {DEFAULT_NUM_DRAFT_TOKENS})")
-    p.add_argument("--speculative-dflash-block-size", type=int, default=None, help="DFLASH alias of the above")
-    p.add_argument("--speculative-dspark-block-size", type=int, default=None, help="DSPARK alias of the above")
+    p.add_argument("--speculative-dflash-block-size", type=int, default=None,
+                   help="DFLASH only (as SGLang: ignored for another algorithm): the verify window, an alias of the above")
+    p.add_argument("--speculative-dspark-block-size", type=int, default=None,
+                   help="DSPARK only (as SGLang: ignored for another algorithm): gamma, the draft tokens; the verify "
+                        "window is gamma + 1")
     p.add_argument("--speculative-draft-model-path", default=None,
                    help="the draft is part of each preset: if given, the same preset as --model-path")
     p.add_argument("--speculative-use-block-verification", action="store_true",
@@ -150,6 +153,9 @@ def _resolve(ns: argparse.Namespace) -> ServerArgs:
     draft_layers = _real_flags(ns, real)
     algorithm = _algorithm(ns.speculative_algorithm)
     num_draft = _num_draft_tokens(ns, algorithm)
+    if ns.speculative_use_block_verification and algorithm is None:
+        raise ValueError("--speculative-use-block-verification needs --speculative-algorithm DFLASH or DSPARK "
+                         "(SGLang refuses it without one)")
     if ns.speculative_draft_model_path not in (None, ns.model_path):
         raise ValueError(f"--speculative-draft-model-path {ns.speculative_draft_model_path!r}: the embedded server "
                          f"drafts with the model itself; give {ns.model_path!r} or leave it out")
@@ -159,8 +165,9 @@ def _resolve(ns: argparse.Namespace) -> ServerArgs:
     if not 0 <= ns.port < 65536:
         raise ValueError(f"--port {ns.port} is out of range")
     divergence = ns.draft_divergence if ns.draft_divergence is not None else preset.draft_divergence if preset else 0.0
-    if divergence < 0:
-        raise ValueError(f"--draft-divergence {divergence} must be >= 0")
+    if not 0 <= divergence <= MAX_DIVERGENCE:  # (NaN fails both; infinity would make the draft's logits NaN)
+        raise ValueError(f"--draft-divergence {divergence} must be in [0, {MAX_DIVERGENCE:g}] (nats of the draft's "
+                         "noise; the presets use 0.5 to 1.5)")
     if ns.num_threads is not None:
         _check_positive(num_threads=ns.num_threads)
     if ns.device == "cuda" and not torch.cuda.is_available():
@@ -210,16 +217,25 @@ def _algorithm(value: str | None) -> str | None:
     raise ValueError(f"--speculative-algorithm {value!r} is not valid; choose one of {', '.join(ALGORITHMS)}")
 
 
+MAX_DIVERGENCE = 1000.0  # nats: far past any acceptance at all, and finite in float32
+
+
 def _num_draft_tokens(ns: argparse.Namespace, algorithm: str | None) -> int | None:
-    """gamma + 1, from --speculative-num-draft-tokens or the algorithm's block-size flag."""
-    given = {name: v for name, v in (
-        ("--speculative-num-draft-tokens", ns.speculative_num_draft_tokens),
-        ("--speculative-dflash-block-size", ns.speculative_dflash_block_size),
-        ("--speculative-dspark-block-size", ns.speculative_dspark_block_size)) if v is not None}
+    """gamma + 1 (the verify window), from --speculative-num-draft-tokens or the algorithm's own block-size flag,
+    as SGLang reads them: DFLASH's block size is the window, DSPARK's is gamma (the window gamma + 1); the other
+    algorithm's flag is ignored."""
     if algorithm is None:
         return None
+    given = {} if ns.speculative_num_draft_tokens is None else {
+        "--speculative-num-draft-tokens": ns.speculative_num_draft_tokens}
+    if algorithm == "DFLASH" and ns.speculative_dflash_block_size is not None:
+        given["--speculative-dflash-block-size"] = ns.speculative_dflash_block_size
+    if algorithm == "DSPARK" and (gamma := ns.speculative_dspark_block_size) is not None:
+        if gamma < 1:
+            raise ValueError(f"--speculative-dspark-block-size {gamma} must be >= 1 (it is gamma, the draft tokens)")
+        given["--speculative-dspark-block-size + 1"] = gamma + 1
     if len(set(given.values())) > 1:
-        raise ValueError(f"conflicting draft block sizes: {given}")
+        raise ValueError(f"conflicting verify windows: {given}")
     value = next(iter(given.values()), DEFAULT_NUM_DRAFT_TOKENS)
     if value < 2:
         raise ValueError(f"--speculative-num-draft-tokens {value} must be >= 2 (at least one draft token)")

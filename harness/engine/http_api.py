@@ -121,8 +121,9 @@ async def generate(http: web.Request) -> web.StreamResponse:
         return error_response(503, "the server is starting")
     try:
         parsed = parse_generate(await read_json(http))
-        requests = [service.new_request(service.prompt_ids(p), p.params, stream=parsed.stream, rid=p.rid)
+        requests = [service.new_request(await service.prompt_ids_async(p), p.params, stream=parsed.stream, rid=p.rid)
                     for p in parsed.prompts]
+        service.check_rids(requests)
     except BadRequest as e:
         return error_response(400, str(e))
     for r in requests:

@@ -85,11 +85,15 @@ def check_neutral(body: dict[str, Any], neutral: dict[str, tuple[Any, ...]]) -> 
                              f"or send {allowed}")
 
 
-def sampling_params(body: dict[str, Any], max_tokens: int) -> SamplingParams:
-    """The OpenAI sampling fields as SGLang's sampling_params (`seed` -> `sampling_seed`)."""
+def sampling_params(body: dict[str, Any], max_tokens: int, max_key: str = "max_tokens") -> SamplingParams:
+    """The OpenAI sampling fields as SGLang's sampling_params (`seed` -> `sampling_seed`); a refusal names the
+    request's own keys (`max_key`: the one that gave max_tokens)."""
     sampling = {"max_new_tokens": max_tokens, "sampling_seed": body.get("seed"),
                 **{k: body[k] for k in SAMPLING_KEYS if k in body}}
-    return SamplingParams.from_json(sampling)
+    try:
+        return SamplingParams.from_json(sampling)
+    except BadRequest as exc:
+        raise BadRequest(str(exc).replace("max_new_tokens", max_key).replace("sampling_seed", "seed")) from None
 
 
 def stream_options(body: dict[str, Any]) -> StreamOptions:
@@ -163,8 +167,11 @@ def parse_chat(body: Any) -> ChatRequest:
     body = check_body(body, CHAT_KEYS)
     check_neutral(body, NEUTRAL)
     messages = chat_messages(body.get("messages"))
-    max_tokens = body.get("max_completion_tokens", body.get("max_tokens"))
-    return ChatRequest(messages=messages, params=sampling_params(body, max_tokens), max_tokens_given=max_tokens is not None,
+    # as SGLang: max_completion_tokens, else max_tokens (an explicit null counts as not given)
+    key = "max_completion_tokens" if body.get("max_completion_tokens") is not None else "max_tokens"
+    max_tokens = body.get(key)
+    return ChatRequest(messages=messages, params=sampling_params(body, max_tokens, key),
+                       max_tokens_given=max_tokens is not None,
                        options=stream_options(body), meta_info=_flag(body, "return_meta_info"), rid=_rid(body))
 
 
@@ -205,7 +212,9 @@ def _completion_prompts(prompt: Any) -> tuple[list, list, bool]:
     is_text = isinstance(prompt, str) or (isinstance(prompt, list) and isinstance(prompt[0], str))
     try:
         return prompt_lists(prompt, None) if is_text else prompt_lists(None, prompt)
-    except BadRequest:
+    except BadRequest as exc:
+        if "cannot be empty" in str(exc):
+            raise BadRequest(str(exc).replace("input_ids", "prompt")) from None
         raise BadRequest("prompt must be a string, a list of strings, a list of token ids or a list of such "
                          "lists") from None
 
@@ -303,11 +312,14 @@ async def chat_completions(http: web.Request) -> web.StreamResponse:
     try:
         chat = parse_chat(await read_json(http))
         prompt = service.tokenizer.chat_prompt(chat.messages)
-        ids = service.prompt_ids(PromptSpec(text=prompt, input_ids=None, params=chat.params, rid=chat.rid))
+        # without max_tokens the reply may fill the context: the prompt needs room for one token, not the default's
+        checked = chat.params if chat.max_tokens_given else replace(chat.params, max_new_tokens=1)
+        ids = await service.prompt_ids_async(PromptSpec(text=prompt, input_ids=None, params=checked, rid=chat.rid))
         params = chat.params
         if not chat.max_tokens_given:
             params = replace(params, max_new_tokens=max(0, service.context_length - len(ids)))
         req = service.new_request(ids, params, stream=chat.options.stream, rid=chat.rid)
+        service.check_rids([req])
     except BadRequest as e:
         return error_response(400, str(e))
     service.running.submit(req)
@@ -338,8 +350,9 @@ async def completions(http: web.Request) -> web.StreamResponse:
         return error_response(503, "the server is starting")
     try:
         comp = parse_completion(await read_json(http))
-        reqs = [service.new_request(service.prompt_ids(p), p.params, stream=comp.options.stream, rid=p.rid)
+        reqs = [service.new_request(await service.prompt_ids_async(p), p.params, stream=comp.options.stream, rid=p.rid)
                 for p in comp.prompts]
+        service.check_rids(reqs)
     except BadRequest as e:
         return error_response(400, str(e))
     for r in reqs:

@@ -22,6 +22,9 @@ INT32_MAX = 2**31 - 1  # top_k and max_new_tokens live in 32-bit tensors (top_k 
 INT64_MIN, INT64_MAX = -(2**63), 2**63 - 1  # sampling_seed is a 64-bit integer
 
 
+FLOAT32_TINY = 1.1754943508222875e-38  # the smallest normal float32
+
+
 class BadRequest(ValueError):
     """The request is malformed; the message says what to fix (HTTP 400)."""
 
@@ -93,6 +96,9 @@ class SamplingParams:
             raise BadRequest(f"temperature={self.temperature!r} must be a finite number >= 0")
         if not _is_number(self.top_p) or not 0 < self.top_p <= 1:
             raise BadRequest(f"top_p={self.top_p!r} must be in (0, 1]")
+        if self.top_p < FLOAT32_TINY:  # the verify step reads it as float32, where it would be 0: no token kept
+            raise BadRequest(f"top_p={self.top_p!r} is 0 as a float32 (the smallest is {FLOAT32_TINY:.3g}); a greedy "
+                             "row takes temperature 0 or top_k 1")
         if not _is_int(self.top_k) or (self.top_k < 1 and self.top_k != -1) or self.top_k > INT32_MAX:
             raise BadRequest(f"top_k={self.top_k!r} must be -1 (whole vocabulary) or an integer in [1, {INT32_MAX}]")
         if not _is_number(self.min_p) or not 0 <= self.min_p <= 1:
@@ -229,10 +235,14 @@ def prompt_lists(text: Any, input_ids: Any) -> tuple[list, list, bool]:
         if isinstance(text, list) and text and all(isinstance(t, str) for t in text):
             return text, [None] * len(text), True
         raise BadRequest("text must be a string or a non-empty list of strings")
+    if input_ids == []:
+        raise BadRequest("input_ids cannot be empty")  # (SGLang's words)
     if isinstance(input_ids, list) and all(_is_int(t) for t in input_ids):
         return [None], [input_ids], False
     if isinstance(input_ids, list) and input_ids and all(
             isinstance(x, list) and all(_is_int(t) for t in x) for x in input_ids):
+        if empty := [i for i, x in enumerate(input_ids) if not x]:
+            raise BadRequest(f"input_ids[{empty[0]}] cannot be empty")
         return [None] * len(input_ids), input_ids, True
     raise BadRequest("input_ids must be a list of integers or a non-empty list of such lists")
 

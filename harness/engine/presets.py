@@ -67,6 +67,9 @@ def preset_names() -> list[str]:
     return [PREFIX + n for n in PRESETS]
 
 
+MAX_VOCAB = 1 << 21  # 2,097,152 ids: 8x the largest real vocabularies; more only exhausts memory at start-up
+
+
 def get_preset(model_path: str, vocab_size: int | None = None) -> ModelPreset:
     """The preset named by `model_path` (`embedded:<name>`), its vocabulary optionally overridden."""
     name = model_path[len(PREFIX):] if model_path.startswith(PREFIX) else None
@@ -77,6 +80,7 @@ def get_preset(model_path: str, vocab_size: int | None = None) -> ModelPreset:
     preset = PRESETS[name]
     if vocab_size is None:
         return preset
-    if vocab_size < 3:
-        raise PresetError(f"--vocab-size {vocab_size} must be >= 3 (end-of-sequence and two text tokens)")
+    if not 3 <= vocab_size <= MAX_VOCAB:
+        raise PresetError(f"--vocab-size {vocab_size} must be in [3, {MAX_VOCAB:,}] (end-of-sequence and two text "
+                          "tokens at least; the largest real vocabularies hold about 262,144)")
     return replace(preset, vocab_size=vocab_size)

@@ -50,10 +50,7 @@ def draft_lines(args: ServerArgs) -> list[tuple[int, str]]:
         lines.append((logging.INFO, DFLASH_SELECTOR_LINE % True if args.sampling_enabled else DFLASH_GREEDY_LINE % 1))
     elif args.speculative_algorithm == "DSPARK":
         lines.append((logging.INFO, DSPARK_PROPOSAL_LINE % ("sampling" if args.sampling_enabled else "greedy draft", "")))
-    if args.speculative_use_block_verification and not args.speculative:
-        lines.append((logging.WARNING, "--speculative-use-block-verification has no effect without "
-                                       "--speculative-algorithm"))
-    elif args.block_verification and not args.sampling_enabled:
+    if args.block_verification and not args.sampling_enabled:  # (without an algorithm: refused, harness.engine.args)
         no_effect = DFLASH_NO_EFFECT_LINE if args.speculative_algorithm == "DFLASH" else DSPARK_NO_EFFECT_LINE
         lines.append((logging.WARNING, no_effect))
     return lines
@@ -80,7 +77,8 @@ async def serve(args: ServerArgs) -> int:
         log.error(f"cannot listen on {args.host}:{args.port}: {e}")
         await runner.cleanup()
         return 1
-    log.info(f"Listening on http://{args.host}:{args.port}")
+    port = runner.addresses[0][1] if runner.addresses else args.port  # the bound one (--port 0: the system's pick)
+    log.info(f"Listening on http://{args.host}:{port}")
     starter = asyncio.create_task(service.start())
     waiter = asyncio.create_task(stop.wait())
     done, _ = await asyncio.wait({starter, waiter}, return_when=asyncio.FIRST_COMPLETED)

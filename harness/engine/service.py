@@ -32,6 +32,9 @@ VERSION = "specbench-embedded 0.1.0"
 HEALTH_TIMEOUT_S = 20.0
 
 
+OFF_LOOP_CHARS = 1 << 16  # a prompt longer than this is tokenized off the event loop
+
+
 class EngineService:
     """Everything behind the routes. `status` is 'starting' until `start` has built and warmed up."""
 
@@ -135,6 +138,9 @@ class EngineService:
         self.running.submit(req)
         while not (await req.events.get()).finished:
             pass
+        reason = req.finish_reason or {}
+        if reason.get("type") == "abort":  # every request would fail the same way: never report ready
+            raise RuntimeError(f"the warm-up request failed: {reason.get('message')}")
 
     async def stop(self) -> None:
         if self.scheduler is not None:
@@ -143,6 +149,13 @@ class EngineService:
             self._loop_task.cancel()
 
     # ------------------------------------------------------------------ requests
+
+    async def prompt_ids_async(self, prompt: PromptSpec) -> list[int]:
+        """prompt_ids; a long text is tokenized in a thread, so that the server keeps answering meanwhile (a
+        60-million-character prompt took 24 s, /health waiting behind it)."""
+        if prompt.text is not None and len(prompt.text) > OFF_LOOP_CHARS:
+            return await asyncio.to_thread(self.prompt_ids, prompt)
+        return self.prompt_ids(prompt)
 
     def prompt_ids(self, prompt: PromptSpec) -> list[int]:
         """Token ids of a prompt, validated against the vocabulary and the context length."""
@@ -163,6 +176,15 @@ class EngineService:
             raise BadRequest(f"prompt ({len(ids)} tokens) + max_new_tokens ({prompt.params.max_new_tokens}) "
                              f"exceeds the model's context length {limit}")
         return ids
+
+    def check_rids(self, requests: list[Request]) -> None:
+        """BadRequest when a request's id is one of a request in flight, or twice in `requests` (as SGLang)."""
+        taken = {r.rid for r in self.running.waiting} | {r.rid for r in self.running.running if not r.finished}
+        seen: set[str] = set()
+        for r in requests:
+            if r.rid in taken or r.rid in seen:
+                raise BadRequest(f"Duplicate request ID detected: rid {r.rid!r} is in flight")
+            seen.add(r.rid)
 
     def new_request(self, prompt_ids: list[int], params: SamplingParams, *, stream: bool, rid: str | None,
                     health_check: bool = False) -> Request:
