@@ -218,6 +218,11 @@ def test_override_check_reads_glob_sweeps_and_user_config_dirs(tmp_path):
     for argv in (["--config-dir", str(user), "experiment=my_aa"], [f"--config-dir={user}", "experiment=my_aa"],
                  ["-cd", str(user), "experiment=my_aa"]):
         check_overrides(argv, BenchConfig, GROUPS)
+    mine = user / "experiment" / "my_aa.yaml"
+    mine.write_text("\n".join(line for line in mine.read_text().splitlines() if "@package" not in line))
+    with pytest.raises(OverrideError, match=r"my_aa\.yaml: an experiment file begins with the line '# @package "
+                                            r"_global_'"):
+        check_overrides(["--config-dir", str(user), "experiment=my_aa"], BenchConfig, GROUPS)
 
 
 def test_cli_runs_a_user_experiment_and_a_glob_sweep(tmp_path):

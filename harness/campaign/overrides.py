@@ -112,6 +112,23 @@ def check_value(key: str, tp: Any, value: Any) -> None:
             raise OverrideError(f"{key}={value!r} is not {kind}") from None
 
 
+def check_global_package(candidates: list[Path]) -> None:
+    """OverrideError when the first of `candidates` that exists (an experiment file) lacks Hydra's `# @package
+    _global_` in its header: without it, its `experiment:` lands under experiment.experiment and Hydra says only that
+    the key is not in ExperimentConfig."""
+    path = next((p for p in candidates if p.is_file()), None)
+    if path is None:
+        return
+    header = []
+    for line in path.read_text(errors="replace").splitlines():
+        if not line.startswith("#"):
+            break
+        header.append(line)
+    if not any(h.replace(" ", "") == "#@package_global_" for h in header):
+        raise OverrideError(f"{path}: an experiment file begins with the line '# @package _global_' (it sets "
+                            "experiment:, server:, ... at the top level of the config); add it as its first line")
+
+
 def check_overrides(argv: list[str], schema: type, groups: tuple[str, ...], config_dir: Path = CONFIG_DIR) -> None:
     """Validate `key=value` overrides (Hydra syntax) against the schema and the config groups."""
     extra = extra_config_dirs(argv)
@@ -133,6 +150,8 @@ def check_overrides(argv: list[str], schema: type, groups: tuple[str, ...], conf
                     where = ", ".join(str(d / key) for d in (config_dir, *extra))
                     raise OverrideError(f"{key}={value!r} does not exist (or matches nothing); valid {key} configs: "
                                         f"{', '.join(options)} (files in {where})")
+                if key == "experiment":
+                    check_global_package([d / key / f"{value}.yaml" for d in (*extra, config_dir)])
             continue
         tp = check_key(schema, key)
         if o.is_delete():
