@@ -62,6 +62,7 @@ def test_a_failed_shard_fails_the_sweep_and_is_resubmitted_alone(tmp_path, run_b
     out = both.stdout + both.stderr
     assert both.returncode == 1, out
     assert "(shard 1) is being run by pid" in out and "sweep failed: 1 of 2 job(s) failed" in out
+    assert "resume each failed job alone (no -m): " in out and " campaign=sharded shard=1" in out.replace("\n", "")
     assert "AUDIT FAILED: " in out and "Runs finished, log checks passed" in out  # the merged report: what is missing
     missing = check(build_report([root]), "Runs finished, log checks passed")
     assert missing.status == "fail" and "2/4 planned runs finished" in missing.summary

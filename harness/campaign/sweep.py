@@ -89,6 +89,16 @@ def write_sweep_tables(sweep_dir: Path, roots: list[Path], console: Console) -> 
         console.print(f"[bold green]sweep table:[/] {out}")
 
 
+def _rerun(job: dict[str, Any]) -> str:
+    """The overrides that resume a failed job alone: its own, with the campaign it wrote into (when it made one)."""
+    overrides = list(job["overrides"])
+    if job["campaign"]:
+        overrides = [o for o in overrides if not o.startswith(("shard=", "campaign="))]
+        overrides += [f"campaign={Path(job['campaign']).name}"] + ([f"shard={job['shard']}"] if job["shard"] is not None
+                                                                  else [])
+    return " ".join(overrides)
+
+
 class SweepSummary(Callback):
     """At the end of a multirun (hydra.callbacks in bench.yaml): the report of every campaign that shards
     wrote into (all its shards merged, coverage audited across them), a line per job, and exit 1 when a
@@ -110,7 +120,9 @@ class SweepSummary(Callback):
         if config.get("report", True):
             write_sweep_tables(sweep_dir, [Path(j["campaign"]) for j in jobs if j["campaign"]], console)
         if failed or bad_reports:
+            reruns = [_rerun(j) for j in failed]
             console.print(f"[bold red]sweep failed[/]: {len(failed)} of {len(jobs)} job(s) failed"
                           + (f"; the report of {', '.join(bad_reports)} failed" if bad_reports else "")
-                          + "; rerun a failed shard alone with its campaign= and shard=")
+                          + (f"; resume each failed job alone (no -m): {' | '.join(reruns)}" if reruns else ""),
+                          highlight=False, soft_wrap=True)
             sys.exit(1)
