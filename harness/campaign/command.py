@@ -78,6 +78,9 @@ def run(cfg_node: DictConfig, console: Console, stops: StopSignals,
     campaign.open()
     hold_sync("plan")
     resume = f"campaign={campaign.root.name}" + (f" shard={cfg.shard}" if cfg.shard is not None else "")
+    if sweep is not None:  # one job of a sweep: its own values, alone (without -m, the others would run again)
+        own = [o for o in sweep.overrides if not o.startswith(("shard=", "campaign="))]
+        resume = f"this job alone (no -m): {' '.join([*own, resume])}"
     try:
         statuses = stops.run(run_campaign(campaign))
     except Stopped as stop:
