@@ -86,6 +86,7 @@ class Selection:
     chosen: np.ndarray  # the first measured record of each planned request
     errored: np.ndarray  # chosen, but with an error, an abort or no completion_tokens
     used: np.ndarray  # chosen, not errored, in a finished run: what the metrics use
+    invalid: np.ndarray  # [len(INVALID_REASONS), records]: invalid_values, computed once for the checks
 
 
 @dataclass(frozen=True)
@@ -209,12 +210,14 @@ def select(data: Loaded, plan: PlanKeys) -> tuple[Selection, np.ndarray]:
     in_plan = outside_warmup & (key >= 0) & is_planned[np.maximum(key, 0)]
     key = np.where(in_plan, key, -1)
     first = in_plan & ~pd.Series(key).duplicated(keep="first").to_numpy()
-    errored = first & (_errored(rec) | invalid_values(rec, runs).any(axis=0))
+    invalid = invalid_values(rec, runs)
+    errored = first & (_errored(rec) | invalid.any(axis=0))
     sel = Selection(
         measured=outside_warmup & finished,
         chosen=first,
         errored=errored,
         used=first & ~errored & finished,
+        invalid=invalid,
     )
     return sel, key
 
@@ -290,7 +293,7 @@ def coverage(data: Loaded, plan: PlanKeys, sel: Selection, key: np.ndarray) -> d
     table["unplanned_records"] = np.bincount(arm_codes[rec_run[unplanned]], minlength=len(arm_names))
     table = table[(table["planned"] > 0) | (table["unplanned_records"] > 0)]
     err = np.flatnonzero(sel.errored)
-    invalid = invalid_values(rec, data.runs)[:, err].any(axis=0)
+    invalid = sel.invalid[:, err].any(axis=0)
     errors = rec["error"].to_numpy()[err].astype(object)
     errored = _key_frame(data, rec_run[err], rec["_item"].to_numpy()[err]).assign(
         finish_reason=rec["finish_reason"].to_numpy()[err].astype(object),
@@ -511,7 +514,7 @@ def check_commands(arm_diffs: list[ArmDiff], variants: list[RunVariant]) -> Chec
 
 def check_values(data: Loaded, sel: Selection) -> Check:
     """Counts and times that cannot be true (negative, fractional, out of order) fail the audit."""
-    masks = invalid_values(data.records, data.runs)
+    masks = sel.invalid
     in_scope = sel.chosen | sel.measured
     bad = in_scope & masks.any(axis=0)
     details = _rows(data, bad, lambda i: "; ".join(r for r, m in zip(INVALID_REASONS, masks[:, i], strict=True) if m))
