@@ -291,7 +291,7 @@ def test_sglang_source_arms_each_report_their_own_commit(tmp_path):
     assert report.ok, report.problems()
     for launch in launches:
         src = sources[launch.run.arm]
-        assert report.outcome_of(launch.run.run_id).sglang_version == (
+        assert report.outcome_of(launch.run.run_id).version == (
             "0.5.23+change" if src.ref == "change" else "0.5.23")
         code = probe_server_code(launch.spec)
         assert code.module == "sglang.launch_server" and code.checkout is not None

@@ -20,12 +20,15 @@ from omegaconf import DictConfig, OmegaConf
 from omegaconf.errors import MissingMandatoryValue, OmegaConfBaseException
 from rich.console import Console
 
+from harness.campaign.cmdline import CommandLine
 from harness.campaign.config import BenchConfig, register_configs
+from harness.campaign.difference import check_arms_differ
 from harness.campaign.dryrun import print_dry_run
 from harness.campaign.folder import Campaign, build_campaign
 from harness.campaign.overrides import OverrideError, check_overrides
 from harness.campaign.plan import check_request_seeds, planned_launches
 from harness.campaign.report import write_report
+from harness.campaign.required import check_required
 from harness.campaign.runner import run_campaign, summary
 from harness.campaign.sources import resolve_sources
 from harness.campaign.stopping import DONE, REPORT, STARTING, Stopped, StopSignals, hold_sync
@@ -40,8 +43,11 @@ from workloads.base import WorkloadError
 GROUPS = ("experiment", "server", "workload", "client")
 
 
-def to_typed(cfg: DictConfig) -> BenchConfig:
-    """The composed config as typed objects; schema checks in __post_init__ run here."""
+def to_typed(cfg: DictConfig, line: CommandLine | None = None) -> BenchConfig:
+    """The composed config as typed objects; schema checks in __post_init__ run here. Every `???` of a chosen
+    config file must hold a value (harness.campaign.required: composition can lose one); `line`: the command line
+    it was composed from (default: the running @hydra.main's)."""
+    check_required(cfg, line or CommandLine.current(), GROUPS)
     return cast(BenchConfig, OmegaConf.to_object(cfg)).validate()  # cfg's schema is BenchConfig
 
 
@@ -62,6 +68,7 @@ def run(cfg_node: DictConfig, console: Console, stops: StopSignals,
     if cfg.campaign is None and sweep is not None:
         cfg.campaign = sweep.campaign_id(cfg.client.concurrency)
     sources = resolve_sources(cfg)  # each arm's git ref, once: a commit and its snapshot
+    check_arms_differ(cfg, planned_launches(cfg, sources), sources)  # a comparison needs a difference (or an A/A)
     if cfg.dry_run:  # the workload read and its request seeds checked as a run would, before anything launches
         workload = load_workload(cfg.workload)
         check_request_seeds(cfg, workload)
@@ -180,7 +187,7 @@ def main(stops: StopSignals) -> None:
     try:
         check_overrides(sys.argv[1:], BenchConfig, GROUPS)
     except OverrideError as exc:
-        Console(stderr=True).print(f"[bold red]error:[/] {exc}")
+        Console(stderr=True).print(f"[bold red]error:[/] {exc}", soft_wrap=True)
         sys.exit(2)
     stops.check()
     hydra_main()

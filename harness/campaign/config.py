@@ -20,7 +20,8 @@ from harness.validation import ConfigError, check_choice, check_name, check_rang
 from workloads.config import WorkloadConfig
 
 INT64_MIN, INT64_MAX = -(2**63), 2**63 - 1  # a request seed is a 64-bit integer (SGLang's sampling_seed)
-SEED_STREAM_STRIDE = 2**32  # request seed = base seed + seed offset + seed_stream * SEED_STREAM_STRIDE
+SEED_STREAM_STRIDE = 2**32
+EXPECTATIONS = ("identical_outputs",)  # experiment.expect  # request seed = base seed + seed offset + seed_stream * SEED_STREAM_STRIDE
 
 
 def request_seed(base_seed: int, seed_offset: int, seed_stream: int) -> int:
@@ -50,6 +51,12 @@ class ExperimentConfig:
     name: str = MISSING
     description: str = ""
     declared_difference: str = ""  # the one thing the arms differ in, in words
+    # an intended A/A: arms that launch alike (seed streams aside); titled A/A everywhere. Without it, arms that
+    # resolve to one launch are refused (harness.campaign.difference)
+    aa: bool = False
+    # what the outputs must show: identical_outputs = every paired request's completion text and token ids equal
+    # across the arms (a builder or kernel change under deterministic inference), else the audit fails
+    expect: str | None = None
     arms: list[ArmConfig] = field(default_factory=list)
     baseline: str = MISSING
     base_seeds: list[int] = field(default_factory=lambda: [980406, 981406, 982406])
@@ -77,6 +84,8 @@ class ExperimentConfig:
             raise ConfigError(f"experiment.max_failed_requests={self.max_failed_requests} must be >= 0")
         check_choice("experiment.order", self.order, ("alternate", "fixed"))
         check_choice("experiment.placement", self.placement, ("sequential", "parallel"))
+        if self.expect is not None:
+            check_choice("experiment.expect", self.expect, EXPECTATIONS)
         names = [a.name for a in self.arms]
         for i, name in enumerate(names):
             check_name(f"experiment.arms[{i}].name", name)

@@ -131,7 +131,7 @@ def print_dry_run(cfg: BenchConfig, console: Console, sources: dict[str, SourceD
     console.print()
     console.print(difference_table(cfg, [launch for launch in launches if launch.run.slot == 0]))
     unreadable = print_server_code([launch for launch in launches if launch.run.slot == 0], sources, console)
-    code = print_verdict(report, console) if report is not None else 0
+    code = print_verdict(report, console, cfg.server.backend) if report is not None else 0
     if unreadable and cfg.server.preflight == "skip":  # made where the servers' installs are not: said, not counted
         console.print(f"[bold yellow]code under test unknown for arm(s) {', '.join(unreadable)}[/] (server.preflight=skip: "
                       "not counted in the exit code)", highlight=False)

@@ -129,16 +129,38 @@ def check_global_package(candidates: list[Path]) -> None:
                             "experiment:, server:, ... at the top level of the config); add it as its first line")
 
 
+def parse(candidates: list[str]) -> list[Any]:
+    """Hydra's parse of the overrides; OverrideError naming the one that does not parse and, where the value
+    only needs quoting (git's HEAD~1, HEAD^, a path with spaces), how to quote it."""
+    parser = OverridesParser.create()
+    try:
+        return parser.parse_overrides(candidates)
+    except HydraException as exc:
+        for text in candidates:
+            try:
+                parser.parse_overrides([text])
+            except HydraException:
+                key, sep, value = text.partition("=")
+                if not sep or not value or any(q in value for q in "'\""):
+                    break
+                quoted = f"{key}=\"{value}\""
+                try:
+                    parser.parse_overrides([quoted])
+                except HydraException:
+                    break
+                raise OverrideError(f"{text}: Hydra's override grammar needs this value quoted (characters such as "
+                                    f"~ ^ {{ }} and spaces end an unquoted value); write it as '{quoted}' (the single "
+                                    "quotes keep the double quotes from the shell)") from None
+        raise OverrideError(str(exc)) from None
+
+
 def check_overrides(argv: list[str], schema: type, groups: tuple[str, ...], config_dir: Path = CONFIG_DIR) -> None:
     """Validate `key=value` overrides (Hydra syntax) against the schema and the config groups."""
     extra = extra_config_dirs(argv)
     candidates = [a for i, a in enumerate(argv)
                   if ("=" in a or a.startswith("~")) and not a.startswith("-")
                   and not (i and argv[i - 1] in ("--config-dir", "-cd"))]
-    try:
-        overrides = OverridesParser.create().parse_overrides(candidates)
-    except HydraException as exc:
-        raise OverrideError(str(exc)) from None
+    overrides = parse(candidates)
     for o in overrides:
         key = o.key_or_group
         if key.startswith("hydra"):

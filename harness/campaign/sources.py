@@ -61,7 +61,10 @@ def worktree_commit(repo: Path) -> str:
         index = Path(tmp) / "index"
         real = Path(git(repo, "rev-parse", "--absolute-git-dir")) / "index"
         if real.is_file():
-            shutil.copyfile(real, index)  # a warm start: git add rehashes only what changed
+            # a warm start: git add rehashes only what changed. copy2 keeps the index's mtime, which git's check for
+            # "racily clean" entries needs: a file edited in the second the index was written, to the same size,
+            # looks unchanged by its stat data, and git compares its content only when the index is not newer
+            shutil.copy2(real, index)
         env = {"GIT_INDEX_FILE": str(index), **SNAPSHOT_IDENTITY}
         git(repo, "add", "--all", env=env)
         tree = git(repo, "write-tree", env=env)

@@ -1,10 +1,11 @@
-"""The argv preflight: every planned SGLang server command, checked by the SGLang that will run it.
+"""The argv preflight: every planned server command, checked by the server code that will run it.
 
 The server runs under its own interpreter (`server.python` or the arm's `python:`), which may hold
-another SGLang than the harness's, or none. So the check runs there: one subprocess per interpreter
-(and environment) runs `sglang_argv_probe.py`, which feeds each argv to SGLang's own parser and to
-the checks SGLang runs before it needs a checkpoint or a GPU (that file says which). The harness
-never imports SGLang for this.
+another SGLang than the harness's, or none, and a source arm imports its own snapshot's code. So the check
+runs there: one subprocess per interpreter (and environment) runs the backend's probe, which feeds each argv
+to the server's own parser: for SGLang `sglang_argv_probe.py` (its parser and the checks SGLang runs before it
+needs a checkpoint or a GPU; that file says which; the harness never imports SGLang for this), for the embedded
+server `engine_argv_probe.py` (`harness.engine.args`, as `python -m harness.engine` starts).
 
 `server.preflight=require` (the default): a refused argv, or one that could not be checked (no such
 interpreter, no SGLang in it, a probe that crashed), fails the dry run and stops a real run before
@@ -13,6 +14,7 @@ anything is launched. `server.preflight=skip`: nothing is checked, and the dry r
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import re
 from collections.abc import Sequence
@@ -26,7 +28,9 @@ from harness.server.ask import AskError, Question, ask_all
 from harness.server.config import ServerConfig
 from harness.server.spec import PlannedLaunch
 
-PROBE = Path(__file__).with_name("sglang_argv_probe.py")
+PROBES = {"sglang": Path(__file__).with_name("sglang_argv_probe.py"),
+          "embedded": Path(__file__).with_name("engine_argv_probe.py")}
+OWNERS = {"sglang": "SGLang", "embedded": "the embedded server"}  # whose checks refused
 RESULT_MARK = "SPECBENCH_PREFLIGHT "
 PROBE_TIMEOUT_S = 300.0
 EXIT_CODE = 2
@@ -38,10 +42,12 @@ PROBE_ENV = {"HF_HUB_OFFLINE": "1", "TRANSFORMERS_OFFLINE": "1", "PYTHONUNBUFFER
 FAILING = ("refused",)
 FLAG = re.compile(r"--[A-Za-z0-9][A-Za-z0-9_-]*")
 FIELD = re.compile(r"\b[a-z][a-z0-9]*(?:_[a-z0-9]+)+\b")
-WHAT_IS_CHECKED = (
-    "SGLang's own argument parser (unknown flags, choices, types), its model-independent validation, and "
-    "its speculative-decoding checks as on a CUDA host up to the first read of a checkpoint; not checked: "
-    "what needs the checkpoint or a GPU (model-dependent defaults and limits, kernels, memory)")
+WHAT_IS_CHECKED = {
+    "sglang": "SGLang's own argument parser (unknown flags, choices, types), its model-independent validation, and "
+              "its speculative-decoding checks as on a CUDA host up to the first read of a checkpoint; not checked: "
+              "what needs the checkpoint or a GPU (model-dependent defaults and limits, kernels, memory)",
+    "embedded": "the embedded server's own parser (unknown flags, choices, types) and the checks it makes before it "
+                "loads a model (algorithms, verify windows, ranges, the device); not checked: loading the model"}
 
 
 class PreflightError(RuntimeError):
@@ -86,8 +92,14 @@ class Outcome:
 
     planned: PlannedArgv
     stages: tuple[Stage, ...] = ()
-    sglang_version: str | None = None
+    version: str | None = None  # of the checker: SGLang's version, or where the embedded server's parser is from
     unchecked: str | None = None  # why the argv was not checked at all
+    checker: str = "SGLang"  # what checked it: SGLang | the embedded server's parser
+    owner: str = "SGLang"  # whose check refused, in the problem's words
+
+    @property
+    def by(self) -> str:
+        return f"SGLang {self.version}" if self.checker == "SGLang" else f"{self.checker} ({self.version})"
 
     @property
     def failing_stage(self) -> Stage | None:
@@ -106,7 +118,7 @@ class Outcome:
         """One line for the dry run."""
         if self.unchecked:
             return f"NOT checked: {self.unchecked}"
-        by = f"SGLang {self.sglang_version}"
+        by = self.by
         stage = self.failing_stage
         if stage is None:
             return f"accepted by {by} ({'; '.join(s.describe() for s in self.stages)})"
@@ -120,9 +132,9 @@ class Outcome:
         if stage is None:
             return None
         flag = self.flag
-        named = f"{flag} (from {self.planned.source_of(flag)})" if flag else "(SGLang names no flag)"
+        named = f"{flag} (from {self.planned.source_of(flag)})" if flag else f"({self.owner} names no flag)"
         where = f", in {stage.where}" if stage.where else ""
-        return f"{named}: refused by SGLang's {stage.stage} check{where}: {stage.message}"
+        return f"{named}: refused by {self.owner}'s {stage.stage} check{where}: {stage.message}"
 
 
 @dataclass
@@ -152,7 +164,7 @@ class PreflightReport:
         return sorted({s.describe() for o in self.outcomes for s in o.stages if s.status != "passed"})
 
     def checked_by(self) -> list[str]:
-        return sorted({f"SGLang {o.sglang_version} in {o.planned.python}" for o in self.outcomes if o.sglang_version})
+        return sorted({f"{o.by} in {o.planned.python}" for o in self.outcomes if o.version})
 
 
 def named_flag(message: str, args: Sequence[str]) -> str | None:
@@ -178,13 +190,15 @@ def planned_argv(launch: PlannedLaunch) -> PlannedArgv:
                        sources=launch.sources)
 
 
-def _question(python: str, env: dict[str, str], argvs: list[tuple[str, ...]], timeout_s: float) -> Question:
-    return Question(python, PROBE, [], RESULT_MARK, {**env, **PROBE_ENV}, timeout_s,
-                    stdin=json.dumps({"argvs": [list(a) for a in argvs]}))
+def _question(backend: str, python: str, env: dict[str, str], argvs: list[tuple[str, ...]], timeout_s: float,
+              cwd: Path | None) -> Question:
+    return Question(python, PROBES[backend], [], RESULT_MARK, {**env, **PROBE_ENV}, timeout_s,
+                    stdin=json.dumps({"argvs": [list(a) for a in argvs]}), cwd=cwd, what="the argv preflight")
 
 
 def _checked(python: str, answer: dict | AskError) -> dict:
-    """The probe's answer ({"sglang_version", "results"}), or PreflightError saying why there is none."""
+    """The probe's answer ({"sglang_version" or "checker" and "version", "results"}), or PreflightError saying why
+    there is none."""
     if isinstance(answer, AskError):
         raise PreflightError(str(answer))
     if "error" in answer:
@@ -192,53 +206,61 @@ def _checked(python: str, answer: dict | AskError) -> dict:
     return answer
 
 
-def check_planned(items: list[PlannedArgv], timeout_s: float = PROBE_TIMEOUT_S) -> PreflightReport:
+def check_planned(items: list[PlannedArgv], timeout_s: float = PROBE_TIMEOUT_S, backend: str = "sglang",
+                  cwds: dict[str, Path | None] | None = None) -> PreflightReport:
     """Check the items, one probe per (interpreter, environment), each distinct argv once; the probes run side
-    by side (two arms on two SGLang installs take the time of one)."""
+    by side (two arms on two SGLang installs take the time of one). `cwds`: each arm's working directory (a
+    source arm's snapshot)."""
     groups: dict[tuple[str, tuple], list[PlannedArgv]] = {}
     for item in items:
         groups.setdefault((item.python, item.env), []).append(item)
     argvs = {key: list(dict.fromkeys(i.args for i in group)) for key, group in groups.items()}
-    answers = ask_all([_question(python, dict(env), argvs[(python, env)], timeout_s) for python, env in groups])
+    answers = ask_all([_question(backend, python, dict(env), argvs[(python, env)], timeout_s,
+                                 (cwds or {}).get(group[0].arm)) for (python, env), group in groups.items()])
     found: dict[tuple, Outcome] = {}
+    owner = OWNERS[backend]
     for ((python, env), group), answer in zip(groups.items(), answers, strict=True):
         try:
             checked = _checked(python, answer)
         except PreflightError as exc:
-            found.update({(python, env, a): Outcome(group[0], unchecked=str(exc)) for a in argvs[(python, env)]})
+            found.update({(python, env, a): Outcome(group[0], unchecked=str(exc), owner=owner)
+                          for a in argvs[(python, env)]})
             continue
+        checker, version = checked.get("checker", "SGLang"), checked.get("version", checked.get("sglang_version"))
         for args, result in zip(argvs[(python, env)], checked["results"], strict=True):
             stages = tuple(Stage(**s) for s in result["stages"])
-            found[(python, env, args)] = Outcome(group[0], stages, checked["sglang_version"])
+            found[(python, env, args)] = Outcome(group[0], stages, version, checker=checker, owner=owner)
     return PreflightReport([_for(found[(i.python, i.env, i.args)], i) for i in items])
 
 
 def _for(outcome: Outcome, item: PlannedArgv) -> Outcome:
-    return Outcome(item, outcome.stages, outcome.sglang_version, outcome.unchecked)
+    return dataclasses.replace(outcome, planned=item)
 
 
 def run_preflight(server: ServerConfig, launches: list[PlannedLaunch], console: Console) -> PreflightReport | None:
     """The report for these planned launches, or None when the preflight does not apply (say why)."""
-    if server.backend != "sglang":
-        console.print(f"argv preflight: not applicable to backend {server.backend} (it checks SGLang commands)",
-                      highlight=False)
+    if server.backend not in PROBES:
+        console.print(f"argv preflight: not applicable to backend {server.backend}", highlight=False)
         return None
+    owner = OWNERS[server.backend]
     if server.preflight == "skip":
         console.print("[bold yellow]argv preflight SKIPPED (server.preflight=skip)[/]: the commands were NOT "
-                      "checked against SGLang", highlight=False)
+                      f"checked against {owner}", highlight=False)
         return None
     items = [planned_argv(launch) for launch in launches]
     pythons = sorted({i.python for i in items})
     console.print(f"argv preflight: checking {len({(i.python, i.env, i.args) for i in items})} distinct command(s) "
-                  f"with the SGLang of {', '.join(pythons)} ...", highlight=False)
-    return check_planned(items)
+                  f"with the {'SGLang' if server.backend == 'sglang' else 'embedded server'} of {', '.join(pythons)} "
+                  "...", highlight=False)
+    return check_planned(items, backend=server.backend, cwds={p.run.arm: p.spec.cwd for p in launches})
 
 
-def print_verdict(report: PreflightReport, console: Console) -> int:
+def print_verdict(report: PreflightReport, console: Console, backend: str = "sglang") -> int:
     """The preflight's conclusion; the exit code it implies (0 or EXIT_CODE)."""
+    owner = OWNERS[backend]
     if report.ok:
         console.print(f"[bold green]argv preflight passed[/]: {report.distinct_argvs()} distinct command(s) accepted "
-                      f"by {'; '.join(report.checked_by())}. Checked: {WHAT_IS_CHECKED}.", highlight=False)
+                      f"by {'; '.join(report.checked_by())}. Checked: {WHAT_IS_CHECKED[backend]}.", highlight=False)
         for limit in report.limits():
             console.print(f"  not checked past: {escape(limit)}", highlight=False, soft_wrap=True)
         return 0
@@ -247,22 +269,22 @@ def print_verdict(report: PreflightReport, console: Console) -> int:
         console.print(f"  - {escape(problem)}", highlight=False, soft_wrap=True)
     if any(o.unchecked for o in report.outcomes):
         console.print("  the commands were NOT checked: point server.python (or the arm's python) at the interpreter "
-                      "that will run SGLang, or set server.preflight=skip to go on unchecked", highlight=False)
+                      "that will run the server, or set server.preflight=skip to go on unchecked", highlight=False)
     if any(o.failing_stage for o in report.outcomes):
-        console.print("  SGLang would not start with these commands: fix the flag in the config key named above",
+        console.print(f"  {owner} would not start with these commands: fix the flag in the config key named above",
                       highlight=False)
     return EXIT_CODE
 
 
 def preflight_before_launch(server: ServerConfig, launches: list[PlannedLaunch], console: Console) -> int:
     """A real run's fail-fast check, before any workload is loaded or server launched: 0 to go on.
-    Silent for the embedded backend (the dry run says it does not apply)."""
-    if server.backend != "sglang":
+    Silent for a backend it does not apply to (the dry run says so)."""
+    if server.backend not in PROBES:
         return 0
     report = run_preflight(server, launches, console)
     if report is None:
         return 0
-    code = print_verdict(report, console)
+    code = print_verdict(report, console, server.backend)
     if code:
         console.print("no server was launched", highlight=False)
     return code
