@@ -162,10 +162,25 @@ class CampaignDir:
         return self.meta.get("request_rate") is not None
 
     @property
+    def experiment_config(self) -> dict[str, Any]:
+        """`config.experiment` as the campaign recorded it ({} when absent)."""
+        return (self.meta.get("config") or {}).get("experiment") or {}
+
+    @property
     def seeded_requests(self) -> bool:
         """`config.experiment.seeded_requests`; the schema's default (true) when absent."""
-        experiment = (self.meta.get("config") or {}).get("experiment") or {}
-        return bool(experiment.get("seeded_requests", True))
+        return bool(self.experiment_config.get("seeded_requests", True))
+
+    @property
+    def aa(self) -> bool:
+        """`config.experiment.aa`: an A/A by declaration (campaigns before 2026-12-05: false)."""
+        return bool(self.experiment_config.get("aa", False))
+
+    @property
+    def expect(self) -> str | None:
+        """`config.experiment.expect` (identical_outputs), or None."""
+        value = self.experiment_config.get("expect")
+        return str(value) if value else None
 
 
 @dataclass(frozen=True)

@@ -61,6 +61,7 @@ def render(report: Report) -> str:
         _header(report),
         _audit(report.audit),
         _pooled(report),
+        _outputs(report),
         _noise_floor(report),
         _power(report),
         _per_seed(report),
@@ -149,6 +150,24 @@ def _pooled(report: Report) -> str:
         notes.append(greedy)
     out.append(_bullets(notes, limit=100))
     return "\n".join(out)
+
+
+def _outputs(report: Report) -> str:
+    """Output identity per arm pair, and the first differing requests with where they part."""
+    if not report.outputs:
+        return ""
+    expect = report.data.campaigns[0].expect
+    said = ("expected identical (`experiment.expect: identical_outputs`): any difference fails the audit" if expect
+            else "no expectation declared (`experiment.expect`): information only")
+    out = ["## Output identity", "", f"Paired requests (same campaign, base seed, repeat and item, both used) whose "
+           f"completion text and token ids are identical; {said}.", ""]
+    for ident in report.outputs:
+        out.append(f"- {ident.line()}")
+        out += [f"  - {d}" for d in ident.differing]
+        listed = ident.pairs - ident.identical - ident.unrecorded
+        if listed > len(ident.differing):
+            out.append(f"  - ... {listed - len(ident.differing)} more differing pair(s)")
+    return "\n".join(out) + "\n"
 
 
 def _latency_origin(report: Report) -> str:

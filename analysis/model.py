@@ -3,7 +3,7 @@ renders, in a module of its own so that both can import it."""
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 
 import pandas as pd
@@ -13,6 +13,7 @@ from analysis.audit import Audit
 from analysis.compare import ChangeSet
 from analysis.load import Loaded
 from analysis.metrics import Metrics
+from analysis.outputs import Identity
 from analysis.tables import Tables
 
 
@@ -33,5 +34,6 @@ class Report:
     seed: int
     power: pd.DataFrame  # run pairs needed for a 1%, 2%, 5% change at 80% power (compare.power_table)
     acceptance: Acceptance | None = None  # per draft position (None without correct-drafts histograms)
+    outputs: list[Identity] = field(default_factory=list)  # per non-baseline arm: its outputs against the baseline's
     markdown: str = ""
     pr: str = ""  # pr.md: the short summary a pull request carries

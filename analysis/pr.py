@@ -41,7 +41,8 @@ METRIC_LINES = (
 
 
 def render(report: Report) -> str:
-    lines = [_title(report), "", _audit_line(report), "", *_pooled(report), "", *_per_seed(report), "",
+    lines = [_title(report), "", _audit_line(report), "", *_outputs(report), *_pooled(report), "",
+             *_per_seed(report), "",
              *_positions(report),
              "### Setup", "", *_setup(report), "", "### Protocol", "", *_protocol(report), "",
              "Full report (audit details, per run, latency, acceptance per position, figures): [report.md](report.md)"]
@@ -77,6 +78,19 @@ def _audit_line(report: Report) -> str:
         return f"**Audit: passed** ({len(audit.checks)} checks over the raw records{tail})."
     failed = "; ".join(c.name for c in audit.failed)
     return f"**Audit: FAILED** ({len(audit.failed)} of {len(audit.checks)} checks: {failed}{tail}); do not trust these figures."
+
+
+def _outputs(report: Report) -> list[str]:
+    """Output identity in a line (and the first differing requests when identity was expected)."""
+    if not report.outputs:
+        return []
+    expect = report.data.campaigns[0].expect
+    head = "**Outputs**" + (" (expected identical: `experiment.expect: identical_outputs`)" if expect else "")
+    out = [f"{head}: " + "; ".join(i.line() for i in report.outputs) + ".", ""]
+    if expect:
+        listed = [f"- `{i.arm}` vs `{i.baseline}`: {d}" for i in report.outputs for d in i.differing]
+        out += [*listed, ""] if listed else []
+    return out
 
 
 def _pooled(report: Report) -> list[str]:

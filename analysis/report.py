@@ -23,6 +23,7 @@ from analysis.load import InputError, load
 from analysis.memory import report_memory
 from analysis.metrics import arm_order, start
 from analysis.model import Report
+from analysis.outputs import check_outputs, compare_outputs
 from analysis.stats import MIN_PAIRS_FOR_SD
 from analysis.tables import build, fmt_pairs
 
@@ -75,15 +76,17 @@ def _build(paths: list[str | Path], allow_mismatch: bool, n_boot: int, seed: int
         audit_job = pool.submit(run_audit, data, picked, arms, baseline, mismatches, allow_mismatch)
         requests, metrics_job = start(data, picked, arms, baseline, pool)
         positions_job = pool.submit(acceptance.compute, data, picked.selection.used, requests, n_boot, seed)
+        outputs_job = pool.submit(compare_outputs, data, picked.selection.used, arms, baseline)
         items = item_based(requests, n_boot, seed)
         metrics = metrics_job.result()
         comparison = compare(metrics, n_boot, seed, items)
-        audit, positions = audit_job.result(), positions_job.result()
+        audit, positions, outputs = audit_job.result(), positions_job.result(), outputs_job.result()
+    audit.checks.append(check_outputs(outputs, data.campaigns[0].expect))
     tables = build(metrics, comparison, data.campaigns[0].meta.get("max_new_tokens"), len(data.campaigns) > 1)
     report = Report(
         inputs=[Path(p) for p in paths], data=data, arms=arms, baseline=baseline, audit=audit,
         metrics=metrics, comparison=comparison, tables=tables, figures=plots.figure_specs(metrics, positions),
-        n_boot=n_boot, seed=seed, power=power_table(metrics), acceptance=positions,
+        n_boot=n_boot, seed=seed, power=power_table(metrics), acceptance=positions, outputs=outputs,
     )
     report.markdown = markdown.render(report)
     report.pr = pr.render(report)

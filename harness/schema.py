@@ -24,8 +24,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-SCHEMA_VERSION = 2  # what the runner writes
-SCHEMA_VERSIONS = (1, 2)  # what the analysis reads
+SCHEMA_VERSION = 3  # what the runner writes (3: records carry output_ids)
+SCHEMA_VERSIONS = (1, 2, 3)  # what the analysis reads
 
 # config keys (dotted) that do not change what is measured: a campaign resumes across them (a campaign folder
 # moved to another results_dir too, a run that failed on a server start too slow for ready_timeout_s), and a table
@@ -94,6 +94,7 @@ class Record:
     chunk_tokens: list[int] | None  # output tokens of each such chunk; None where the route does not say
     error: str | None
     output_text: str | None  # None unless client.store_output_text
+    output_ids: list[int] | None  # None unless client.store_output_ids and the route returns token ids (schema 3)
     reference_answer: str | None
     meta_info: dict[str, Any] | None  # the server's final meta_info, as it sent it
 

@@ -28,7 +28,7 @@ RECORD_KEYS = {
     "schema_version", "campaign_id", "run_id", "arm", "request_index", "base_seed", "repeat", "item_id",
     "seed_offset", "request_seed", "category", "warmup", "prompt_tokens", "completion_tokens", "spec_verify_ct",
     "spec_num_correct_drafts", "max_new_tokens", "finish_reason", "hit_cap", "t_scheduled", "t_sent",
-    "t_first_token", "t_end", "n_chunks", "chunk_us", "chunk_tokens", "error", "output_text", "reference_answer",
+    "t_first_token", "t_end", "n_chunks", "chunk_us", "chunk_tokens", "error", "output_text", "output_ids", "reference_answer",
     "meta_info",
 }
 SCORE_KEYS = {"request_index", "item_id", "warmup", "answer", "correct", "score_fallback", "scorer"}
@@ -57,12 +57,12 @@ def check_schema2_run(run_dir: Path) -> tuple[dict, list[dict], list[dict]]:
     manifest = json.loads((run_dir / "manifest.json").read_text())
     records = read_jsonl(run_dir / "records.jsonl")
     scores = read_jsonl(run_dir / "scores.jsonl")
-    assert manifest["schema_version"] == 2 and manifest["status"] == "finished"
+    assert manifest["schema_version"] == 3 and manifest["status"] == "finished"
     n_warm = sum(r["warmup"] for r in records)
     assert sorted(r["request_index"] for r in records if r["warmup"]) == list(range(n_warm))  # warmup first
     assert sorted(r["request_index"] for r in records) == list(range(len(records)))
     for rec in records:
-        assert rec["schema_version"] == 2 and RECORD_KEYS == set(rec), set(rec) ^ RECORD_KEYS  # no answer/correct
+        assert rec["schema_version"] == 3 and RECORD_KEYS == set(rec), set(rec) ^ RECORD_KEYS  # no answer/correct
         if rec["error"] is None:
             check_chunks(rec)
     # one score per record, written after the run's last request returned
@@ -140,7 +140,7 @@ def test_small_campaign_and_its_report(tmp_path):
     order = [r["run_id"] for r in campaign["order_run"]]
     assert [r.split("-")[1] for r in order] == ["token", "block", "block", "token"]
     assert all(r["status"] == "finished" for r in campaign["order_run"])
-    assert [a["seed_stream"] for a in campaign["arms"]] == [0, 0] and campaign["schema_version"] == 2
+    assert [a["seed_stream"] for a in campaign["arms"]] == [0, 0] and campaign["schema_version"] == 3
     for run in campaign["plan"]:
         run_dir = root / "runs" / run["run_id"]
         manifest, records, scores = check_schema2_run(run_dir)

@@ -72,7 +72,7 @@ def chunk_us(out: Outcome) -> list[int]:
 
 
 def make_record(ids: dict[str, Any], request_index: int, spec: RequestSpec, out: Outcome,
-                store_text: bool) -> Record:
+                store_text: bool, store_ids: bool) -> Record:
     """One raw record (docs/records.md), unscored. `ids` holds campaign_id, run_id, arm, base_seed, repeat;
     `request_index` is the request's position in the run (warmup first, from 0)."""
     meta = out.meta_info if isinstance(out.meta_info, dict) else {}
@@ -103,6 +103,7 @@ def make_record(ids: dict[str, Any], request_index: int, spec: RequestSpec, out:
         chunk_tokens=out.chunk_tokens,
         error=out.error,
         output_text=out.text if store_text else None,
+        output_ids=out.output_ids if store_ids else None,
         reference_answer=spec.item.answer,
         meta_info=out.meta_info,
     )

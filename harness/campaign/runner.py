@@ -136,7 +136,7 @@ async def drive_run(ctx: RunContext) -> None:
         index = index_of[id(spec)]
         if out.error is not None:  # a server's error reply may quote what it was started with
             out.error = secrets.scrub(out.error)
-        writer.append(make_record(ids, index, spec, out, cfg.client.store_output_text))
+        writer.append(make_record(ids, index, spec, out, cfg.client.store_output_text, cfg.client.store_output_ids))
         ctx.responses.append(Response(index, spec, out.text, out.error is not None))
         if out.error is not None or finish_reason(out) == "abort":
             ctx.failures.append(f"{'warmup ' if spec.warmup else ''}item {spec.item.item_id}: {out.error or 'aborted'}")

@@ -38,6 +38,7 @@ class ClientConfig:
     request_rate: float | None = None  # requests/s, Poisson arrivals; None = closed loop
     timeout_s: float = 7200.0
     store_output_text: bool = True
+    store_output_ids: bool = True  # each response's token ids (the routes that return them): output identity
     chat_template_kwargs: dict[str, Any] = field(default_factory=dict)
     cpus: list[int] = field(default_factory=list)  # pin the runner to these CPUs while it drives; [] = no pinning
 

@@ -24,6 +24,7 @@ from harness.client.requests import (
     chat_payload,
     generate_payload,
     meta_problem,
+    token_ids,
 )
 from harness.client.sse import parse_object
 from harness.client.streams import (
@@ -52,6 +53,7 @@ async def _read_generate(resp: aiohttp.ClientResponse, stream: bool, incremental
         return
     body = await read_body(resp)
     out.text, out.meta_info = body.get("text", ""), body.get("meta_info")
+    out.output_ids = token_ids(body.get("output_ids"))
     single_chunk(out, completion_count(out.meta_info))
 
 

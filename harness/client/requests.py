@@ -35,11 +35,19 @@ class Outcome:
     t_end: float | None = None
     n_chunks: int = 0
     text: str = ""
+    output_ids: list[int] | None = None  # the response's token ids, where the route returns them
     meta_info: dict[str, Any] | None = None
     error: str | None = None
     chunk_times: list[float] = field(default_factory=list)
     chunk_tokens: list[int] | None = None
     extra: dict[str, Any] = field(default_factory=dict)
+
+
+def token_ids(value: Any) -> list[int] | None:
+    """A response's `output_ids` as a list of token ids, or None when it sent none (or something else)."""
+    if isinstance(value, list) and all(isinstance(i, int) and not isinstance(i, bool) for i in value):
+        return value
+    return None
 
 
 class StreamError(Exception):

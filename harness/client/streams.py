@@ -19,7 +19,7 @@ from typing import Any, Protocol
 import aiohttp
 import orjson
 
-from harness.client.requests import Outcome, StreamError
+from harness.client.requests import Outcome, StreamError, token_ids
 from harness.client.sse import DONE, SseFramer, parse_object
 
 NOT_CUMULATIVE = ("the stream is not cumulative (an event's text does not extend the previous one); the server "
@@ -166,6 +166,7 @@ class CumulativeGenerate:
             return
         final = parse_object(self.last)
         out.text, out.meta_info = final.get("text", ""), final.get("meta_info")
+        out.output_ids = token_ids(final.get("output_ids"))
         self.chunks.store(out)
 
 
@@ -175,6 +176,7 @@ class IncrementalGenerate:
     def __init__(self) -> None:
         self.chunks = Chunks()
         self.parts: list[str] = []
+        self.ids: list[int] | None = []  # None once an event carried something else than a list of ids
         self.meta: dict | None = None
 
     def feed(self, data: bytes, t: float) -> None:
@@ -187,10 +189,15 @@ class IncrementalGenerate:
             raise StreamError(NOT_INCREMENTAL)
         self.chunks.add(t, bool(piece) or bool(ids), completion)
         self.parts.append(piece)
+        piece_ids = token_ids(ids)
+        if ids is not None and piece_ids is None:  # ids that are not a list of ids: none recorded
+            self.ids = None
+        elif self.ids is not None and piece_ids:
+            self.ids.extend(piece_ids)
         self.meta = meta if isinstance(meta, dict) else self.meta
 
     def finish(self, out: Outcome) -> None:
-        out.text, out.meta_info = "".join(self.parts), self.meta
+        out.text, out.meta_info, out.output_ids = "".join(self.parts), self.meta, self.ids
         self.chunks.store(out)
 
 
