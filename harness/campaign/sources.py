@@ -112,6 +112,7 @@ def _archive(repo: Path, commit: str) -> subprocess.Popen:
 def _finish(proc: subprocess.Popen, repo: Path, commit: str) -> None:
     """Wait for `git archive`; ConfigError with its message when it failed."""
     assert proc.stdout is not None and proc.stderr is not None
+    proc.stdout.read()  # the archive's padding after its end marker: git must not die writing it (SIGPIPE)
     proc.stdout.close()
     if proc.wait() != 0:
         raise ConfigError(f"git archive {commit} in {repo} failed: {proc.stderr.read().decode().strip()}")
