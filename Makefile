@@ -109,7 +109,7 @@ perf-real: $(REALLM) ## real-model throughput: NONE vs DFLASH token/block at con
 	$(VPY) -m harness.bench -m experiment=real_perf client.concurrency=1,8 $(ARGS)
 
 report: $(STAMP) ## regenerate the report of a campaign: make report DIR=results/<exp>/<campaign>
-	@test -n "$(DIR)" || { echo "usage: make report DIR=results/<experiment>/<campaign> [ARGS='--strict ...']"; exit 2; }
+	@test -n "$(DIR)" || { echo "usage: make report DIR=results/<experiment>/<campaign> [ARGS='--no-strict ...']"; exit 2; }
 	$(VPY) -m analysis.report $(DIR) $(ARGS)
 
 $(REALLM): $(STAMP) requirements/real.txt requirements/real-model.txt

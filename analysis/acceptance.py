@@ -8,6 +8,9 @@ number of drafts accepted in the step, bins 0..gamma).
 - mean accepted drafts per step and the steps-by-accepted histogram, per arm;
 - the per-request acceptance length (completion tokens / verify steps) distribution: mean, p10, p50, p90.
 
+An arm without a verify step in its histograms (no speculation, or a speculative arm that proposed nothing) has
+no rates: it is left out of every table and named in `no_drafts`; changes need drafts in both arms.
+
 The change of each position's rate (arm vs baseline) has a 95% paired bootstrap interval over items (all
 of an item's requests resampled together, the same resampling as the acceptance-length intervals), pooled
 and per base seed.
@@ -37,8 +40,11 @@ class Acceptance:
     request_al: dict[str, dict[str, float]]  # arm -> mean, p10, p50, p90 of per-request AL
     requests: dict[str, int]  # arm -> used requests that carry a histogram
     without: int  # used requests without one
-    changes: dict[str, list[Change]]  # other arm -> change of each position's rate, pooled
+    changes: dict[str, list[Change]]  # other arm -> change of each position's rate, pooled (both arms with drafts)
     seeds: pd.DataFrame  # base_seed, arm, position, rate, change (Change or None)
+    # arms none of whose used requests carries a verify step with drafts (no speculation, or none proposed):
+    # absent from every dict above, shown as "n/a: no drafts"
+    no_drafts: tuple[str, ...] = ()
 
 
 def at_least(hist: np.ndarray) -> np.ndarray:
@@ -74,28 +80,34 @@ def compute(data: Loaded, used: np.ndarray, m: RequestTables, n_boot: int, seed:
     al = req["al"].to_numpy()[present]
     names = m.arms
     out_hist, rates, draft, mean, dist, count = {}, {}, {}, {}, {}, {}
+    no_drafts = []
     for a, name in enumerate(names):
         mine = arm == a
         h = hist[mine].sum(axis=0)
         s = int(h.sum())
+        if not s:
+            no_drafts.append(name)
+            continue
         out_hist[name] = h
-        rates[name] = ge[mine].sum(axis=0) / s if s else np.full(gamma, np.nan)
+        rates[name] = ge[mine].sum(axis=0) / s
         accepted = float(h @ np.arange(gamma + 1))
-        draft[name] = accepted / (s * gamma) if s else float("nan")
-        mean[name] = accepted / s if s else float("nan")
+        draft[name] = accepted / (s * gamma)
+        mean[name] = accepted / s
         finite = al[mine][np.isfinite(al[mine])]
         dist[name] = {"mean": float(finite.mean()) if finite.size else float("nan"),
                       **{k: float(np.percentile(finite, q)) if finite.size else float("nan")
                          for k, q in REQUEST_QUANTILES.items()}}
         count[name] = int(mine.sum())
     group = m.partitions["seed"].code(run, item) if "seed" in m.partitions else np.zeros(len(run), dtype=np.int64)
-    changes, seeds = _changes(ge, steps, arm, item, group, m, n_boot, seed)
-    return Acceptance(gamma, out_hist, rates, draft, mean, dist, count, int((~present).sum()), changes, seeds)
+    changes, seeds = _changes(ge, steps, arm, item, group, m, n_boot, seed, set(rates))
+    return Acceptance(gamma, out_hist, rates, draft, mean, dist, count, int((~present).sum()), changes, seeds,
+                      tuple(no_drafts))
 
 
 def _changes(ge: np.ndarray, steps: np.ndarray, arm: np.ndarray, item: np.ndarray, group: np.ndarray, m: RequestTables,
-             n_boot: int, seed: int) -> tuple[dict[str, list[Change]], pd.DataFrame]:
-    """Paired item-bootstrap changes of each position's rate: pooled (column block 0) and per seed (1..)."""
+             n_boot: int, seed: int, drafted: set[str]) -> tuple[dict[str, list[Change]], pd.DataFrame]:
+    """Paired item-bootstrap changes of each position's rate: pooled (column block 0) and per seed (1..), for
+    the `drafted` arms (those with verify steps) against the baseline when it is one of them."""
     n_arms, gamma = len(m.arms), ge.shape[1]
     n_items = int(item.max()) + 1
     labels = list(m.partitions["seed"].labels) if "seed" in m.partitions else []
@@ -123,13 +135,17 @@ def _changes(ge: np.ndarray, steps: np.ndarray, arm: np.ndarray, item: np.ndarra
         items = int(np.count_nonzero(matrix[:, [col(g, x, 0) for x in range(n_arms)]].sum(axis=1)))
         return item_change(point, boot, (col(g, a, i), col(g, a, 0), col(g, b, i), col(g, b, 0)), items)
 
-    pooled = {name: [change(0, a, i) for i in range(1, gamma + 1)] for a, name in enumerate(m.arms) if a != b}
+    paired = m.baseline in drafted
+    pooled = {name: [change(0, a, i) for i in range(1, gamma + 1)] for a, name in enumerate(m.arms)
+              if a != b and name in drafted and paired}
     rows = []
     for s, label in enumerate(labels):
         for a, name in enumerate(m.arms):
+            if name not in drafted:
+                continue
             for i in range(1, gamma + 1):
                 den = point[col(s + 1, a, 0)]
                 rows.append({"base_seed": label, "arm": name, "position": i,
                              "rate": point[col(s + 1, a, i)] / den if den else float("nan"),
-                             "change": change(s + 1, a, i) if a != b else None})
+                             "change": change(s + 1, a, i) if a != b and paired else None})
     return pooled, pd.DataFrame(rows, columns=["base_seed", "arm", "position", "rate", "change"])

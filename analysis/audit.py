@@ -1,8 +1,8 @@
 """The audit: an independent pass over the raw records and manifests.
 
 It decides which records the metrics use (`Selection`) and reports every check as a `Check` with a
-status: `fail` (the tables should not be trusted), `warn`, `ok` or `info`. `--strict` turns any
-`fail` into a non-zero exit.
+status: `fail` (the tables should not be trusted), `warn`, `ok` or `info`. Any `fail` makes
+`python -m analysis.report` exit 1 (`--no-strict`: 0, the report still says FAILED).
 """
 
 from __future__ import annotations
@@ -295,9 +295,12 @@ def coverage(data: Loaded, plan: PlanKeys, sel: Selection, key: np.ndarray) -> d
     err = np.flatnonzero(sel.errored)
     invalid = sel.invalid[:, err].any(axis=0)
     errors = rec["error"].to_numpy()[err].astype(object)
+    no_tokens = np.isnan(rec["completion_tokens"].to_numpy()[err])
+    why = np.where(invalid, "invalid values (see 'Record values are valid')",
+                   np.where(no_tokens, "no completion_tokens (see 'Records readable')", "not finished"))
     errored = _key_frame(data, rec_run[err], rec["_item"].to_numpy()[err]).assign(
         finish_reason=rec["finish_reason"].to_numpy()[err].astype(object),
-        error=np.where(invalid & pd.isna(errors), "invalid values (see 'Record values are valid')", errors),
+        error=np.where(pd.isna(errors), why, errors),  # a null error says why the record counts as errored
     )
     return {
         "table": table,
@@ -355,6 +358,7 @@ def run_audit(data: Loaded, picked: Picked, arms: list[str], baseline: str, mism
         check_values(data, sel),
         check_server_fields(data, sel),
         check_verify_counts(data, sel),
+        check_proposed_drafts(data, sel),
         check_histograms(data, sel),
         check_hit_cap(data, sel),
         check_metadata(mismatches, allow_mismatch),
@@ -530,7 +534,7 @@ def check_server_fields(data: Loaded, sel: Selection) -> Check:
     server = rec["meta_spec_accept_length"].to_numpy()
     with np.errstate(divide="ignore", invalid="ignore"):
         mine = ct / vct
-    have = sel.chosen & ~np.isnan(server) & (vct > 0)
+    have = sel.chosen & ~np.isnan(server) & (vct > 0) & ~np.isnan(ct)  # (no completion_tokens: errored already)
     bad = have & ~np.isclose(server, mine, rtol=_RTOL, atol=0)
     details = _rows(data, bad, lambda i: f"server spec_accept_length {server[i]:.6g} vs "
                     f"completion_tokens/spec_verify_ct {mine[i]:.6g}")
@@ -560,6 +564,41 @@ def check_verify_counts(data: Loaded, sel: Selection) -> Check:
                                  "spec_verify_ct: the server did not report what it verified, so acceptance length "
                                  "and drafts per step are not measured", tuple(details))
     return Check(name, OK, f"{checked} requests of speculative runs carry spec_verify_ct")
+
+
+def check_proposed_drafts(data: Loaded, sel: Selection) -> Check:
+    """An arm whose server command names a speculative algorithm must have proposed drafts: when every used
+    request of its speculative runs reports spec_num_proposed_drafts 0 and an all-zero acceptance histogram,
+    nothing was speculated (a draft model that never ran, a server that ignored the flag), and its acceptance
+    figures would be 0/0."""
+    name = "Speculative arms proposed drafts"
+    algo = data.runs["spec_algorithm"].to_numpy(dtype=object)
+    speculative = np.array([a is not None and str(a).upper() != "NONE" for a in algo], dtype=bool)
+    if not speculative.any():
+        return Check(name, INFO, "no run's server command names a --speculative-algorithm")
+    rec, hist = data.records, data.hist
+    run = rec["_run"].to_numpy()
+    proposed = rec["meta_spec_num_proposed_drafts"].to_numpy(dtype=float)
+    told = ~np.isnan(proposed) | hist.present  # the request says how many drafts it proposed, one way or both
+    no_proposal = np.isnan(proposed) | (proposed == 0)
+    no_steps = ~hist.present | (hist.dense.sum(axis=1) == 0)
+    none = told & no_proposal & no_steps
+    scope = sel.used & speculative[run] & told
+    arms = data.runs["arm"].to_numpy(dtype=object)[run]
+    details, checked = [], sorted({str(a) for a in arms[scope]})
+    for arm in checked:
+        mine = scope & (arms == arm)
+        if none[mine].all():
+            details.append(f"arm {arm}: its {int(mine.sum())} used request(s) of speculative runs all report "
+                           "spec_num_proposed_drafts 0 and an all-zero acceptance histogram: the arm proposed no "
+                           "drafts, so its acceptance length and per-position rates measure nothing (check that "
+                           "the draft model ran: the server's log, --speculative-* flags)")
+    if details:
+        return Check(name, FAIL, f"{len(details)} of {len(checked)} speculative arm(s) proposed no drafts",
+                     tuple(details))
+    if not checked:
+        return Check(name, INFO, "no used request of a speculative run reports its proposed drafts")
+    return Check(name, OK, f"{len(checked)} speculative arm(s) proposed drafts")
 
 
 def _rows(data: Loaded, mask: np.ndarray, say: Callable[[int], str], limit: int = 200) -> list[str]:

@@ -4,7 +4,8 @@ packages compared between the arms.
 
 The audit's check "Each arm ran the code it names, and only that differs" fails when
 - a source arm's server imported its module from outside its snapshot, or from another commit than the
-  campaign resolved for it (a tampered or mixed-up manifest included);
+  campaign resolved for it (a tampered or mixed-up manifest included), or from a snapshot whose files were not
+  its commit's when the server started (`checkout.content_sha256` against campaign.json's);
 - the runs of one arm imported different code (another origin, commit, diff or package list);
 - the arms' interpreters differ in an installed distribution that `experiment.packages_may_differ` does not
   name (e.g. two installs that also differ in torch);
@@ -86,10 +87,16 @@ def source_problems(run: RunCode) -> list[str]:
     if not inside(code.get("module_origin"), home):
         out.append(f"{run.run_id}: the server imported {code.get('module')} from {code.get('module_origin')}, outside "
                    f"its arm's source {home}")
-    commit = (code.get("checkout") or {}).get("commit")
+    where = code.get("checkout") or {}
+    commit = where.get("commit")
     if commit != src.get("commit"):
         out.append(f"{run.run_id}: the server's code is at commit {commit}, but arm {run.arm}'s source "
                    f"{src.get('ref')!r} resolved to {src.get('commit')}")
+    want, got = src.get("content_sha256"), where.get("content_sha256")
+    if want and where.get("kind") == "snapshot" and got != want:
+        out.append(f"{run.run_id}: the snapshot {where.get('root')} held other files than commit {src.get('commit')} "
+                   f"when its server started (content sha256 {got}, the commit's {want}): it was edited after it "
+                   "was made")
     return out
 
 

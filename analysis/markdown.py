@@ -30,7 +30,7 @@ from analysis.compare import POWER_CHANGES, POWER_NOTE
 from analysis.metrics import MIN_PERCENTILE_VALUES
 from analysis.model import Report
 from analysis.stats import MIN_ITEMS, MIN_PAIRS, MIN_PAIRS_FOR_SD
-from analysis.tables import fmt_change, fmt_pairs, fmt_pct
+from analysis.tables import fmt_change, fmt_num, fmt_pairs, fmt_pct
 
 MAX_DETAILS = 25
 _BADGE = {FAIL: "**FAIL**", WARN: "warn", OK: "ok", "info": "info"}
@@ -292,36 +292,44 @@ def _acceptance(report: Report) -> str:
     if acc is None:
         return ("## Acceptance per draft position\n\nNo used request carries a `spec_correct_drafts_histogram` "
                 "(meta_info): the per-position acceptance cannot be computed from these records.\n")
-    others = [a for a in report.arms if a != report.baseline]
+    shown = [a for a in report.arms if a in acc.rates]  # arms without drafts have no rates: named below
+    none = "; ".join(f"`{a}`: n/a: no drafts" for a in acc.no_drafts)
+    if not shown:
+        return (f"## Acceptance per draft position\n\nNo arm proposed drafts ({none}): no used request's "
+                "histogram holds a verify step, so there is no per-position acceptance.\n")
+    others = [a for a in shown if a in acc.changes]
     rows = []
     for i in range(acc.gamma):
-        rows.append([f"Position {i + 1}", *(f"{acc.rates[a][i]:.4f}" for a in report.arms),
+        rows.append([f"Position {i + 1}", *(fmt_num(acc.rates[a][i], 4) for a in shown),
                      *(fmt_change(acc.changes[a][i]) for a in others)])
-    rows.append(["Draft acceptance rate", *(f"{acc.draft_rate[a]:.4f}" for a in report.arms), *[""] * len(others)])
-    rows.append(["Accepted drafts per step, mean", *(f"{acc.mean_accepted[a]:.4f}" for a in report.arms),
+    rows.append(["Draft acceptance rate", *(fmt_num(acc.draft_rate[a], 4) for a in shown), *[""] * len(others)])
+    rows.append(["Accepted drafts per step, mean", *(fmt_num(acc.mean_accepted[a], 4) for a in shown),
                  *[""] * len(others)])
-    cols = ["Rate", *report.arms, *[f"Change {a} vs {report.baseline} [95% CI]" for a in others]]
+    cols = ["Rate", *shown, *[f"Change {a} vs {report.baseline} [95% CI]" for a in others]]
     out = ["## Acceptance per draft position", "",
            f"Rate of position i = verify steps that accepted at least i of the {acc.gamma} drafts / verify steps "
            "(from `spec_correct_drafts_histogram`); draft acceptance rate = accepted drafts / proposed drafts "
            f"({acc.gamma} per step). Changes: 95% paired bootstrap over items, as for acceptance length.", "",
            table(pd.DataFrame(rows, columns=cols))]
-    hist = [[str(k), *(_share(acc.histogram[a], k) for a in report.arms)] for k in range(acc.gamma + 1)]
+    hist = [[str(k), *(_share(acc.histogram[a], k) for a in shown)] for k in range(acc.gamma + 1)]
     out += ["Verify steps by accepted drafts (share of the arm's steps):", "",
-            table(pd.DataFrame(hist, columns=["Accepted drafts", *report.arms]))]
-    dist = [[a, str(acc.requests[a]), *(f"{acc.request_al[a][k]:.4f}" for k in ("mean", "p10", "p50", "p90"))]
-            for a in report.arms]
+            table(pd.DataFrame(hist, columns=["Accepted drafts", *shown]))]
+    dist = [[a, str(acc.requests[a]), *(fmt_num(acc.request_al[a][k], 4) for k in ("mean", "p10", "p50", "p90"))]
+            for a in shown]
     out += ["Per-request acceptance length (completion tokens / verify steps):", "",
             table(pd.DataFrame(dist, columns=["Arm", "Requests", "Mean", "p10", "p50", "p90"]))]
     if len(acc.seeds):
-        seeds = [[str(seed), arm, *(f"{r:.4f}" for r in sub["rate"])]
+        seeds = [[str(seed), arm, *(fmt_num(r, 4) for r in sub["rate"])]
                  for (seed, arm), sub in acc.seeds.groupby(["base_seed", "arm"], sort=False)]
         out += ["Per seed:", "", table(pd.DataFrame(seeds, columns=["Seed", "Arm",
                                                                      *[f"i={i}" for i in range(1, acc.gamma + 1)]]))]
     notes = []
+    if acc.no_drafts:
+        notes.append(f"{none} (no used request's histogram holds a verify step): left out of this section"
+                     + ("; the changes need drafts in the baseline too" if report.baseline in acc.no_drafts else ""))
     if acc.without:
         notes.append(f"{acc.without} used request(s) without a histogram are left out of this section.")
-    if _differ_in_block(report):
+    if _differ_in_block(report) and acc.changes:
         notes.append(THEORY)
         notes.append(_profile_verdict(report))
     return "\n".join(out) + _bullets(notes, limit=100)

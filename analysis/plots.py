@@ -23,7 +23,7 @@ def figure_specs(m: Metrics, acc: Acceptance | None = None) -> dict[str, str]:
         specs[PER_SEED] = "Acceptance length and output throughput per base seed, by arm"
     if not m.histogram.empty:
         specs[HISTOGRAM] = "Share of verify steps by number of correct drafts, by arm"
-    if acc is not None:
+    if acc is not None and acc.rates:  # (an arm without drafts has no curve)
         specs[POSITIONS] = "Acceptance rate per draft position (steps that accepted at least i drafts), by arm"
     return specs
 
@@ -36,7 +36,7 @@ def render(m: Metrics, out_dir: Path, acc: Acceptance | None = None) -> list[Pat
         written.append(_save(_per_seed(m), out_dir / PER_SEED))
     if HISTOGRAM in specs:
         written.append(_save(_histogram(m), out_dir / HISTOGRAM))
-    if acc is not None:
+    if acc is not None and POSITIONS in specs:
         written.append(_save(_positions(acc), out_dir / POSITIONS))
     return written
 

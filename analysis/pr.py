@@ -20,7 +20,7 @@ from analysis.commands import normalise
 from analysis.markdown import VERSION_FIELDS, arm_manifests, first_manifest, shell, table
 from analysis.model import Report
 from analysis.stats import Change
-from analysis.tables import fmt_change, labels
+from analysis.tables import fmt_change, fmt_num, labels
 
 MAX_LINE = 160
 # the seeds' pooled rows: metric key of the report's pooled table -> the label pr.md shows
@@ -133,12 +133,16 @@ def _positions(report: Report) -> list[str]:
     acc = report.acceptance
     if acc is None:
         return []
-    others = [a for a in report.arms if a != report.baseline]
-    rows = [[str(i + 1), *(f"{acc.rates[a][i]:.4f}" for a in report.arms), *(fmt_change(acc.changes[a][i]) for a in others)]
+    shown = [a for a in report.arms if a in acc.rates]  # an arm without drafts has no rates
+    if not shown:
+        return []
+    others = [a for a in shown if a in acc.changes]
+    rows = [[str(i + 1), *(fmt_num(acc.rates[a][i], 4) for a in shown), *(fmt_change(acc.changes[a][i]) for a in others)]
             for i in range(acc.gamma)]
-    cols = ["Draft position", *report.arms, *[f"{a} vs {report.baseline} [95% CI]" for a in others]]
+    cols = ["Draft position", *shown, *[f"{a} vs {report.baseline} [95% CI]" for a in others]]
     head = "Acceptance per draft position (verify steps that accepted at least i drafts / verify steps):"
-    return [head, "", *table(pd.DataFrame(rows, columns=cols)).rstrip("\n").split("\n"), ""]
+    tail = [f"({', '.join(f'`{a}`' for a in acc.no_drafts)}: n/a: no drafts)"] if acc.no_drafts else []
+    return [head, "", *table(pd.DataFrame(rows, columns=cols)).rstrip("\n").split("\n"), *tail, ""]
 
 
 def _setup(report: Report) -> list[str]:

@@ -101,8 +101,9 @@ def per_seed(report: Report) -> list[dict[str, Any]]:
 
 
 def positions(report: Report) -> dict[str, Any] | None:
-    """Acceptance per draft position (None without histograms): per arm the pooled rates, and per other arm
-    the change of each position's rate."""
+    """Acceptance per draft position (None without histograms): per arm with drafts the pooled rates, per other
+    arm with drafts the change of each position's rate (when the baseline has drafts), and the arms without
+    drafts by name."""
     acc = report.acceptance
     if acc is None:
         return None
@@ -111,6 +112,6 @@ def positions(report: Report) -> dict[str, Any] | None:
                 "mean_accepted_per_step": number(acc.mean_accepted[a]),
                 "steps_by_accepted": [int(x) for x in acc.histogram[a]],
                 "request_al": {k: number(v) for k, v in acc.request_al[a].items()}}
-            for a in report.arms}
-    changes = {a: [change_doc(c) for c in acc.changes[a]] for a in report.arms if a != report.baseline}
-    return {"positions": acc.gamma, "arms": arms, "changes": changes}
+            for a in report.arms if a in acc.rates}
+    changes = {a: [change_doc(c) for c in acc.changes[a]] for a in report.arms if a in acc.changes}
+    return {"positions": acc.gamma, "arms": arms, "changes": changes, "no_drafts": list(acc.no_drafts)}

@@ -149,6 +149,9 @@ class CheckoutState:
     dirty: bool | None  # tracked changes or untracked files git does not ignore; a snapshot is never dirty
     diff_sha256: str | None  # SHA-256 of `git diff HEAD --binary` (tracked changes); None when there are none
     untracked: list[str]  # untracked files git does not ignore (the first 50)
+    # a snapshot: SHA-256 of its files as the server's interpreter found them just before the server started
+    # (harness/server/provenance_probe.py snapshot_files; bytecode folders left out); None for a git checkout
+    content_sha256: str | None = None
 
 
 @dataclass(frozen=True)
@@ -329,6 +332,9 @@ class SourceDoc:
     commit: str  # what ref resolved to (WORKTREE: a commit object of the working tree; the checkout untouched)
     package_dir: str  # the folder of the snapshot that goes first on the server's PYTHONPATH
     snapshot: str  # the snapshot of that commit the server runs from (a cache folder keyed by commit)
+    # SHA-256 of the commit's files as `git archive` gives them (provenance_probe.content_sha256): the snapshot was
+    # checked against it before the campaign launched anything, and each run's server_code.checkout must match it
+    content_sha256: str | None = None
 
 
 @dataclass(frozen=True)

@@ -4,6 +4,7 @@ traceback, never a figure that silently absorbs an impossible number."""
 from __future__ import annotations
 
 import json
+import re
 import shutil
 from pathlib import Path
 
@@ -205,3 +206,87 @@ def test_unwritable_out_folder_is_refused_with_a_message(tmp_path, capsys):
     (out / "figures").write_text("a file where the figures go")
     assert main([str(CLEAN), "--out", str(out)]) == 2
     assert sorted(p.name for p in out.iterdir()) == ["figures"]  # exit 2 means nothing written
+
+
+NO_FIGURE = re.compile(r"\b(nan|inf)\b", re.IGNORECASE)
+
+
+def figures_are_numbers(camp: Path) -> None:
+    """No "nan" or "inf" printed as a figure in report.md or pr.md (the audit may quote a bad value it read:
+    "completion_tokens=nan is not finite"); summary.json keeps null for what has no value."""
+    for name in ("report.md", "pr.md"):
+        lines = [line for line in (camp / name).read_text().splitlines() if "is not finite" not in line]
+        shown = [line for line in lines if NO_FIGURE.search(line)]
+        assert not shown, (name, shown[:5])
+    json.loads((camp / "summary.json").read_text(), parse_constant=lambda c: pytest.fail(f"summary.json has {c}"))
+
+
+def every_record(camp: Path, change, arms: tuple[str, ...] | None = None) -> None:
+    for path in camp.glob("runs/*/records.jsonl"):
+        lines = [json.loads(line) for line in path.read_text().splitlines()]
+        for rec in lines:
+            if arms is None or rec["arm"] in arms:
+                change(rec)
+        path.write_text("".join(json.dumps(r) + "\n" for r in lines))
+
+
+def no_drafts(rec: dict) -> None:
+    """A speculative request that proposed nothing: an all-zero histogram, spec_num_proposed_drafts 0."""
+    meta = rec.get("meta_info") or {}
+    if "spec_correct_drafts_histogram" in meta:
+        meta.update(spec_correct_drafts_histogram=[0] * len(meta["spec_correct_drafts_histogram"]),
+                    spec_num_proposed_drafts=0)
+
+
+def test_a_speculative_arm_that_proposed_no_drafts_fails_the_audit(tmp_path, capsys, clean_campaign):
+    camp = clean_campaign
+    every_record(camp, no_drafts, arms=("block",))
+    drafts = check(build_report([camp]), "Speculative arms proposed drafts")
+    assert drafts.status == "fail" and len(drafts.details) == 1, drafts
+    assert drafts.details[0].startswith("arm block: its 4 used request(s)") and "proposed no drafts" in drafts.details[0]
+    assert main([str(camp)]) == 1 and main([str(camp), "--strict"]) == 1
+    figures_are_numbers(camp)
+    assert "AUDIT FAILED: Speculative arms proposed drafts" in capsys.readouterr().err
+    assert "`block`: n/a: no drafts" in (camp / "report.md").read_text()
+    assert check(build_report([CLEAN]), "Speculative arms proposed drafts").status == "ok"
+
+
+@pytest.mark.parametrize("value", [float("nan"), float("inf")])
+def test_nan_or_infinity_in_every_record_fails_the_report_and_prints_no_nan(tmp_path, capsys, value, clean_campaign):
+    camp = clean_campaign
+
+    def poison(rec: dict) -> None:
+        rec.update({k: value for k, v in rec.items() if isinstance(v, int | float) and not isinstance(v, bool)})
+    every_record(camp, poison)
+    assert main([str(camp)]) == 1  # without --strict: a failed audit is a failed command
+    assert "AUDIT FAILED" in capsys.readouterr().err
+    figures_are_numbers(camp)
+    assert main([str(camp), "--no-strict", "--out", str(tmp_path / "lenient")]) == 0  # the documented opt-out
+    assert "; exit 0 (--no-strict)" in capsys.readouterr().err
+    assert "Audit: FAILED" in (tmp_path / "lenient" / "report.md").read_text()
+
+
+def test_the_arm_without_speculation_has_no_per_position_rates(tmp_path, clean_campaign):
+    """The baseline `token` made an arm without speculation (NONE, no spec counts): absent from the per-position
+    tables and summary.json's rates, named as "n/a: no drafts"; block's rates as before."""
+    camp = clean_campaign
+    for run in ("r0-token-100", "r3-token-200"):
+        edit_json(camp / "runs" / run / "manifest.json", lambda m: m.update(command=[
+            "NONE" if a == "DFLASH" else a for a in m["command"]]))
+
+    def plain(rec: dict) -> None:
+        rec.update(spec_verify_ct=None, spec_num_correct_drafts=None)
+        if rec.get("meta_info"):
+            rec["meta_info"] = {k: v for k, v in rec["meta_info"].items() if not k.startswith("spec_")}
+    every_record(camp, plain, arms=("token",))
+    assert main([str(camp), "--no-strict"]) in (0, 1)
+    doc = json.loads((camp / "summary.json").read_text())["acceptance_by_position"]
+    assert list(doc["arms"]) == ["block"] and doc["no_drafts"] == ["token"] and doc["changes"] == {}
+    assert None not in doc["arms"]["block"]["rate_by_position"]
+    report = (camp / "report.md").read_text()
+    section = report[report.index("## Acceptance per draft position"):]
+    section = section[:section.index("\n## ", 1)]
+    assert "| Position 1 " in section and "| token" not in section and "`token`: n/a: no drafts" in section
+    pr = (camp / "pr.md").read_text()
+    assert "(`token`: n/a: no drafts)" in pr
+    figures_are_numbers(camp)

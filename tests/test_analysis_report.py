@@ -41,16 +41,19 @@ def test_cli_writes_report_and_figures_next_to_the_campaign(tmp_path, capsys):
 
 
 def test_cli_exit_status_strict_and_refusals(tmp_path, capsys):
-    assert main([str(HOLES), "--out", str(tmp_path / "a")]) == 0  # a failed audit is loud, not fatal
+    assert main([str(HOLES), "--out", str(tmp_path / "a")]) == 1  # a failed audit fails the command
     assert "AUDIT FAILED: Coverage" in capsys.readouterr().err
-    assert main([str(HOLES), "--strict", "--out", str(tmp_path / "b")]) == 1
-    assert (tmp_path / "b" / "report.md").is_file()  # still written, to read what failed
+    assert (tmp_path / "a" / "report.md").is_file()  # still written, to read what failed
+    assert main([str(HOLES), "--strict", "--out", str(tmp_path / "b")]) == 1  # (the default, said)
+    assert main([str(HOLES), "--no-strict", "--out", str(tmp_path / "c")]) == 0  # the documented opt-out
+    assert "Audit: FAILED" in (tmp_path / "c" / "report.md").read_text()
     assert main([str(tmp_path / "nowhere")]) == 2
     assert "no such directory" in capsys.readouterr().err
     with pytest.raises(SystemExit) as help_exit:
         main(["--help"])
     assert help_exit.value.code == 0
-    assert "--allow-mismatch" in capsys.readouterr().out
+    said = capsys.readouterr().out
+    assert "--allow-mismatch" in said and "--no-strict" in said
 
 
 def test_same_files_give_a_byte_identical_report(tmp_path):

@@ -99,7 +99,7 @@ def test_each_arm_runs_its_commit_and_the_audit_passes(campaign):
         src, code = sources[man["arm"]], man["server_code"]
         assert code["checkout"] == {"kind": "snapshot", "root": src["snapshot"], "repo": str(repo),
                                     "commit": src["commit"], "branch": None, "dirty": False, "diff_sha256": None,
-                                    "untracked": []}, run_id
+                                    "untracked": [], "content_sha256": src["content_sha256"]}, run_id
         assert code["module"] == "harness.engine" and code["module_origin"] == f"{src['snapshot']}/harness"
         assert code["distribution"] is None  # not the editable specbench install
         assert code["packages"]["torch"] == code["torch"] and len(code["packages_sha256"]) == 64
@@ -118,7 +118,9 @@ def test_a_tampered_commit_or_a_foreign_import_fails_the_audit(campaign, tmp_pat
     _, root = campaign
     for what, edit, says in (
             ("commit", lambda code: code["checkout"].update(commit="0" * 40), "but arm change's source 'change' resolved"),
-            ("origin", lambda code: code.update(module_origin="/elsewhere/harness"), "outside its arm's source")):
+            ("origin", lambda code: code.update(module_origin="/elsewhere/harness"), "outside its arm's source"),
+            ("content", lambda code: code["checkout"].update(content_sha256="0" * 64),
+             "it was edited after it was made")):
         copy = Path(shutil.copytree(root, tmp_path / what / root.name))
         path = next(p for p in sorted(copy.glob("runs/*/manifest.json")) if json.loads(p.read_text())["arm"] == "change")
         man = json.loads(path.read_text())
@@ -193,10 +195,10 @@ def test_worktree_is_the_checkout_as_it_is_without_touching_it(tmp_path):
     assert first != head and worktree_commit(repo) == first  # the same files make the same commit
     assert git(repo, "status", "--porcelain") == status and git(repo, "rev-parse", "HEAD") == head
     assert git(repo, "diff", "--cached", "--name-only") == ""  # the user's index untouched
-    snapshot = materialise(repo, first, tmp_path / "cache")
+    snapshot, digest = materialise(repo, first, tmp_path / "cache")
     assert (snapshot / "harness" / "new_module.py").read_text() == "X = 1\n"
     assert (snapshot / SERVICE).read_text().endswith("# edited\n")
-    assert materialise(repo, first, tmp_path / "cache") == snapshot  # made once
+    assert materialise(repo, first, tmp_path / "cache") == (snapshot, digest)  # made once
     with pytest.raises(ConfigError, match="names no commit"):
         resolve(repo, "no-such-branch")
 

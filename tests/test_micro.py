@@ -139,6 +139,15 @@ def test_bad_impl_name_fails_listing_valid_names(tmp_path):
     assert not any(tmp_path.iterdir())  # nothing was written
 
 
+def test_a_set_that_cannot_be_allocated_is_refused_naming_its_size(tmp_path):
+    proc = run_micro("micro.vocab=[1000000000000]", "micro.rows=[4]", "micro.impls=[full_vocab]", "micro.device=cpu",
+                     f"results_dir={tmp_path}")
+    assert proc.returncode == 2 and "Traceback" not in proc.stderr, proc.stderr[-2000:]
+    assert "micro.vocab=1000000000000 x micro.rows=4" in proc.stderr
+    assert "needs at least 32,000,000,000,000 bytes" in proc.stderr and "cannot be allocated" in proc.stderr
+    assert not any(tmp_path.iterdir())  # nothing was written
+
+
 def test_bad_key_fails_naming_it(tmp_path):
     proc = run_micro("micro.vocabb=5", f"results_dir={tmp_path}")
     assert proc.returncode != 0

@@ -161,3 +161,37 @@ def test_a_bank_of_another_model_or_with_damaged_rows_is_refused(tmp_path):
     (tmp_path / "smollm2" / "manifest.json").write_text(json.dumps([1, 2]))
     with pytest.raises(bank.BankError, match="is not a bank manifest"):
         bank.load_rows(tmp_path, "smollm2")
+
+
+def test_a_bank_whose_manifest_names_another_model_is_refused(tmp_path):
+    """Gemma 3's rows and manifest filed as SmolLM2's, the manifest's model edited: its vocabulary (262,144, not
+    49,152) and its file's SHA-256 are not SmolLM2's."""
+    shutil.copytree(FIXTURE_BANK / "gemma3", tmp_path / "smollm2")
+    manifest = tmp_path / "smollm2" / "manifest.json"
+    manifest.write_text(json.dumps({**json.loads(manifest.read_text()), "model": "smollm2"}))
+    with pytest.raises(bank.BankError, match="names the model 'smollm2', but its rows are not that model's") as err:
+        bank.load_rows(tmp_path, "smollm2")
+    assert "vocab 262144 (the model's: 49152)" in str(err.value)
+    assert "file_sha256 'a5fd3b62230aa5ec60212297dc9d20eaa70578ac519e00d93a17e44c087a6818'" in str(err.value)
+    doc = json.loads((FIXTURE_BANK / "smollm2" / "manifest.json").read_text())
+    shutil.copytree(FIXTURE_BANK / "smollm2", tmp_path / "b" / "smollm2")
+    (tmp_path / "b" / "smollm2" / "manifest.json").write_text(json.dumps({**doc, "file_sha256": "0" * 64}))
+    with pytest.raises(bank.BankError, match="file_sha256 '0000"):
+        bank.load_rows(tmp_path / "b", "smollm2")
+
+
+@pytest.mark.parametrize(("array", "said"), [
+    (lambda a: a.astype(np.float32), "holds a float32 array of shape (8, 49152)"),
+    (lambda a: a[:, :-1].astype(np.uint8), "holds a uint8 array of shape (8, 49151)"),
+    (lambda a: a[:, :-1] > 5, "holds a bool array of shape (8, 49151)"),
+    (lambda a: np.array(3, dtype=np.uint8), "holds a uint8 array of shape ()"),
+    (lambda a: a.ravel(), "holds a uint16 array of shape (393216,)"),
+    (lambda a: a[:3], "logits.npy is (3, 49152), the manifest says (8, 49152)"),
+])
+def test_a_bank_whose_rows_have_another_dtype_or_size_is_a_message(tmp_path, array, said):
+    shutil.copytree(FIXTURE_BANK / "smollm2", tmp_path / "smollm2")
+    path = tmp_path / "smollm2" / "logits.npy"
+    np.save(path, array(np.load(path)))
+    with pytest.raises(bank.BankError, match="make logit-bank") as err:
+        bank.load_rows(tmp_path, "smollm2")
+    assert said in str(err.value)

@@ -92,3 +92,20 @@ def test_real_rows_are_named_with_their_bank_and_count(tmp_path):
     row = json.loads((out / "results.jsonl").read_text())
     assert row["bank"] == "tests/fixtures/logit_bank" and row["bank_rows"] == 4  # 2 x 2 rows, of the bank's 8
     assert "smollm2 at 256: 4 distinct rows of tests/fixtures/logit_bank tiled to 4" in (out / "report.md").read_text()
+
+
+def test_what_cannot_be_allocated_is_refused_naming_its_size(tmp_path, capsys):
+    with pytest.raises(SystemExit) as exit_info:
+        verify_step.main(["--vocabs", "1000000000000", "--device", "cpu", "--out", str(tmp_path / "vs")])
+    err = capsys.readouterr().err
+    assert exit_info.value.code == 2 and "--vocabs 1000000000000 x 512 rows" in err, err
+    assert "needs at least 4,096,000,000,000,000 bytes" in err and "cannot be allocated" in err
+    assert not (tmp_path / "vs").exists()
+
+
+def test_a_cuda_device_torch_does_not_see_is_a_message(tmp_path, capsys, monkeypatch):
+    monkeypatch.setattr("torch.cuda.is_available", lambda: False)  # (as on this CPU-only machine)
+    with pytest.raises(SystemExit) as exit_info:
+        verify_step.main(["--device", "cuda", "--out", str(tmp_path / "vs")])
+    assert exit_info.value.code == 2 and "torch sees no CUDA device" in capsys.readouterr().err
+    assert not (tmp_path / "vs").exists()

@@ -34,8 +34,10 @@ from harness.campaign.sources import resolve_sources
 from harness.campaign.stopping import DONE, REPORT, STARTING, Stopped, StopSignals, hold_sync
 from harness.campaign.storage import StorageError
 from harness.campaign.sweep import SweepJob
+from harness.engine.model_check import ModelFileError, PresetError, check_launches
 from harness.hydra_setup import CONFIG_DIR, HYDRA_VERSION_BASE
 from harness.server.sglang_preflight import preflight_before_launch
+from harness.server.spec import PlannedLaunch
 from harness.validation import ConfigError
 from workloads import load_workload
 from workloads.base import WorkloadError
@@ -49,6 +51,15 @@ def to_typed(cfg: DictConfig, line: CommandLine | None = None) -> BenchConfig:
     it was composed from (default: the running @hydra.main's)."""
     check_required(cfg, line or CommandLine.current(), GROUPS)
     return cast(BenchConfig, OmegaConf.to_object(cfg)).validate()  # cfg's schema is BenchConfig
+
+
+def check_model_paths(launches: list[PlannedLaunch]) -> None:
+    """ConfigError naming the model path (and what is wrong with it) that an embedded server could not load:
+    checked here, where a server would otherwise start and exit before it was ready."""
+    try:
+        check_launches((launch.spec.argv, launch.spec.cwd, launch.spec.module) for launch in launches)
+    except (ModelFileError, PresetError) as exc:
+        raise ConfigError(f"server.model_path (or an arm's --model-path): {exc}; nothing was launched") from None
 
 
 def campaign_complete(campaign: Campaign) -> bool:
@@ -68,12 +79,14 @@ def run(cfg_node: DictConfig, console: Console, stops: StopSignals,
     if cfg.campaign is None and sweep is not None:
         cfg.campaign = sweep.campaign_id(cfg.client.concurrency)
     sources = resolve_sources(cfg)  # each arm's git ref, once: a commit and its snapshot
-    check_arms_differ(cfg, planned_launches(cfg, sources), sources)  # a comparison needs a difference (or an A/A)
+    launches = planned_launches(cfg, sources)
+    check_arms_differ(cfg, launches, sources)  # a comparison needs a difference (or an A/A)
+    check_model_paths(launches)  # an embedded server's model, before anything launches
     if cfg.dry_run:  # the workload read and its request seeds checked as a run would, before anything launches
         workload = load_workload(cfg.workload)
         check_request_seeds(cfg, workload)
         return print_dry_run(cfg, console, sources, workload), None
-    code = preflight_before_launch(cfg.server, planned_launches(cfg, sources), console)  # before anything is loaded
+    code = preflight_before_launch(cfg.server, launches, console)  # before anything is loaded
     if code:
         return code, None
     config_dict = cast(dict[str, Any], OmegaConf.to_container(cfg_node, resolve=True))  # of a DictConfig

@@ -13,7 +13,7 @@ def write_report(campaign_dir: Path, console: Console, strict: bool) -> int:
     report could not be written or (strict) its audit failed."""
     from analysis.report import EXIT_AUDIT_FAILED, power_lines, run_cli  # noqa: PLC0415  (heavy imports)
 
-    code, report = run_cli([str(campaign_dir), *(["--strict"] if strict else [])])
+    code, report = run_cli([str(campaign_dir), "--strict" if strict else "--no-strict"])
     for line in power_lines(report) if report is not None else []:
         console.print(line, highlight=False, markup=False)
     if code == EXIT_AUDIT_FAILED:

@@ -12,6 +12,7 @@ import asyncio
 import time
 from collections.abc import Coroutine
 from dataclasses import dataclass, field
+from pathlib import Path
 from typing import Any
 
 import aiohttp
@@ -23,19 +24,21 @@ from harness.campaign.folder import Campaign
 from harness.campaign.manifest import start_manifest
 from harness.campaign.plan import request_specs, slots
 from harness.campaign.records import RecordWriter, finish_reason, make_record, make_score
+from harness.campaign.sources import archive_files, snapshot_differences
 from harness.campaign.stopping import hold
 from harness.campaign.storage import StorageError, disk_error, save_json
 from harness.client.config import ClientConfig
 from harness.client.drive import drive
 from harness.client.requests import Outcome, RequestSpec
 from harness.host import machine
-from harness.schema import LogCheckReport, Manifest, PlannedRun, Scoring, to_json
+from harness.schema import LogCheckReport, Manifest, PlannedRun, Scoring, ServerCode, SourceDoc, to_json
 from harness.server.control import flush_cache, get_json, responds
 from harness.server.logs import check_log, describe_failed_checks
 from harness.server.process import Server, ServerError, free_port
 from harness.server.provenance import ProvenanceError, probe_server_code
 from harness.server.redact import Secrets
 from harness.server.spec import LaunchSpec, build_spec
+from harness.validation import ConfigError
 
 
 class RunFailed(RuntimeError):
@@ -234,6 +237,22 @@ async def run_one(c: Campaign, run: PlannedRun, progress: Progress, gate: SlotGa
         gate.arrive(run.run_id)
 
 
+def check_snapshot_unchanged(source: SourceDoc | None, code: ServerCode) -> None:
+    """RunFailed, before the server starts, when the snapshot an arm's source runs from no longer holds the
+    files the campaign checked (someone edited it meanwhile): the run would run other code than its commit."""
+    where = code.checkout
+    if source is None or source.content_sha256 is None or where is None or where.kind != "snapshot":
+        return
+    if where.content_sha256 != source.content_sha256:
+        try:
+            differ = "; ".join(snapshot_differences(Path(where.root), archive_files(Path(source.repo), source.commit)))
+        except (ConfigError, OSError) as exc:
+            differ = f"(which files, unknown: {exc})"
+        raise RunFailed(f"the snapshot {where.root} no longer holds commit {source.commit} (its files changed after "
+                        f"the campaign checked them: {differ}); the server was not started. Remove the snapshot "
+                        "(rm -rf it: it is made again from the commit) and resume")
+
+
 async def measure_and_score(c: Campaign, run: PlannedRun, progress: Progress, gate: SlotGate) -> str:
     if c.run_status(run.run_id) == "finished":
         c.console.print(f"[dim]{run.run_id}: finished earlier, kept[/]")
@@ -248,8 +267,9 @@ async def measure_and_score(c: Campaign, run: PlannedRun, progress: Progress, ga
     storage: StorageError | None = None
     try:
         ctx.save()
-        ctx.manifest.server_code = await asyncio.to_thread(probe_server_code, spec)
+        code = ctx.manifest.server_code = await asyncio.to_thread(probe_server_code, spec)
         ctx.save()
+        check_snapshot_unchanged(c.sources.get(run.arm), code)
         ctx.manifest.machine.before = await machine.sample(c.cfg.load_sample_s)
         async with Server(spec) as server:
             await hold("startup")

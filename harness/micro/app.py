@@ -21,7 +21,7 @@ from torch import Tensor
 
 from harness import verify
 from harness.host import envinfo
-from harness.host.devices import resolve_device
+from harness.host.devices import check_fits, resolve_device
 from harness.micro import bank, measure
 from harness.micro.compare import OutputMatch, compare_outputs, tied_rows, unexplained_rows
 from harness.micro.config import MicroConfig
@@ -110,9 +110,20 @@ def check_config(cfg: MicroConfig) -> None:
     if resolve_device(cfg.device, "micro.device").type != "cuda" and cfg.queued_ms:
         raise ConfigError(f"micro.queued_ms={cfg.queued_ms:g} needs a CUDA device (a CPU has no queue to hide the "
                           "host's work behind); leave it at 0 here")
+    check_memory(cfg, resolve_device(cfg.device, "micro.device"))
     if REGISTRY[cfg.baseline]().external:
         raise ImplError(f"micro.baseline={cfg.baseline!r} must be one of the project's builders: "
                         f"{', '.join(verify.BUILDERS)}")
+
+
+def check_memory(cfg: MicroConfig, device: torch.device) -> None:
+    """ConfigError when the largest set cannot be allocated: at least its logits (micro.dtype) and one fp32
+    output of the same [rows, vocab] shape (the builders' output, the reference) must fit at once; the rotated
+    copies and the builders' temporaries come on top."""
+    rows, vocab = max(cfg.rows), max(cfg.vocab)
+    elem = torch.empty((), dtype=getattr(torch, cfg.dtype)).element_size()
+    check_fits(rows * vocab * (elem + 4), device, f"micro.vocab={vocab} x micro.rows={rows} ({cfg.dtype} logits and "
+               "an fp32 output)", "lower micro.vocab or micro.rows")
 
 
 def make_out_dir(results_dir: str, out_dir: str | None) -> Path:

@@ -29,7 +29,7 @@ import numpy as np
 import torch
 from torch import Tensor
 
-from harness.engine.model_files import MODELS, ModelFileError
+from harness.engine.model_files import MODELS, ModelFile, ModelFileError
 from harness.engine.real_model import SHIPPED, RealLM, model_cache
 
 BankError = ModelFileError  # the bank's name for a model file or a bank that cannot be found or read
@@ -84,6 +84,9 @@ def build_model_bank(name: str, out: Path, rows: int, seed: int, cache: Path) ->
             where.append({"prompt": p, "step": step})
     keep = np.linspace(0, len(kept) - 1, rows).round().astype(int)
     bank = torch.stack([kept[i] for i in keep]).to(torch.bfloat16)
+    if spec.sha256 and real.provenance["sha256"] != spec.sha256:
+        raise BankError(f"{name}'s file {real.provenance['file']} has SHA-256 {real.provenance['sha256']}, not the "
+                        f"{spec.sha256} of the version pinned in requirements/ (harness.engine.model_files)")
     folder = out / name
     folder.mkdir(parents=True, exist_ok=True)
     np.save(folder / "logits.npy", bank.view(torch.int16).numpy().view(np.uint16))
@@ -111,6 +114,17 @@ def find_bank(given: str | None, root: Path = Path(".")) -> Path | None:
     return next((root / s for s in SEARCH if (root / s).is_dir()), None)
 
 
+def check_provenance(folder: Path, manifest: dict[str, Any], spec: ModelFile, rebuild: str) -> None:
+    """BankError when the manifest does not describe `spec`'s own file: its package, file name and SHA-256, and
+    its vocabulary (a manifest edited to name another model keeps the other model's rows and hash)."""
+    wrong = [f"{key} {manifest.get(key)!r} (the model's: {want!r})"
+             for key, want in (("package", spec.package), ("file", spec.filename), ("file_sha256", spec.sha256),
+                               ("vocab", spec.vocab)) if want and manifest.get(key) != want]
+    if wrong:
+        raise BankError(f"{folder / 'manifest.json'} names the model {spec.name!r}, but its rows are not that model's: "
+                        f"{'; '.join(wrong)}; {rebuild}")
+
+
 def load_rows(bank: Path, model: str) -> tuple[Tensor, dict[str, Any]]:
     """(the bank's rows of `model` as bfloat16 [rows, vocab], its manifest); BankError naming what is missing."""
     folder = bank / model
@@ -126,10 +140,14 @@ def load_rows(bank: Path, model: str) -> tuple[Tensor, dict[str, Any]]:
                         f"{rebuild}")
     if manifest["model"] != model:
         raise BankError(f"{folder} holds rows of the model {manifest['model']!r}, not {model!r}; {rebuild}")
-    rows = torch.from_numpy(np.ascontiguousarray(bits).view(np.int16)).view(torch.bfloat16)
-    if tuple(rows.shape) != (manifest["rows"], manifest["vocab"]):
-        raise BankError(f"{folder}: logits.npy is {tuple(rows.shape)}, the manifest says "
+    check_provenance(folder, manifest, MODELS[model], rebuild)
+    if bits.dtype != np.uint16 or bits.ndim != 2:
+        raise BankError(f"{folder / 'logits.npy'} holds a {bits.dtype} array of shape {tuple(bits.shape)}; a bank holds "
+                        f"uint16 [rows, vocab] (the bfloat16 bits of each logit); {rebuild}")
+    if tuple(bits.shape) != (manifest["rows"], manifest["vocab"]):
+        raise BankError(f"{folder}: logits.npy is {tuple(bits.shape)}, the manifest says "
                         f"({manifest['rows']}, {manifest['vocab']}); {rebuild}")
+    rows = torch.from_numpy(np.ascontiguousarray(bits).view(np.int16)).view(torch.bfloat16)
     if not torch.isfinite(rows).all():  # a model's logits are finite: NaN or infinities mean a damaged file
         raise BankError(f"{folder}: logits.npy holds values that are not finite; {rebuild}")
     return rows, manifest

@@ -31,6 +31,7 @@ from rich.progress import track
 from torch import Tensor
 
 from harness.host import envinfo
+from harness.host.devices import check_fits, resolve_device
 from harness.micro import bank, measure
 from harness.micro.families import FAMILIES, make_family
 from harness.micro.inputs import rotated_copies
@@ -200,8 +201,14 @@ def main(argv: list[str] | None = None) -> int:
         p.error(f"--vocabs {args.vocabs!r}: not a comma-separated list of integers, e.g. 32000,248320")
     if any(v <= TOP_K for v in vocabs):
         p.error(f"--vocabs {args.vocabs!r}: each must be above top_k {TOP_K} (the step keeps the top {TOP_K})")
-    device = torch.device("cuda" if args.device == "auto" and torch.cuda.is_available() else
-                          ("cpu" if args.device == "auto" else args.device))
+    try:
+        device = resolve_device(args.device, "--device")
+        # each cell holds at least its fp32 logits [steps * (gamma + 1), V] and a dense path's fp32 probabilities
+        check_fits(args.steps * (args.gamma + 1) * max(vocabs) * 8, device,
+                   f"--vocabs {max(vocabs)} x {args.steps * (args.gamma + 1)} rows (--steps {args.steps} x (--gamma "
+                   f"{args.gamma} + 1); fp32 logits and probabilities)", "lower --vocabs or --steps")
+    except ConfigError as exc:
+        p.error(str(exc))
     if args.queued_ms < 0 or (args.queued_ms and device.type != "cuda"):
         p.error(f"--queued-ms {args.queued_ms:g}: needs a CUDA device and a value >= 0 (a CPU has no queue to "
                 "hide the host's work behind); leave it at 0 here")

@@ -26,6 +26,7 @@ from pathlib import Path
 
 RESULT_MARK = "SPECBENCH-PROVENANCE "
 SNAPSHOT_MARK = ".specbench-source.json"  # written by harness.campaign.sources into every snapshot it makes
+PYCACHE = "__pycache__"  # what Python writes beside the sources it imports: left out of a snapshot's content
 MAX_UNTRACKED = 50
 SUFFIXES = sorted(importlib.machinery.all_suffixes(), key=len, reverse=True)  # longest first: .cpython-311-x86_64-linux-gnu.so before .so
 # name in the manifest -> distributions that provide it, first found wins
@@ -95,14 +96,54 @@ def git(root: Path, *args: str) -> str | None:
     return proc.stdout if proc.returncode == 0 else None
 
 
+def file_sha256(path: str) -> str:
+    digest = hashlib.sha256()
+    with open(path, "rb") as f:
+        for block in iter(lambda: f.read(1 << 20), b""):
+            digest.update(block)
+    return digest.hexdigest()
+
+
+def snapshot_files(root: Path) -> dict[str, str]:
+    """Every file and symbolic link under a snapshot folder: relative path -> "f SHA" (a file), "x SHA" (an
+    executable file), "l SHA" (a link: the SHA-256 of its target's path) or "? KIND" (anything else), without
+    the folders Python writes its bytecode into and without the snapshot's mark. harness.campaign.sources
+    computes the same from `git archive` of the commit: equal maps, equal code."""
+    out: dict[str, str] = {}
+    stack = [str(root)]
+    while stack:
+        with os.scandir(stack.pop()) as entries:
+            for entry in entries:
+                rel = os.path.relpath(entry.path, root).replace(os.sep, "/")
+                if entry.is_symlink():
+                    out[rel] = "l " + hashlib.sha256(os.readlink(entry.path).encode()).hexdigest()
+                elif entry.is_dir():
+                    if entry.name != PYCACHE:
+                        stack.append(entry.path)
+                elif entry.is_file():
+                    if rel != SNAPSHOT_MARK:
+                        executable = entry.stat().st_mode & 0o100
+                        out[rel] = ("x " if executable else "f ") + file_sha256(entry.path)
+                else:
+                    out[rel] = "? not a file, folder or link"
+    return out
+
+
+def content_sha256(files: dict[str, str]) -> str:
+    """One SHA-256 over a snapshot_files() map (sorted by path)."""
+    return hashlib.sha256("".join(f"{v} {k}\n" for k, v in sorted(files.items())).encode()).hexdigest()
+
+
 def checkout(origin: Path) -> dict | None:
-    """The git checkout or harness snapshot holding `origin`, or None."""
+    """The git checkout or harness snapshot holding `origin`, or None. A snapshot's content is hashed as it
+    is now (the campaign compares it with its commit's)."""
     for folder in (origin, *origin.parents):
         mark = folder / SNAPSHOT_MARK
         if mark.is_file():
             made = json.loads(mark.read_text())
             return {"kind": "snapshot", "root": str(folder), "repo": made.get("repo"), "commit": made.get("commit"),
-                    "branch": None, "dirty": False, "diff_sha256": None, "untracked": []}
+                    "branch": None, "dirty": False, "diff_sha256": None, "untracked": [],
+                    "content_sha256": content_sha256(snapshot_files(folder))}
         if (folder / ".git").exists():
             # a venv inside a checkout is not that checkout's code: git ignores it
             ignored = git(folder, "check-ignore", "-q", str(origin)) is not None

@@ -1,6 +1,7 @@
 """The verification core, used by the embedded server (`harness.engine`) and the microbenchmark
 (`harness.micro`); its API is docs/verify_api.md. One module per job:
 
+- `checks`: the checks at the public functions' entry (a ValueError naming the bad argument; values on a CPU);
 - `rows`: the per-row rules every builder applies (greedy rows, top_k, the top-p rule);
 - `topk`: torch.topk and the radix top-k (FlashInfer's on CUDA);
 - `builders`: the verify-probability builders (`full_vocab`, `topk_first`, `topk_first_torch`, `topk_fused`);

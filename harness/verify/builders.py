@@ -17,6 +17,7 @@ from dataclasses import dataclass
 import torch
 from torch import Tensor
 
+from harness.verify.checks import check_logits
 from harness.verify.rows import effective_top_k, greedy_rows, row_params, top_p_renorm_sorted
 from harness.verify.topk import TopkFn, radix_topk, torch_topk
 
@@ -94,7 +95,7 @@ def row_groups(logits: Tensor, temperature: Tensor, top_k: Tensor, top_p: Tensor
 def _build(logits: Tensor, temperature: Tensor, top_k: Tensor, top_p: Tensor,
            topk_fn: TopkFn, scale_first: bool) -> Tensor:
     """The dense builders: row_groups laid out as [rows, V] fp32 (zeros elsewhere)."""
-    n, vocab = logits.shape
+    n, vocab = check_logits(logits).shape
     temperature, top_k, top_p = row_params(logits, temperature, top_k, top_p)
     out = torch.zeros(n, vocab, dtype=torch.float32, device=logits.device)
     for group in row_groups(logits, temperature, top_k, top_p, topk_fn, scale_first):
@@ -145,6 +146,7 @@ def fused_build(logits: Tensor, temperature: Tensor, top_k: Tensor, top_p: Tenso
     overrides topk_fused.launch_config()."""
     from harness.verify import topk_fused  # noqa: PLC0415  (imports Triton)
 
+    check_logits(logits)
     temperature, top_k, top_p = row_params(logits, temperature, top_k, top_p)
     out, left = topk_fused.run(logits, temperature, top_k, top_p, config)
     if left is not None:  # rows the kernels did not take (top_k above FAST_K, the whole vocabulary)

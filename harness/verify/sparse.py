@@ -19,6 +19,13 @@ import torch
 from torch import Tensor
 
 from harness.verify.builders import row_groups
+from harness.verify.checks import (
+    check_draft_probs,
+    check_drafts,
+    check_logits,
+    check_same_device,
+    check_sparse_ids,
+)
 from harness.verify.rows import row_params
 from harness.verify.topk import radix_topk
 from harness.verify.verifiers import VerifyOutput, _emit, _uniforms, last_with_mass
@@ -74,7 +81,7 @@ def sparse_probs(logits: Tensor, temperature: Tensor, top_k: Tensor, top_p: Tens
     """The sparse builder: the distribution of `topk_first` (the same rows, the same values: bitwise, ties
     aside), each row as its K entries, K = the batch's largest top_k (1 for greedy rows, V for rows whose
     top_k covers the vocabulary). logits: [rows, V]; temperature, top_k, top_p: [rows]."""
-    n, vocab = logits.shape
+    n, vocab = check_logits(logits).shape
     temperature, top_k, top_p = row_params(logits, temperature, top_k, top_p)
     groups = list(row_groups(logits, temperature, top_k, top_p, radix_topk, scale_first=False))
     width = max([g.probs.shape[-1] for g in groups], default=1)
@@ -103,6 +110,7 @@ def fused_sparse_probs(logits: Tensor, temperature: Tensor, top_k: Tensor, top_p
     rounding). Elsewhere: sparse_probs."""
     from harness.verify import topk_fused  # noqa: PLC0415  (imports Triton)
 
+    check_logits(logits)
     if logits.device.type != "cuda" or not topk_fused.available():
         return sparse_probs(logits, temperature, top_k, top_p)
     return _fused(logits, temperature, top_k, top_p)
@@ -149,7 +157,10 @@ def verify_step(logits: Tensor, temperature: Tensor, top_k: Tensor, top_p: Tenso
     verification, else token-wise. fused on CUDA with Triton: topk_fused's kernels (run_sparse) and the verify
     kernel (harness.verify.sparse_kernel) queued back to back, one synchronisation after both (the rows the
     kernels left, if any, are then built by sparse_probs and their steps verified again); a sparse q takes the
-    torch verifiers. Otherwise: sparse_probs (fused: fused_sparse_probs) and the torch sparse verifiers."""
+    torch verifiers. Otherwise: sparse_probs (fused: fused_sparse_probs) and the torch sparse verifiers.
+    Arguments are checked at entry (harness.verify.checks; the draft ids' range and the coins only on a CPU)."""
+    check_drafts(draft_tokens, check_logits(logits).shape[1], logits.device, "logits")
+    check_draft_probs(draft_probs, logits.device, "logits")
     bsz, gamma = draft_tokens.shape
     if logits.shape[0] != bsz * (gamma + 1):
         raise ValueError(f"{logits.shape[0]} rows of logits for {bsz} steps of {gamma} drafts: need B * (G+1)")
@@ -261,6 +272,12 @@ def _final_token(target: SparseProbs, draft_tokens: Tensor, draft_probs: Tensor 
 
 
 def _check(target: SparseProbs, draft_tokens: Tensor, draft_probs: Tensor | SparseProbs | None) -> None:
+    """The entry checks of the sparse verifiers (harness.verify.checks: what each costs, where it runs)."""
+    check_sparse_ids(target.ids, target.values, target.vocab)
+    check_drafts(draft_tokens, target.vocab, target.values.device, "target")
+    check_draft_probs(draft_probs, target.values.device, "target")
+    if isinstance(draft_probs, SparseProbs):
+        check_same_device("draft_probs.values", draft_probs.values, target.values.device, "target")
     bsz, gamma = draft_tokens.shape
     if target.values.dim() != 3 or target.values.shape[:2] != (bsz, gamma + 1):
         raise ValueError(f"target {tuple(target.values.shape)} must be [B, G+1, K] for drafts [{bsz}, {gamma}]")
@@ -281,15 +298,28 @@ def verify_tokenwise_sparse(target: SparseProbs, draft_tokens: Tensor, draft_pro
     u = _uniforms(uniforms, generators, (bsz, gamma + 1), target.values.device)
     p_tok = target.select((slice(None), slice(0, gamma))).at(draft_tokens)  # [B, G]
     q_tok = _draft_prob_of_token(draft_tokens, draft_probs)
-    accept = u[:, :gamma] * q_tok < p_tok
+    accept = (u[:, :gamma] * q_tok < p_tok) & _in_vocab(draft_tokens, target.vocab)
     n_acc = accept.long().cumprod(dim=1).sum(dim=1)
     last = _final_token(target, draft_tokens, draft_probs, n_acc, torch.ones(bsz, device=u.device), u[:, gamma])
     return _emit(draft_tokens, n_acc, last)
 
 
+def _in_vocab(draft_tokens: Tensor, vocab: int) -> Tensor:
+    """[B, G] whether each draft is an id of the vocabulary: a draft outside it is never accepted, whatever its
+    coin (elementwise, no synchronisation: on a GPU the ids are not checked at entry)."""
+    return (draft_tokens >= 0) & (draft_tokens < vocab)
+
+
 def block_weights_sparse(target: SparseProbs, draft_tokens: Tensor, draft_probs: Tensor | SparseProbs | None
                          ) -> tuple[Tensor, Tensor]:
     """Sun et al.'s p_i and h_i (harness.verify.block_weights) on a sparse target. -> ([B, G+1], [B, G])."""
+    _check(target, draft_tokens, draft_probs)
+    return _block_weights_sparse(target, draft_tokens, draft_probs)
+
+
+def _block_weights_sparse(target: SparseProbs, draft_tokens: Tensor, draft_probs: Tensor | SparseProbs | None
+                          ) -> tuple[Tensor, Tensor]:
+    """block_weights_sparse without its checks (verify_block_sparse made them)."""
     bsz, gamma = draft_tokens.shape
     device = draft_tokens.device
     p_tok = target.select((slice(None), slice(0, gamma))).at(draft_tokens)
@@ -317,8 +347,8 @@ def verify_block_sparse(target: SparseProbs, draft_tokens: Tensor, draft_probs: 
     _check(target, draft_tokens, draft_probs)
     bsz, gamma = draft_tokens.shape
     u = _uniforms(uniforms, generators, (bsz, gamma + 1), target.values.device)
-    p_acc, h = block_weights_sparse(target, draft_tokens, draft_probs)
-    hit = u[:, :gamma] < h
+    p_acc, h = _block_weights_sparse(target, draft_tokens, draft_probs)
+    hit = (u[:, :gamma] < h) & _in_vocab(draft_tokens, target.vocab).cumprod(dim=1).bool()  # x_1..x_i all ids
     positions = torch.arange(1, gamma + 1, device=u.device).unsqueeze(0)
     tau = torch.where(hit, positions, torch.zeros_like(positions)).max(dim=1).values
     p_tau = p_acc.gather(1, tau.unsqueeze(-1)).squeeze(-1)

@@ -9,6 +9,15 @@ from dataclasses import dataclass
 import torch
 from torch import Tensor
 
+from harness.verify.checks import (
+    check_draft_probs,
+    check_drafts,
+    check_target_probs,
+    check_tensor,
+    check_uniforms,
+    check_vocab,
+)
+
 
 def draw_uniforms(generators: list[torch.Generator], n: int, device: torch.device | str) -> Tensor:
     """n uniforms in [0, 1) per row, row b drawn from generators[b] (on its own device). -> [B, n]."""
@@ -25,6 +34,7 @@ def sample_from_probs(probs: Tensor, u: Tensor) -> Tensor:
     and a row whose u * total rounds up to the total takes its last token with mass. A row without mass (zeros or
     NaN) is a ValueError (no_mass).
     """
+    check_vocab("probs", check_tensor("probs", probs).shape[-1])
     cdf = torch.cumsum(probs, dim=-1, dtype=torch.float64)  # float64: rounding cannot shift a token's mass
     target = (u.double() * cdf[:, -1]).unsqueeze(-1)
     idx = torch.searchsorted(cdf, target, right=True).squeeze(-1)
@@ -55,8 +65,9 @@ def _uniforms(uniforms: Tensor | None, generators: list[torch.Generator] | None,
         if len(generators) != shape[0]:
             raise ValueError(f"{len(generators)} generators for {shape[0]} rows")
         return draw_uniforms(generators, shape[1], device)
-    if tuple(uniforms.shape) != shape:
+    if tuple(check_tensor("uniforms", uniforms).shape) != shape:
         raise ValueError(f"uniforms has shape {tuple(uniforms.shape)}, expected {shape} (B, gamma + 1)")
+    check_uniforms(uniforms)
     return uniforms.to(device=device, dtype=torch.float32)
 
 
@@ -125,6 +136,10 @@ def _final_token(target_probs: Tensor, draft_tokens: Tensor, draft_probs: Tensor
 
 
 def _check_shapes(target_probs: Tensor, draft_tokens: Tensor, draft_probs: Tensor | None) -> None:
+    """The entry checks of the dense verifiers (harness.verify.checks: what each costs, where it runs)."""
+    check_target_probs(target_probs)
+    check_drafts(draft_tokens, target_probs.shape[2], target_probs.device, "target_probs")
+    check_draft_probs(draft_probs, target_probs.device, "target_probs")
     bsz, gamma = draft_tokens.shape
     if target_probs.dim() != 3 or target_probs.shape[:2] != (bsz, gamma + 1):
         raise ValueError(f"target_probs {tuple(target_probs.shape)} must be [B, G+1, V] for drafts [{bsz}, {gamma}]")
@@ -152,7 +167,14 @@ def verify_tokenwise(target_probs: Tensor, draft_tokens: Tensor, draft_probs: Te
 
 
 def block_weights(target_probs: Tensor, draft_tokens: Tensor, draft_probs: Tensor | None) -> tuple[Tensor, Tensor]:
-    """Sun et al.'s p_i (i = 0..G) and h_i (i = 1..G) for each row. -> ([B, G+1], [B, G]).
+    """Sun et al.'s p_i (i = 0..G) and h_i (i = 1..G) for each row. -> ([B, G+1], [B, G]). The arguments are
+    verify_block's, checked as there."""
+    _check_shapes(target_probs, draft_tokens, draft_probs)
+    return _block_weights(target_probs, draft_tokens, draft_probs)
+
+
+def _block_weights(target_probs: Tensor, draft_tokens: Tensor, draft_probs: Tensor | None) -> tuple[Tensor, Tensor]:
+    """block_weights without its checks (verify_block made them).
 
     p_0 = 1, p_i = min(1, p_{i-1} p(x_i)/q(x_i)); for i < G h_i = r_i / (r_i + 1 - p_i) with
     r_i = sum_x max(p_i p(x|prefix_i) - q(x|prefix_i), 0); h_G = p_G. A 0/0 (r_i = 0, p_i = 1) is 0:
@@ -186,7 +208,7 @@ def verify_block(target_probs: Tensor, draft_tokens: Tensor, draft_probs: Tensor
     _check_shapes(target_probs, draft_tokens, draft_probs)
     bsz, gamma = draft_tokens.shape
     u = _uniforms(uniforms, generators, (bsz, gamma + 1), target_probs.device)
-    p_acc, h = block_weights(target_probs, draft_tokens, draft_probs)
+    p_acc, h = _block_weights(target_probs, draft_tokens, draft_probs)
     hit = u[:, :gamma] < h  # [B, G], column i-1 is position i
     positions = torch.arange(1, gamma + 1, device=u.device).unsqueeze(0)
     tau = torch.where(hit, positions, torch.zeros_like(positions)).max(dim=1).values  # [B]

@@ -1,0 +1,76 @@
+"""The embedded server's model path is checked in the runner before any server launches (and by the dry run): a
+missing .gguf, random bytes named .gguf, a GGUF file cut short, an hf: name that is not shipped, an unknown
+preset: exit 2 naming the path and what is wrong, where each once started both servers and failed them with
+"server exited before it was ready"."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+from harness.engine.model_check import check_gguf, check_model_path, model_path_of
+from harness.engine.model_files import ModelFileError
+
+
+def tiny_gguf(path: Path) -> Path:
+    gguf = pytest.importorskip("gguf")
+    writer = gguf.GGUFWriter(str(path), "llama")
+    writer.add_block_count(2)
+    writer.add_tensor("token_embd.weight", np.zeros((64, 32), np.float32))
+    writer.write_header_to_file()
+    writer.write_kv_data_to_file()
+    writer.write_tensors_to_file()
+    writer.close()
+    return path
+
+
+def cut(tmp_path: Path) -> Path:
+    whole = tiny_gguf(tmp_path / "whole.gguf").read_bytes()
+    (tmp_path / "cut.gguf").write_bytes(whole[: len(whole) // 2])
+    return tmp_path / "cut.gguf"
+
+
+def random_bytes(tmp_path: Path) -> Path:
+    path = tmp_path / "random.gguf"
+    path.write_bytes(np.random.default_rng(0).bytes(1 << 20))
+    return path
+
+
+CASES = {
+    "missing": (lambda tmp: tmp / "missing.gguf", "missing.gguf: no such file"),
+    "random bytes": (random_bytes, "random.gguf: not a GGUF file (it starts with bytes"),
+    "cut short": (cut, "cut.gguf: a GGUF file that cannot be parsed"),
+    "unshipped hf: name": (lambda tmp: "hf:no-such-model", "'hf:no-such-model' is not a model the embedded server "
+                           "ships; valid: hf:smollm2-135m-instruct, hf:gemma3-270m"),
+    "unknown preset": (lambda tmp: "embedded:nope", "'embedded:nope' is not an embedded model"),
+    "a folder without config.json": (lambda tmp: tmp, "not an embedded preset (embedded:small, ...), a shipped model"),
+}
+
+
+@pytest.mark.parametrize("case", list(CASES))
+@pytest.mark.parametrize("dry", [True, False])
+def test_a_model_the_server_could_not_load_is_refused_before_any_launch(run_bench, tmp_path, case, dry):
+    make, says = CASES[case]
+    model = make(tmp_path)
+    proc = run_bench("experiment=real_block_vs_token", f"server.model_path={model}", f"dry_run={str(dry).lower()}",
+                     "campaign=refused")
+    out = " ".join((proc.stdout + proc.stderr).split())
+    assert proc.returncode == 2, out[-2000:]
+    assert says in out and "nothing was launched" in out and "Traceback" not in out, out[-2000:]
+    assert "server exited" not in out and not (tmp_path / "real_block_vs_token").exists()  # no campaign, no server
+
+
+def test_a_whole_gguf_file_and_the_shipped_names_pass(tmp_path):
+    check_gguf(tiny_gguf(tmp_path / "ok.gguf"))
+    check_model_path("ok.gguf", cwd=tmp_path)  # relative to the server's working directory
+    check_model_path("embedded:mini")
+    check_model_path("hf:gemma3-270m", python="/some/other/python")  # its packages are that interpreter's to have
+    with pytest.raises(ModelFileError, match="no such file"):
+        check_model_path("ok.gguf")  # (not in this process's working directory)
+
+
+def test_the_last_model_path_of_a_command_counts():
+    assert model_path_of(["py", "-m", "harness.engine", "--model-path", "a", "--x", "--model-path=b"]) == "b"
+    assert model_path_of(["py", "-m", "harness.engine"]) is None
