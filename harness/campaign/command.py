@@ -32,6 +32,7 @@ from harness.campaign.stopping import DONE, REPORT, STARTING, Stopped, StopSigna
 from harness.campaign.storage import StorageError
 from harness.campaign.sweep import SweepJob
 from harness.hydra_setup import CONFIG_DIR, HYDRA_VERSION_BASE
+from harness.server import llamacpp_preflight
 from harness.server.sglang_preflight import preflight_before_launch
 from harness.validation import ConfigError
 from workloads import load_workload
@@ -66,7 +67,11 @@ def run(cfg_node: DictConfig, console: Console, stops: StopSignals,
         workload = load_workload(cfg.workload)
         check_request_seeds(cfg, workload)
         return print_dry_run(cfg, console, sources, workload), None
-    code = preflight_before_launch(cfg.server, planned_launches(cfg, sources), console)  # before anything is loaded
+    launches = planned_launches(cfg, sources)
+    if cfg.server.backend == "llamacpp":  # each argv parsed by the binary itself
+        code = llamacpp_preflight.preflight_before_launch(cfg.server, launches, console)
+    else:
+        code = preflight_before_launch(cfg.server, launches, console)  # before anything is loaded
     if code:
         return code, None
     config_dict = cast(dict[str, Any], OmegaConf.to_container(cfg_node, resolve=True))  # of a DictConfig

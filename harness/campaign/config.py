@@ -21,6 +21,7 @@ from workloads.config import WorkloadConfig
 
 INT64_MIN, INT64_MAX = -(2**63), 2**63 - 1  # a request seed is a 64-bit integer (SGLang's sampling_seed)
 SEED_STREAM_STRIDE = 2**32  # request seed = base seed + seed offset + seed_stream * SEED_STREAM_STRIDE
+EXPECTATIONS = ("identical_outputs",)
 
 
 def request_seed(base_seed: int, seed_offset: int, seed_stream: int) -> int:
@@ -65,6 +66,9 @@ class ExperimentConfig:
     # interpreters (e.g. [sglang] for two installs of SGLang), and whether a run from a dirty checkout is declared
     packages_may_differ: list[str] = field(default_factory=list)
     dirty_declared: bool = False
+    # what the arms must give: identical_outputs = every paired request's output the same in every arm (e.g. greedy
+    # sampling with and without lossless speculation); any difference fails the audit. None: no expectation
+    expect: str | None = None
 
     def arm(self, name: str) -> ArmConfig:
         """The arm called `name` (the plan only holds declared names)."""
@@ -77,6 +81,8 @@ class ExperimentConfig:
             raise ConfigError(f"experiment.max_failed_requests={self.max_failed_requests} must be >= 0")
         check_choice("experiment.order", self.order, ("alternate", "fixed"))
         check_choice("experiment.placement", self.placement, ("sequential", "parallel"))
+        if self.expect is not None:
+            check_choice("experiment.expect", self.expect, EXPECTATIONS)
         names = [a.name for a in self.arms]
         for i, name in enumerate(names):
             check_name(f"experiment.arms[{i}].name", name)
@@ -131,6 +137,7 @@ class BenchConfig:
             check_name("campaign", self.campaign)
         if self.shard is not None and self.shard < 0:
             raise ConfigError(f"shard={self.shard} must be >= 0 (a slot of the plan; leave it out to run every slot)")
+        check_backend_client(self)
         shared = sorted(set(self.server.cpus) & set(self.client.cpus))
         if shared:
             raise ConfigError(f"server.cpus={self.server.cpus} and client.cpus={self.client.cpus} share CPU(s) "
@@ -138,6 +145,21 @@ class BenchConfig:
         return self
 
 
+
+
+def check_backend_client(cfg: BenchConfig) -> None:
+    """The routes each backend serves, and llama-server's lack of /flush_cache, refused before anything runs."""
+    backend, route = cfg.server.backend, cfg.client.route
+    if backend == "llamacpp" and route == "generate":
+        raise ConfigError("client.route=generate is SGLang's /generate, which llama-server does not serve: use "
+                          "client.route=chat (/v1/chat/completions) or client.route=completions (/v1/completions)")
+    if backend != "llamacpp" and route == "completions":
+        raise ConfigError(f"client.route=completions is read for server.backend=llamacpp only (backend {backend}: "
+                          "use client.route=generate or chat)")
+    if backend == "llamacpp" and cfg.experiment.warmup.flush_cache:
+        raise ConfigError("experiment.warmup.flush_cache=true: llama-server has no /flush_cache (its slot erase needs "
+                          "--slot-save-path); the client sends every request with cache_prompt=false, so no prompt "
+                          "cache is reused: set experiment.warmup.flush_cache=false")
 
 
 def register_configs() -> None:

@@ -220,8 +220,9 @@ def _for(outcome: Outcome, item: PlannedArgv) -> Outcome:
 def run_preflight(server: ServerConfig, launches: list[PlannedLaunch], console: Console) -> PreflightReport | None:
     """The report for these planned launches, or None when the preflight does not apply (say why)."""
     if server.backend != "sglang":
-        console.print(f"argv preflight: not applicable to backend {server.backend} (it checks SGLang commands)",
-                      highlight=False)
+        if server.backend == "embedded":
+            console.print(f"argv preflight: not applicable to backend {server.backend} (it checks SGLang commands)",
+                          highlight=False)
         return None
     if server.preflight == "skip":
         console.print("[bold yellow]argv preflight SKIPPED (server.preflight=skip)[/]: the commands were NOT "
