@@ -169,6 +169,13 @@ def check_binaries(codes: list[RunCode]) -> tuple[str, str, tuple[str, ...]]:
     return (FAIL if details else OK), summary, tuple(details)
 
 
+def describe_binary(binary: dict[str, Any]) -> str:
+    """A native server binary (manifest server_binary), in a table cell."""
+    built = (f"built from {binary.get('package')} {binary.get('package_version')}" if binary.get("package") else
+             "build unknown")
+    return f"`{Path(str(binary.get('path'))).name}` sha256 `{str(binary.get('sha256'))[:12]}` ({built})"
+
+
 def describe(code: dict[str, Any] | None) -> str:
     """What a server ran, in a table cell."""
     if not code:
