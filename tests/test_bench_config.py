@@ -10,6 +10,7 @@ from types import SimpleNamespace
 
 import pytest
 from hydra import compose, initialize_config_dir
+from llamacpp_support import require_llama_server
 from rich.console import Console
 
 from harness.campaign.command import GROUPS, after_runs, to_typed
@@ -51,6 +52,8 @@ def dry_run_text(cfg: BenchConfig) -> str:
 
 @pytest.mark.parametrize("name", group_options("experiment"))
 def test_every_experiment_composes_and_dry_runs(name):
+    if name.startswith("llamacpp"):
+        require_llama_server()  # its argv preflight runs the binary
     cfg = composed(f"experiment={name}", "dry_run=true", *NEEDS.get(name, []))
     text = dry_run_text(cfg)
     plan = make_plan(cfg.experiment)
@@ -63,6 +66,8 @@ def test_every_experiment_composes_and_dry_runs(name):
     assert "code under test" in text
     if cfg.server.backend == "sglang":
         assert "argv preflight SKIPPED (server.preflight=skip): the commands were NOT checked" in text
+    elif cfg.server.backend == "llamacpp":
+        assert "argv preflight passed" in text and "accepted by llama-server's parser" in text
     else:
         assert "argv preflight passed" in text and "accepted by the embedded server's parser" in text
 
@@ -155,7 +160,7 @@ def test_unwritable_results_dir_is_a_message_not_a_traceback(tmp_path):
     ("client.concurrency=null", "client.concurrency needs a value"),
     ("~client.concurrency", "the typed config cannot lose a key"),
     ("experiment=nope", "valid experiment configs: dflash_block_vs_token"),
-    ("server=vllm", "valid server configs: embedded, sglang"),
+    ("server=vllm", "valid server configs: embedded, llamacpp, sglang"),
 ])
 def test_bad_overrides_list_the_valid_keys(override, message):
     with pytest.raises(OverrideError) as err:

@@ -36,6 +36,7 @@ from harness.campaign.storage import StorageError
 from harness.campaign.sweep import SweepJob
 from harness.engine.model_check import ModelFileError, PresetError, check_launches
 from harness.hydra_setup import CONFIG_DIR, HYDRA_VERSION_BASE
+from harness.server import llamacpp_preflight
 from harness.server.sglang_preflight import preflight_before_launch
 from harness.server.spec import PlannedLaunch
 from harness.validation import ConfigError
@@ -86,7 +87,10 @@ def run(cfg_node: DictConfig, console: Console, stops: StopSignals,
         workload = load_workload(cfg.workload)
         check_request_seeds(cfg, workload)
         return print_dry_run(cfg, console, sources, workload), None
-    code = preflight_before_launch(cfg.server, launches, console)  # before anything is loaded
+    if cfg.server.backend == "llamacpp":  # each argv parsed by the binary itself
+        code = llamacpp_preflight.preflight_before_launch(cfg.server, launches, console)
+    else:
+        code = preflight_before_launch(cfg.server, launches, console)  # before anything is loaded
     if code:
         return code, None
     config_dict = cast(dict[str, Any], OmegaConf.to_container(cfg_node, resolve=True))  # of a DictConfig

@@ -20,8 +20,8 @@ from harness.validation import ConfigError, check_choice, check_name, check_rang
 from workloads.config import WorkloadConfig
 
 INT64_MIN, INT64_MAX = -(2**63), 2**63 - 1  # a request seed is a 64-bit integer (SGLang's sampling_seed)
-SEED_STREAM_STRIDE = 2**32
-EXPECTATIONS = ("identical_outputs",)  # experiment.expect  # request seed = base seed + seed offset + seed_stream * SEED_STREAM_STRIDE
+SEED_STREAM_STRIDE = 2**32  # request seed = base seed + seed offset + seed_stream * SEED_STREAM_STRIDE
+EXPECTATIONS = ("identical_outputs",)  # experiment.expect
 
 
 def request_seed(base_seed: int, seed_offset: int, seed_stream: int) -> int:
@@ -140,6 +140,7 @@ class BenchConfig:
             check_name("campaign", self.campaign)
         if self.shard is not None and self.shard < 0:
             raise ConfigError(f"shard={self.shard} must be >= 0 (a slot of the plan; leave it out to run every slot)")
+        check_backend_client(self)
         shared = sorted(set(self.server.cpus) & set(self.client.cpus))
         if shared:
             raise ConfigError(f"server.cpus={self.server.cpus} and client.cpus={self.client.cpus} share CPU(s) "
@@ -147,6 +148,21 @@ class BenchConfig:
         return self
 
 
+
+
+def check_backend_client(cfg: BenchConfig) -> None:
+    """The routes each backend serves, and llama-server's lack of /flush_cache, refused before anything runs."""
+    backend, route = cfg.server.backend, cfg.client.route
+    if backend == "llamacpp" and route == "generate":
+        raise ConfigError("client.route=generate is SGLang's /generate, which llama-server does not serve: use "
+                          "client.route=chat (/v1/chat/completions) or client.route=completions (/v1/completions)")
+    if backend != "llamacpp" and route == "completions":
+        raise ConfigError(f"client.route=completions is read for server.backend=llamacpp only (backend {backend}: "
+                          "use client.route=generate or chat)")
+    if backend == "llamacpp" and cfg.experiment.warmup.flush_cache:
+        raise ConfigError("experiment.warmup.flush_cache=true: llama-server has no /flush_cache (its slot erase needs "
+                          "--slot-save-path); the client sends every request with cache_prompt=false, so no prompt "
+                          "cache is reused: set experiment.warmup.flush_cache=false")
 
 
 def register_configs() -> None:

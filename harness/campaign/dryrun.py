@@ -15,6 +15,8 @@ from rich.table import Table
 from harness.campaign.config import BenchConfig
 from harness.campaign.plan import check_shard, planned_launches, slots
 from harness.schema import PlannedRun, ServerCode, SourceDoc
+from harness.server import llamacpp_preflight
+from harness.server.llamacpp import describe_binary
 from harness.server.provenance import ProvenanceError, probe_server_code
 from harness.server.sglang_preflight import EXIT_CODE, print_verdict, run_preflight
 from harness.server.spec import PlannedLaunch
@@ -79,6 +81,13 @@ def print_server_code(launches: list[PlannedLaunch], sources: dict[str, SourceDo
     failed = []
     for launch in firsts.values():
         arm = launch.run.arm
+        if launch.spec.native:
+            binary = describe_binary(launch.spec.argv[0])
+            built = f"built from {binary.package} {binary.package_version}" if binary.package else "build unknown"
+            console.print(f"  {arm}: {binary.path} (sha256 {binary.sha256[:16]}, {built}): "
+                          f"{escape(binary.version.splitlines()[0] if binary.version else '?')}", highlight=False,
+                          soft_wrap=True)
+            continue
         if (src := sources.get(arm)) is not None:
             console.print(f"  {arm}: source {src.repo} ref {src.ref} = {src.commit}, snapshot {src.snapshot}/"
                           f"{src.package_dir}", highlight=False, soft_wrap=True)
@@ -101,6 +110,7 @@ def print_dry_run(cfg: BenchConfig, console: Console, sources: dict[str, SourceD
     launches = planned_launches(cfg, sources)
     plan = [launch.run for launch in launches]
     report = run_preflight(cfg.server, launches, console)
+    llama = llamacpp_preflight.run_check(cfg.server, launches, console) if cfg.server.backend == "llamacpp" else None
     console.print(f"[bold]dry run[/] of experiment [bold]{exp.name}[/]: {len(plan)} runs, "
                   f"order={exp.order}, placement={exp.placement}, baseline={exp.baseline}")
     what = (f"{workload.name}, {len(workload.items)} items, sha256 {workload.sha256[:12]}" if workload else
@@ -128,10 +138,14 @@ def print_dry_run(cfg: BenchConfig, console: Console, sources: dict[str, SourceD
         console.print(f"  request seeds: {seeds_line(cfg, run)}", highlight=False, soft_wrap=True)
         if report is not None:
             console.print(f"  preflight: {escape(report.outcome_of(run.run_id).line())}", highlight=False, soft_wrap=True)
+        if llama is not None:
+            console.print(f"  preflight: {escape(llama.line(run.run_id))}", highlight=False, soft_wrap=True)
     console.print()
     console.print(difference_table(cfg, [launch for launch in launches if launch.run.slot == 0]))
     unreadable = print_server_code([launch for launch in launches if launch.run.slot == 0], sources, console)
     code = print_verdict(report, console, cfg.server.backend) if report is not None else 0
+    if llama is not None:
+        code = llamacpp_preflight.print_verdict(llama, console) or code
     if unreadable and cfg.server.preflight == "skip":  # made where the servers' installs are not: said, not counted
         console.print(f"[bold yellow]code under test unknown for arm(s) {', '.join(unreadable)}[/] (server.preflight=skip: "
                       "not counted in the exit code)", highlight=False)

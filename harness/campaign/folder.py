@@ -267,7 +267,8 @@ def workload_doc(workload: Workload) -> WorkloadDoc:
 # they mean what these values mean (so such a campaign still resumes)
 ADDED_KEYS: dict[str, Any] = {"server.cpus": [], "client.cpus": [], "experiment.arms.seed_stream": 0,
                               "experiment.arms.source": {"repo": "", "ref": "", "package_dir": "."}, "experiment.packages_may_differ": [],
-                              "experiment.dirty_declared": False}
+                              "experiment.dirty_declared": False, "server.binary": None, "experiment.expect": None,
+                              "experiment.aa": False, "client.store_output_ids": True}
 # keys removed since (nothing read them): an older campaign's value is dropped before comparing
 REMOVED_KEYS = ("experiment.fresh_server_per_run",)
 

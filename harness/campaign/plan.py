@@ -12,6 +12,7 @@ from pathlib import Path
 from harness.campaign.config import BenchConfig, ExperimentConfig, request_seed
 from harness.client.requests import RequestSpec
 from harness.schema import PlannedRun, SourceDoc
+from harness.server import llamacpp
 from harness.server.spec import PORT_PLACEHOLDER, PlannedLaunch, build_spec, token_sources
 from harness.validation import ConfigError
 from workloads.base import Workload
@@ -67,7 +68,8 @@ def planned_launches(cfg: BenchConfig, sources: dict[str, SourceDoc] | None = No
     for run in make_plan(cfg.experiment):
         index = next(i for i, a in enumerate(arms) if a.name == run.arm)
         spec = build_spec(cfg.server, arms[index], port=cfg.server.port or PORT_PLACEHOLDER, base_seed=run.base_seed,
-                          gpu=run.gpu, log_path=Path("server.log"), source=(sources or {}).get(run.arm))
+                          gpu=run.gpu, log_path=Path("server.log"), source=(sources or {}).get(run.arm),
+                          slots=cfg.client.concurrency)
         out.append(PlannedLaunch(run, spec, token_sources(cfg.server, arms[index], index)))
     return out
 
@@ -87,10 +89,19 @@ def request_specs(cfg: BenchConfig, workload: Workload, base_seed: int,
 
 
 def check_request_seeds(cfg: BenchConfig, workload: Workload) -> None:
-    """ConfigError (before anything launches) when a planned request seed does not fit 64 bits."""
+    """ConfigError (before anything launches) when a planned request seed does not fit 64 bits, or, for
+    llama-server, its 32-bit seed (never truncated: a stream stride of 2**32 would give every stream the same
+    seeds)."""
     if not cfg.experiment.seeded_requests:
         return
+    limit = llamacpp.SEED_MAX if cfg.server.backend == "llamacpp" else None
     for arm in cfg.experiment.arms:
         for base_seed in cfg.experiment.base_seeds:
             for item in workload.items:
-                request_seed(base_seed, item.seed_offset, arm.seed_stream)
+                seed = request_seed(base_seed, item.seed_offset, arm.seed_stream)
+                if limit is not None and not 0 <= seed <= limit:
+                    raise ConfigError(
+                        f"request seed {base_seed} + {item.seed_offset} + {arm.seed_stream} * 2**32 = {seed} (arm "
+                        f"{arm.name}, item {item.item_id}) does not fit llama-server's 32-bit seed (0 to {limit}; "
+                        f"{limit + 1} means 'random'): it would be truncated. Use experiment.base_seeds below "
+                        f"{limit + 1 - max(i.seed_offset for i in workload.items)} and seed_stream 0 for every arm")

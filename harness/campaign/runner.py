@@ -9,6 +9,7 @@ run's server is stopped (scores.jsonl), and the machine's load is sampled before
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 import time
 from collections.abc import Coroutine
 from dataclasses import dataclass, field
@@ -31,8 +32,18 @@ from harness.client.config import ClientConfig
 from harness.client.drive import drive
 from harness.client.requests import Outcome, RequestSpec
 from harness.host import machine
-from harness.schema import LogCheckReport, Manifest, PlannedRun, Scoring, ServerCode, SourceDoc, to_json
-from harness.server.control import flush_cache, get_json, responds
+from harness.schema import (
+    LogCheckReport,
+    Manifest,
+    PlannedRun,
+    Scoring,
+    ServerCode,
+    ServerCounters,
+    SourceDoc,
+    to_json,
+)
+from harness.server import llamacpp
+from harness.server.control import flush_cache, get_json, get_text, responds
 from harness.server.logs import check_log, describe_failed_checks
 from harness.server.process import Server, ServerError, free_port
 from harness.server.provenance import ProvenanceError, probe_server_code
@@ -93,6 +104,8 @@ def stream_mode(client: ClientConfig, server_info: dict | None) -> str:
         return "none"
     if client.route == "chat":
         return "chat"
+    if client.route == "completions":
+        return "incremental"
     return "incremental" if incremental_stream(server_info) else "cumulative"
 
 
@@ -102,13 +115,34 @@ def seeds_honoured(cfg: BenchConfig, server_info: dict | None) -> bool:
     return bool((server_info or {}).get("enable_deterministic_inference", False))
 
 
+async def read_llamacpp_facts(ctx: RunContext) -> None:
+    """llama-server after readiness: /props (server_info), /v1/models (model_info), /slots; RunFailed unless it
+    serves the model and the slots it was launched with. Its per-request `seed` is always honoured."""
+    base, man, argv = ctx.spec.base_url, ctx.manifest, ctx.spec.argv
+    man.server_info = await get_json(base, "/props")
+    man.model_info = await get_json(base, "/v1/models")
+    slots = await get_json(base, "/slots")
+    man.server_slots = slots if isinstance(slots, list) else None
+    man.seeds_honoured = True
+    props = man.server_info or {}
+    if man.server_binary is not None:
+        man.server_binary = dataclasses.replace(man.server_binary, build_info=props.get("build_info"))
+    model, parallel = argv[argv.index("--model") + 1], int(argv[argv.index("--parallel") + 1])
+    if props.get("model_path") != model or props.get("total_slots") != parallel:
+        raise RunFailed(f"llama-server's /props says model_path {props.get('model_path')!r}, total_slots "
+                        f"{props.get('total_slots')!r}; it was launched with --model {model} --parallel {parallel}")
+
+
 async def read_server_facts(ctx: RunContext) -> None:
     """/server_info and /model_info after readiness, and what follows from them (seeds, stream mode)."""
     c, run, cfg, base = ctx.campaign, ctx.planned, ctx.campaign.cfg, ctx.spec.base_url
     man = ctx.manifest
-    man.server_info = await get_json(base, "/server_info") or await get_json(base, "/get_server_info")
-    man.model_info = await get_json(base, "/model_info") or await get_json(base, "/get_model_info")
-    man.seeds_honoured = seeds_honoured(cfg, man.server_info)
+    if ctx.spec.backend == "llamacpp":
+        await read_llamacpp_facts(ctx)
+    else:
+        man.server_info = await get_json(base, "/server_info") or await get_json(base, "/get_server_info")
+        man.model_info = await get_json(base, "/model_info") or await get_json(base, "/get_model_info")
+        man.seeds_honoured = seeds_honoured(cfg, man.server_info)
     man.client.stream_mode = stream_mode(cfg.client, man.server_info)
     if not man.seeds_honoured:
         c.console.print(Panel(
@@ -145,21 +179,28 @@ async def drive_run(ctx: RunContext) -> None:
             ctx.failures.append(f"{'warmup ' if spec.warmup else ''}item {spec.item.item_id}: {out.error or 'aborted'}")
         ctx.progress.advance(task)
 
+    dialect = "llamacpp" if ctx.spec.backend == "llamacpp" else "sglang"
+    counted = ctx.spec.backend == "llamacpp"  # the server's own counters around the window (/metrics)
     c.pin.acquire()
     try:
         if warm:
             ctx.progress.update(task, total=len(warm), completed=0, description=f"{run.run_id} warmup")
             await asyncio.gather(drive(base, warm, sampling=cfg.sampling, client=cfg.client, model=model,
                                        concurrency=len(warm), arrival_seed=run.base_seed, on_done=on_done,
-                                       incremental=incremental), hold("warmup"))
+                                       incremental=incremental, dialect=dialect), hold("warmup"))
         if cfg.experiment.warmup.flush_cache:
             await flush_cache(base)
         ctx.progress.update(task, total=len(measured), completed=0, description=f"{run.run_id}")
+        before = llamacpp.parse_metrics(await get_text(base, "/metrics")) if counted else {}
         start = machine.read_counters()
         await asyncio.gather(drive(base, measured, sampling=cfg.sampling, client=cfg.client, model=model,
                                    concurrency=cfg.client.concurrency, arrival_seed=run.base_seed, on_done=on_done,
-                                   incremental=incremental), hold("measure"))
+                                   incremental=incremental, dialect=dialect), hold("measure"))
         ctx.manifest.machine.during = machine.during(start, machine.read_counters())
+        if counted:
+            after = llamacpp.parse_metrics(await get_text(base, "/metrics"))
+            ctx.manifest.server_counters = ServerCounters("/metrics", before, after,
+                                                          llamacpp.counter_delta(before, after))
     finally:
         c.pin.release()
         writer.close()
@@ -237,10 +278,10 @@ async def run_one(c: Campaign, run: PlannedRun, progress: Progress, gate: SlotGa
         gate.arrive(run.run_id)
 
 
-def check_snapshot_unchanged(source: SourceDoc | None, code: ServerCode) -> None:
+def check_snapshot_unchanged(source: SourceDoc | None, code: ServerCode | None) -> None:
     """RunFailed, before the server starts, when the snapshot an arm's source runs from no longer holds the
     files the campaign checked (someone edited it meanwhile): the run would run other code than its commit."""
-    where = code.checkout
+    where = code.checkout if code is not None else None
     if source is None or source.content_sha256 is None or where is None or where.kind != "snapshot":
         return
     if where.content_sha256 != source.content_sha256:
@@ -261,13 +302,18 @@ async def measure_and_score(c: Campaign, run: PlannedRun, progress: Progress, ga
         c.console.print(f"[yellow]{run.run_id}: an unfinished earlier attempt was set aside in {moved}[/]")
     port = c.cfg.server.port or free_port(c.cfg.server.host)
     spec = build_spec(c.cfg.server, c.cfg.experiment.arm(run.arm), port=port, base_seed=run.base_seed,
-                      gpu=run.gpu, log_path=c.run_dir(run.run_id) / "server.log", source=c.sources.get(run.arm))
+                      gpu=run.gpu, log_path=c.run_dir(run.run_id) / "server.log", source=c.sources.get(run.arm),
+                      slots=c.cfg.client.concurrency)
     ctx = RunContext(c, run, spec, start_manifest(c, run, spec), progress)
     checks = LogCheckReport()
     storage: StorageError | None = None
     try:
         ctx.save()
-        code = ctx.manifest.server_code = await asyncio.to_thread(probe_server_code, spec)
+        code: ServerCode | None = None
+        if spec.native:  # a binary: what it is, read from it (no interpreter to ask)
+            ctx.manifest.server_binary = await asyncio.to_thread(llamacpp.describe_binary, spec.argv[0])
+        else:
+            code = ctx.manifest.server_code = await asyncio.to_thread(probe_server_code, spec)
         ctx.save()
         check_snapshot_unchanged(c.sources.get(run.arm), code)
         ctx.manifest.machine.before = await machine.sample(c.cfg.load_sample_s)
@@ -280,7 +326,8 @@ async def measure_and_score(c: Campaign, run: PlannedRun, progress: Progress, ga
             await drive_run(ctx)
             ctx.manifest.machine.after = await machine.sample(c.cfg.load_sample_s)
             check_failed_requests(ctx)
-            ctx.manifest.server_info_end = await get_json(spec.base_url, "/server_info", spec.health_timeout_s)
+            ctx.manifest.server_info_end = await get_json(spec.base_url, "/props" if spec.native else "/server_info",
+                                                          spec.health_timeout_s)
             checks.at_end = check_log(spec.log_path, spec.log_checks)
             await check_server_health(ctx, server)
             if not checks.at_end.passed:

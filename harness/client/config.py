@@ -32,7 +32,7 @@ class SamplingConfig:
 
 @dataclass
 class ClientConfig:
-    route: str = "generate"  # generate (native, streaming) | chat (OpenAI chat completions)
+    route: str = "generate"  # generate (SGLang's native) | chat (OpenAI chat completions) | completions (llama.cpp)
     stream: bool = True
     concurrency: int = 8
     request_rate: float | None = None  # requests/s, Poisson arrivals; None = closed loop
@@ -43,7 +43,7 @@ class ClientConfig:
     cpus: list[int] = field(default_factory=list)  # pin the runner to these CPUs while it drives; [] = no pinning
 
     def __post_init__(self) -> None:
-        check_choice("client.route", self.route, ("generate", "chat"))
+        check_choice("client.route", self.route, ("generate", "chat", "completions"))
         check_cpus("client.cpus", self.cpus)
         if self.concurrency < 1:
             raise ConfigError(f"client.concurrency={self.concurrency} must be >= 1")

@@ -16,6 +16,7 @@ from collections.abc import Callable
 import aiohttp
 import orjson
 
+from harness.client import llamacpp
 from harness.client.config import ClientConfig, SamplingConfig
 from harness.client.requests import (
     Outcome,
@@ -82,15 +83,36 @@ def single_chunk(out: Outcome, completion: int | None) -> None:
     out.chunk_tokens = None if completion is None else [completion]
 
 
+async def _read_llama(resp: aiohttp.ClientResponse, stream: bool, incremental: bool, out: Outcome,
+                      parser: Parser | None) -> None:
+    """llama-server's chat or completions route, streamed or not (its streams are always incremental)."""
+    if stream:
+        await read_stream(resp, llamacpp.LlamaStream(), out, parser)
+        return
+    body = await read_body(resp)
+    try:
+        choice = body["choices"][0]
+    except (KeyError, IndexError, TypeError) as e:
+        raise StreamError(f"the response has no choices[0] ({e!r}): {str(body)[:200]}") from None
+    content, thought = llamacpp.choice_text(choice)
+    out.text = joined_response(thought, content)
+    out.meta_info = llamacpp.meta_info(choice.get("finish_reason"), body.get("usage"), body.get("timings"))
+    single_chunk(out, completion_count(out.meta_info))
+
+
 ROUTES = {"generate": ("/generate", _read_generate), "chat": ("/v1/chat/completions", _read_chat)}
+# llama-server's dialect: its OpenAI-compatible routes with its own `timings` (harness.client.llamacpp)
+LLAMA_ROUTES = {route: (path, _read_llama) for route, path in llamacpp.PATHS.items()}
+DIALECTS = ("sglang", "llamacpp")  # sglang: SGLang's protocol (SGLang, the embedded server); llamacpp
 
 
 async def send_one(session: aiohttp.ClientSession, base_url: str, route: str, payload: dict,
                    timeout_s: float, out: Outcome, incremental: bool = False,
-                   parser: Parser | None = None) -> Outcome:
+                   parser: Parser | None = None, dialect: str = "sglang") -> Outcome:
     """Send one request; any failure becomes `out.error` (no retry). `incremental`: the server streams
-    /generate with --incremental-streaming-output. `parser`: parse the stream there (see Parser)."""
-    path, read = ROUTES[route]
+    /generate with --incremental-streaming-output. `parser`: parse the stream there (see Parser). `dialect`:
+    whose protocol the server speaks (DIALECTS)."""
+    path, read = (LLAMA_ROUTES if dialect == "llamacpp" else ROUTES)[route]
     body = orjson.dumps(payload)
     out.t_sent = time.monotonic()
     try:
@@ -125,40 +147,47 @@ def poisson_offsets(n: int, rate: float, seed: int) -> list[float]:
     return offsets
 
 
-def new_session(limit: int = 0) -> aiohttp.ClientSession:
-    """A session whose connections are kept and reused (`limit` 0: as many as requests in flight)."""
-    return aiohttp.ClientSession(connector=aiohttp.TCPConnector(limit=limit),
+def new_session(limit: int = 0, force_close: bool = False) -> aiohttp.ClientSession:
+    """A session whose connections are kept and reused (`limit` 0: as many as requests in flight), or with
+    `force_close` one connection per request (llama-server closes its end after each response: a kept connection
+    would fail the next request at random)."""
+    return aiohttp.ClientSession(connector=aiohttp.TCPConnector(limit=limit, force_close=force_close),
                                  timeout=aiohttp.ClientTimeout(total=None), read_bufsize=READ_BUFSIZE)
 
 
 async def drive(base_url: str, specs: list[RequestSpec], *, sampling: SamplingConfig, client: ClientConfig,
                 model: str, concurrency: int, arrival_seed: int,
-                on_done: Callable[[RequestSpec, Outcome], None], incremental: bool = False) -> None:
+                on_done: Callable[[RequestSpec, Outcome], None], incremental: bool = False,
+                dialect: str = "sglang") -> None:
     """Send every spec (at most `concurrency` in flight; Poisson arrivals when client.request_rate is set),
     calling `on_done` as each finishes (the runner appends its record there). An exception of `on_done`
     cancels the requests still in flight and is raised here.
 
     `t_scheduled`: open loop, exactly the scheduled arrival (start + offset); closed loop, the start of the
-    drive (when the request was queued). `incremental`: the server's /generate stream is incremental."""
+    drive (when the request was queued). `incremental`: the server's /generate stream is incremental. `dialect`:
+    the server's protocol (DIALECTS): llamacpp sends llama-server's bodies, one connection per request."""
     semaphore = asyncio.Semaphore(concurrency)
     rate = client.request_rate
     open_loop = bool(rate)
     offsets = poisson_offsets(len(specs), rate, arrival_seed) if rate else [0.0] * len(specs)
     parser = Parser()
     parsing = asyncio.get_running_loop().create_task(parser.run())
-    async with new_session() as session:
+    async with new_session(force_close=dialect == "llamacpp") as session:
         start = time.monotonic()
 
         async def one(spec: RequestSpec, offset: float) -> None:
             scheduled = start + offset
             await asyncio.sleep(max(0.0, scheduled - time.monotonic()))
             out = Outcome(t_scheduled=scheduled if open_loop else start)
-            if client.route == "generate":
+            if dialect == "llamacpp":
+                payload = llamacpp.payload(client.route, sampling, client, spec)
+            elif client.route == "generate":
                 payload = generate_payload(sampling, client, spec)
             else:
                 payload = chat_payload(sampling, client, spec, model)
             async with semaphore:
-                await send_one(session, base_url, client.route, payload, client.timeout_s, out, incremental, parser)
+                await send_one(session, base_url, client.route, payload, client.timeout_s, out, incremental, parser,
+                               dialect)
             on_done(spec, out)
 
         tasks = [asyncio.ensure_future(one(s, o)) for s, o in zip(specs, offsets, strict=True)]

@@ -10,6 +10,9 @@ from omegaconf import MISSING
 
 from harness.validation import ConfigError, check_choice, check_cpus, check_range
 
+BACKENDS = ("embedded", "sglang", "llamacpp")
+NATIVE_BACKENDS = ("llamacpp",)  # a binary, not `python -m MODULE`
+
 
 @dataclass
 class LogChecks:
@@ -32,9 +35,11 @@ class LogChecks:
 class ServerConfig:
     """A server backend and the flags every arm shares."""
 
-    backend: str = "embedded"  # embedded | sglang
+    backend: str = "embedded"  # embedded | sglang | llamacpp
     python: str | None = None  # interpreter; None = the one running the harness
     module: str = "harness.engine"  # run as `python -m MODULE`
+    # backend llamacpp: the llama-server binary; None = $LLAMA_SERVER, else the one `make llamacpp` built
+    binary: str | None = None
     model_path: str = MISSING
     draft_model_path: str | None = None  # passed as --speculative-draft-model-path when set
     host: str = "127.0.0.1"
@@ -49,11 +54,12 @@ class ServerConfig:
     # backend sglang: check every planned argv with the server interpreter's own SGLang before a dry run
     # says "ok" and before a real run launches anything. require = a refused argv, or one that could not
     # be checked (no SGLang in that interpreter), fails the command; skip = do not check (said so).
+    # backend llamacpp: the same, each argv parsed by the binary itself
     preflight: str = "require"
     cpus: list[int] = field(default_factory=list)  # pin the server (and its children) to these CPUs; [] = no pinning
 
     def __post_init__(self) -> None:
-        check_choice("server.backend", self.backend, ("embedded", "sglang"))
+        check_choice("server.backend", self.backend, BACKENDS)
         check_cpus("server.cpus", self.cpus)
         check_choice("server.preflight", self.preflight, ("require", "skip"))
         if not 0 <= self.port < 65536:

@@ -1,5 +1,6 @@
 """The server's control endpoints, as the runner uses them around a run: JSON facts (/server_info,
-/model_info), /health at the end of a run, and /flush_cache before the measured window."""
+/model_info; llama-server's /props, /slots, /v1/models), text (its /metrics), /health at the end of a run, and
+/flush_cache before the measured window."""
 
 from __future__ import annotations
 
@@ -19,6 +20,19 @@ async def get_json(base_url: str, path: str, timeout_s: float = 30.0) -> dict | 
                 return await resp.json(content_type=None) if resp.status == 200 else None
         except (TimeoutError, aiohttp.ClientError, ValueError):
             return None
+
+
+async def get_text(base_url: str, path: str, timeout_s: float = 30.0) -> str:
+    """GET a text endpoint (llama-server's Prometheus /metrics); ServerError when it does not answer 200."""
+    async with aiohttp.ClientSession(timeout=aiohttp.ClientTimeout(total=timeout_s)) as session:
+        try:
+            async with session.get(base_url + path) as resp:
+                body = await resp.text()
+                if resp.status != 200:
+                    raise ServerError(f"GET {path}: HTTP {resp.status} {body[:200]}")
+                return body
+        except (TimeoutError, aiohttp.ClientError) as exc:
+            raise ServerError(f"GET {path} failed: {type(exc).__name__}: {exc}") from None
 
 
 async def flush_cache(base_url: str, timeout_s: float = 60.0) -> None:

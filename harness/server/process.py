@@ -129,10 +129,11 @@ class Server:
         return self.proc
 
     async def wait_ready(self) -> None:
-        """Poll /health_generate until 200; fail with the log's tail on timeout or exit."""
+        """Poll the spec's ready path (/health_generate; llama-server's /health) until 200; fail with the log's
+        tail on timeout or exit."""
         proc = self.started()
         deadline = time.monotonic() + self.spec.ready_timeout_s
-        url = self.spec.base_url + "/health_generate"
+        url = self.spec.base_url + self.spec.ready_path
         async with aiohttp.ClientSession(timeout=aiohttp.ClientTimeout(total=10)) as session:
             while time.monotonic() < deadline:
                 if proc.poll() is not None:

@@ -240,7 +240,8 @@ def _for(outcome: Outcome, item: PlannedArgv) -> Outcome:
 def run_preflight(server: ServerConfig, launches: list[PlannedLaunch], console: Console) -> PreflightReport | None:
     """The report for these planned launches, or None when the preflight does not apply (say why)."""
     if server.backend not in PROBES:
-        console.print(f"argv preflight: not applicable to backend {server.backend}", highlight=False)
+        if server.backend != "llamacpp":  # (llama.cpp's argv is checked by its binary: llamacpp_preflight)
+            console.print(f"argv preflight: not applicable to backend {server.backend}", highlight=False)
         return None
     owner = OWNERS[server.backend]
     if server.preflight == "skip":
