@@ -244,16 +244,24 @@ def test_a_source_arm_names_a_bad_repo_or_ref(run_bench, tmp_path):
     assert said.count(squash(f"snapshot of {repo} at")) == 2 and git(repo, "rev-parse", "change") in said
 
 
-def test_the_default_code_ab_runs_this_checkout_against_its_worktree(run_bench, tmp_path):
-    """`experiment=embedded_code_ab` as shipped (repo: the checkout the command runs in), arm 0 at HEAD
-    (a clean clone may have no local `main`), arm 1 the WORKTREE: end to end, audit passed."""
-    proc = run_bench("experiment=embedded_code_ab", "experiment.arms.0.source.ref=HEAD", *SMALL,
-                     "experiment.base_seeds=[3]", f"source_cache={tmp_path / 'cache'}")
+def test_the_default_code_ab_runs_a_checkout_against_its_worktree(run_bench, tmp_path):
+    """`experiment=embedded_code_ab` as shipped on a clone of this checkout, arm 0 at HEAD (a clean clone may have no
+    local `main`), arm 1 the WORKTREE holding one uncommitted line: end to end, audit passed. Without that line the
+    two refs are one code, which the command refuses before anything starts."""
+    clone = tmp_path / "clone"
+    git(tmp_path, "clone", "-q", str(ROOT), str(clone))
+    refs = [f"experiment.arms.0.source.repo={clone}", f"experiment.arms.1.source.repo={clone}",
+            "experiment.arms.0.source.ref=HEAD", f"source_cache={tmp_path / 'cache'}"]
+    same = run_bench("experiment=embedded_code_ab", *refs, "dry_run=true")
+    assert same.returncode == 2 and squash("arms base and change resolve to the same launch") in squash(same.stdout)
+    service = clone / SERVICE
+    service.write_text(service.read_text().replace(READY, CHANGED))
+    proc = run_bench("experiment=embedded_code_ab", *refs, *SMALL, "experiment.base_seeds=[3]")
     assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-2000:]
     (root,) = (tmp_path / "embedded_code_ab").iterdir()
     doc = json.loads((root / "campaign.json").read_text())
-    assert [a["source"]["repo"] for a in doc["arms"]] == [str(ROOT)] * 2
-    assert doc["arms"][0]["source"]["commit"] == git(ROOT, "rev-parse", "HEAD")
+    assert [a["source"]["repo"] for a in doc["arms"]] == [str(clone)] * 2
+    assert doc["arms"][0]["source"]["commit"] == git(clone, "rev-parse", "HEAD") != doc["arms"][1]["source"]["commit"]
     assert "Audit: PASSED" in (root / "report.md").read_text()
 
 
@@ -308,7 +316,8 @@ def test_two_installs_that_differ_in_a_package_fail_the_audit_and_the_report_sho
     extra = tmp_path / "site" / "onlyinb-2.0.dist-info"
     extra.mkdir(parents=True)
     (extra / "METADATA").write_text("Metadata-Version: 2.1\nName: onlyinb\nVersion: 2.0\n")
-    proc = run_bench("experiment=embedded_aa", f"+experiment.arms.1.env.PYTHONPATH={tmp_path / 'site'}", *SMALL,
+    proc = run_bench("experiment=embedded_aa", "experiment.aa=false",
+                     f"+experiment.arms.1.env.PYTHONPATH={tmp_path / 'site'}", *SMALL,
                      "experiment.base_seeds=[3]")
     assert proc.returncode == 1, proc.stdout[-3000:]
     (root,) = (tmp_path / "embedded_aa").iterdir()

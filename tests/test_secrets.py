@@ -79,7 +79,7 @@ def test_a_secret_found_by_name_is_masked_wherever_it_reappears():
 def run_leaky_campaign(tmp: Path) -> subprocess.CompletedProcess:
     overrides = ["experiment=embedded_aa", "experiment.base_seeds=[3]", "campaign=leaky", *SMALL[:-1],
                  "server.module=faulty_engine", f"+server.env.PYTHONPATH={FAULTY}", "+server.env.FAULTY_ENGINE=leak",
-                 "+experiment.arms.1.env.FAULTY_ENGINE=leak_and_die", f"server.args=[--api-key,{API_KEY}]",
+                 "+experiment.arms.1.env.FAULTY_ENGINE=leak_and_die", "experiment.aa=false", f"server.args=[--api-key,{API_KEY}]",
                  "server.log_checks.must=[]"]
     return subprocess.run([sys.executable, "-m", "harness.bench", f"results_dir={tmp}", *overrides],
                           capture_output=True, text=True, timeout=300, env={**os.environ, **PLANTED})

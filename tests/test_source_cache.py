@@ -89,8 +89,7 @@ def test_links_out_of_the_repository_are_refused_naming_them(run_bench, tmp_path
     git(repo, "add", "-A")
     git(repo, "commit", "-q", "-m", "a link inside")
     cache = tmp_path / "cache"
-    proc = run_bench("experiment=embedded_code_ab", *arms(repo, change="WORKTREE"), "dry_run=true",
-                     f"source_cache={cache}")
+    proc = run_bench("experiment=embedded_code_ab", *arms(repo), "dry_run=true", f"source_cache={cache}")
     assert proc.returncode == 0, proc.stdout[-2000:] + proc.stderr[-2000:]
     assert (cache / git(repo, "rev-parse", "main") / "harness" / "inside.txt").is_symlink()
     for name, target in (("abs_link", "/etc/hostname"), ("rel_link", "../../outside.py")):

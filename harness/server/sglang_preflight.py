@@ -26,10 +26,12 @@ from rich.markup import escape
 
 from harness.server.ask import AskError, Question, ask_all
 from harness.server.config import ServerConfig
+from harness.server.redact import Secrets
 from harness.server.spec import PlannedLaunch
 
 PROBES = {"sglang": Path(__file__).with_name("sglang_argv_probe.py"),
           "embedded": Path(__file__).with_name("engine_argv_probe.py")}
+ENGINE_MODULE = "harness.engine"  # the embedded server's module: its parser is what the embedded probe runs
 OWNERS = {"sglang": "SGLang", "embedded": "the embedded server"}  # whose checks refused
 RESULT_MARK = "SPECBENCH_PREFLIGHT "
 PROBE_TIMEOUT_S = 300.0
@@ -228,7 +230,9 @@ def check_planned(items: list[PlannedArgv], timeout_s: float = PROBE_TIMEOUT_S, 
             continue
         checker, version = checked.get("checker", "SGLang"), checked.get("version", checked.get("sglang_version"))
         for args, result in zip(argvs[(python, env)], checked["results"], strict=True):
-            stages = tuple(Stage(**s) for s in result["stages"])
+            secrets = Secrets.of(dict(env), [list(args)])  # a refusal quotes the argv: --api-key's value too
+            stages = tuple(Stage(**{**s, "message": secrets.scrub(str(s.get("message") or ""))})
+                           for s in result["stages"])
             found[(python, env, args)] = Outcome(group[0], stages, version, checker=checker, owner=owner)
     return PreflightReport([_for(found[(i.python, i.env, i.args)], i) for i in items])
 
@@ -244,6 +248,10 @@ def run_preflight(server: ServerConfig, launches: list[PlannedLaunch], console: 
             console.print(f"argv preflight: not applicable to backend {server.backend}", highlight=False)
         return None
     owner = OWNERS[server.backend]
+    if server.backend == "embedded" and server.module != ENGINE_MODULE:
+        console.print(f"argv preflight: not applicable to server.module={server.module} (it checks the embedded "
+                      f"server's own flags, {ENGINE_MODULE})", highlight=False)
+        return None
     if server.preflight == "skip":
         console.print("[bold yellow]argv preflight SKIPPED (server.preflight=skip)[/]: the commands were NOT "
                       f"checked against {owner}", highlight=False)
