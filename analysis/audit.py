@@ -15,8 +15,8 @@ from typing import Any
 import numpy as np
 import pandas as pd
 
-from analysis.code import CHECK_NAME, check_code
-from analysis.commands import ArmDiff, RunVariant, compare_arms, run_variants
+from analysis.code import CHECK_NAME, check_code, fingerprint, firsts, run_codes
+from analysis.commands import ArmDiff, RunVariant, compare_arms, interpreter_only, run_variants
 from analysis.load import NO_MANIFEST, NOT_RUN, Loaded, flag_value, line_numbers, segment_sums
 
 FAIL, WARN, OK, INFO = "fail", "warn", "ok", "info"
@@ -353,7 +353,7 @@ def run_audit(data: Loaded, picked: Picked, arms: list[str], baseline: str, mism
         check_identity(data, sel),
         check_seeds(data, sel, plan),
         check_seeds_honoured(data),
-        check_commands(arm_diffs, variants),
+        check_commands(arm_diffs, variants, any(c.aa for c in data.campaigns), arms_alike(data, arm_diffs)),
         Check(CHECK_NAME, *check_code(data)),
         check_values(data, sel),
         check_server_fields(data, sel),
@@ -494,8 +494,21 @@ def check_seeds_honoured(data: Loaded) -> Check:
     return Check("Seeds honoured by the server", OK, summary)
 
 
-def check_commands(arm_diffs: list[ArmDiff], variants: list[RunVariant]) -> Check:
+def check_commands(arm_diffs: list[ArmDiff], variants: list[RunVariant], aa: bool = False,
+                   alike: dict[str, bool] | None = None) -> Check:
+    """The arms' commands and environments differ from the baseline's only as declared; and an arm that resolved
+    alike (`alike`: the same command, environment and code) is a comparison only where the experiment declares an
+    A/A (`aa`), which in turn needs every arm alike."""
+    alike = alike or {}
     details: list[str] = []
+    for d in arm_diffs:
+        if alike.get(d.arm) and not aa:
+            details.append(f"{d.arm} vs {d.baseline}: the same command, environment and code: the comparison "
+                           "compares a thing with itself, though the experiment declares a difference (an intended "
+                           "A/A says experiment.aa=true)")
+        if aa and not alike.get(d.arm) and d.pairs:
+            details.append(f"{d.arm} vs {d.baseline}: the experiment declares an A/A (experiment.aa=true), but the "
+                           f"arms differ: {'; '.join([*map(str, d.hunks), *map(str, d.env)]) or 'in their code'}")
     for d in arm_diffs:
         if d.note:
             details.append(f"{d.arm}: {d.note}")
@@ -506,16 +519,31 @@ def check_commands(arm_diffs: list[ArmDiff], variants: list[RunVariant]) -> Chec
         details += [f"{d.arm} vs {d.baseline}: undeclared env difference {e}" for e in d.undeclared_env]
     variant_lines = [f"{v.arm}: run {v.run_id} differs from run {v.first_run_id}: "
                      f"{'; '.join([*map(str, v.hunks), *map(str, v.env)])}" for v in variants]
-    bad = any(not d.clean for d in arm_diffs)
+    bad = any(not d.clean or bool(alike.get(d.arm)) != aa for d in arm_diffs if d.pairs)
     unknown = any(d.note for d in arm_diffs)
     summary = "; ".join(
-        f"{d.arm}: " + ("identical to the baseline (A/A)" if d.identical else
+        f"{d.arm}: " + (("identical to the baseline (A/A, declared)" if aa else "IDENTICAL to the baseline, though a "
+                         "difference is declared") if alike.get(d.arm) else
                         d.note if d.note else "only the declared difference" if d.clean else "UNDECLARED differences")
         for d in arm_diffs
     )
     status = FAIL if bad else WARN if variants or unknown else OK
     return Check("Commands and environments differ only as declared", status, summary,
                  tuple(details + variant_lines))
+
+
+def arms_alike(data: Loaded, arm_diffs: list[ArmDiff]) -> dict[str, bool]:
+    """Per arm: whether it resolved alike to the baseline: the same commands and environments, or commands that
+    differ only in the interpreter's path where both interpreters held the same code and packages; and no recorded
+    code that differs (two paths to one install are one install)."""
+    codes = firsts(run_codes(data))
+    out = {}
+    for d in arm_diffs:
+        a, b = codes.get(d.baseline), codes.get(d.arm)
+        same_code = a is None or b is None or fingerprint(a) == fingerprint(b)
+        out[d.arm] = d.pairs > 0 and same_code and (d.identical or (interpreter_only(d) and a is not None and
+                                                                     b is not None))
+    return out
 
 
 def check_values(data: Loaded, sel: Selection) -> Check:

@@ -135,12 +135,7 @@ def check_code(data: Loaded) -> tuple[str, str, tuple[str, ...]]:
     details = [f"{r.run_id}: no server_code in its manifest" for r in codes if not r.code]
     for run in recorded:
         details += source_problems(run)
-    seen: dict[str, tuple[str, tuple]] = {}
-    for run in recorded:
-        first = seen.setdefault(run.arm, (run.run_id, fingerprint(run.code or {})))
-        if fingerprint(run.code or {}) != first[1]:
-            details.append(f"{run.run_id}: arm {run.arm}'s runs imported different code (origin, commit, diff or "
-                           f"packages differ from {first[0]}'s)")
+    details += arm_changes(recorded)
     may_differ = frozenset().union(*(r.may_differ for r in recorded))
     diffs = package_differences(firsts(recorded))
     undeclared = [(n, v) for n, v in diffs if n not in may_differ]
@@ -159,6 +154,34 @@ def check_code(data: Loaded) -> tuple[str, str, tuple[str, ...]]:
     if dirty_lines:
         return WARN, summary + f"; {len(dirty)} run(s) from a dirty checkout", tuple(dirty_lines)
     return OK, summary, ()
+
+
+def arm_changes(recorded: list[RunCode]) -> list[str]:
+    """Each run whose code differs from its arm's first run (merged campaigns whose interpreter gained packages
+    meanwhile, say), naming both runs with their campaigns and what differs."""
+    out = []
+    first: dict[str, RunCode] = {}
+    for run in recorded:
+        ref = first.setdefault(run.arm, run)
+        if fingerprint(run.code or {}) != fingerprint(ref.code or {}):
+            out.append(f"{run.campaign}/{run.run_id}: arm {run.arm} ran other code than in {ref.campaign}/"
+                       f"{ref.run_id}: {code_difference(ref.code or {}, run.code or {})}")
+    return out
+
+
+def code_difference(a: dict[str, Any], b: dict[str, Any]) -> str:
+    """What differs between two server_code records, in words: origin, commit, diff, and the packages."""
+    wa, wb = a.get("checkout") or {}, b.get("checkout") or {}
+    parts = [f"{what} {x} -> {y}" for what, x, y in (
+        ("module origin", a.get("module_origin"), b.get("module_origin")), ("commit", wa.get("commit"), wb.get("commit")),
+        ("diff sha256", wa.get("diff_sha256"), wb.get("diff_sha256"))) if x != y]
+    pa, pb = a.get("packages") or {}, b.get("packages") or {}
+    changed = [f"+{n} {pb[n]}" for n in sorted(set(pb) - set(pa))] + [f"-{n} {pa[n]}" for n in sorted(set(pa) - set(pb))]
+    changed += [f"{n} {pa[n]} -> {pb[n]}" for n in sorted(set(pa) & set(pb)) if pa[n] != pb[n]]
+    if changed:
+        shown = ", ".join(changed[:12]) + (f", and {len(changed) - 12} more" if len(changed) > 12 else "")
+        parts.append(f"packages {len(pa)} -> {len(pb)} ({shown})")
+    return "; ".join(parts) or "the package list's hash only"
 
 
 def check_binaries(codes: list[RunCode]) -> tuple[str, str, tuple[str, ...]]:

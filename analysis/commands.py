@@ -90,6 +90,13 @@ class RunVariant:
     env: tuple[EnvDiff, ...]
 
 
+def interpreter_only(d: ArmDiff) -> bool:
+    """The arm's commands differ from the baseline's only in their first token (the interpreter's path), its
+    environment not at all."""
+    return (not d.env and len(d.hunks) == 1 and d.hunks[0].after is None
+            and len(d.hunks[0].removed) == len(d.hunks[0].added) == 1)
+
+
 def _show(value: str | None) -> str:
     return "(unset)" if value is None else f"`{value}`"
 

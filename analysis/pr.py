@@ -19,7 +19,7 @@ from analysis.code import describe, firsts, package_differences, run_codes
 from analysis.commands import normalise
 from analysis.markdown import VERSION_FIELDS, arm_manifests, first_manifest, shell, table
 from analysis.model import Report
-from analysis.stats import Change
+from analysis.stats import MIN_ITEMS, MIN_PAIRS, Change
 from analysis.tables import fmt_change, fmt_num, labels
 
 MAX_LINE = 160
@@ -36,12 +36,11 @@ METRIC_LINES = (
     "correct drafts per verify step = accepted drafts / verify steps; position i = steps accepting at least i drafts / steps",
     "output throughput = output tokens / measured window (first request sent to last ended), summed over runs; "
     "decode throughput = tokens after each first chunk / time while any stream decodes",
-    "intervals: 95%; paired bootstrap over items (AL, drafts per step, positions), t-interval over run pairs (throughputs)",
 )
 
 
 def render(report: Report) -> str:
-    lines = [_title(report), "", _audit_line(report), "", *_outputs(report), *_pooled(report), "",
+    lines = [_title(report), "", _audit_line(report), "", *_compared(report), *_outputs(report), *_pooled(report), "",
              *_per_seed(report), "",
              *_positions(report),
              "### Setup", "", *_setup(report), "", "### Protocol", "", *_protocol(report), "",
@@ -62,12 +61,68 @@ def _wrap(lines: list[str]) -> list[str]:
 
 
 def _title(report: Report) -> str:
+    """The title names the two sides: each arm by what distinguishes it (its ref and commit, or its interpreter,
+    where those differ), and an A/A as an A/A."""
     first = report.data.campaigns[0]
-    others = ", ".join(f"`{a}`" for a in report.arms if a != report.baseline)
+    others = [a for a in report.arms if a != report.baseline]
     if not others:
         return f"## {first.experiment}: `{report.baseline}` alone (no other arm: nothing is compared)"
     diff = first.meta.get("declared_difference") or "no declared difference"
-    return f"## {first.experiment}: {others} vs `{report.baseline}` ({diff})"
+    named = ", ".join(_side(report, a) for a in others)
+    if first.aa:
+        return f"## {first.experiment}: A/A of {named} and {_side(report, report.baseline)} (the noise floor: {diff})"
+    return f"## {first.experiment}: {named} vs {_side(report, report.baseline)} ({diff})"
+
+
+def _declared(report: Report) -> dict[str, dict[str, Any]]:
+    return {str(a.get("name")): a for c in report.data.campaigns for a in c.arms}
+
+
+def _side(report: Report, arm: str) -> str:
+    """An arm in the title: its name, and its ref and commit (a source arm) or its interpreter (an arm with its own)."""
+    decl = _declared(report).get(arm, {})
+    src = decl.get("source") or {}
+    if src:
+        return f"`{arm}` (ref `{src.get('ref')}` = `{str(src.get('commit'))[:12]}`)"
+    if decl.get("python"):
+        return f"`{arm}` (`{decl.get('python')}`)"
+    return f"`{arm}`"
+
+
+STAT_LINES = 25  # lines of a `git diff --stat` shown in pr.md (its summary line always)
+
+
+def _compared(report: Report) -> list[str]:
+    """What each side ran, where the arms differ in code: refs, commits, dirty flags and `git diff --stat`, or the
+    interpreters and the packages that differ between them. Nothing for arms of one install (their commands say)."""
+    decl = _declared(report)
+    codes = firsts(run_codes(report.data))
+    if not any((decl.get(a) or {}).get("source") or (decl.get(a) or {}).get("python") for a in report.arms):
+        return []
+    out = ["What was compared:", ""]
+    for arm in report.arms:
+        d, code = decl.get(arm, {}), codes.get(arm) or {}
+        src = d.get("source") or {}
+        where = code.get("checkout") or {}
+        if src:
+            uncommitted = " (the checkout's files as they were, uncommitted ones included)" if src.get("ref") == "WORKTREE" else ""
+            out.append(f"- `{arm}`: `{src.get('repo')}` ref `{src.get('ref')}` = commit `{src.get('commit')}`{uncommitted}")
+        else:
+            dirty = (f", dirty checkout (diff sha256 `{str(where.get('diff_sha256'))[:12]}`)" if where.get("dirty") else
+                     ", clean checkout" if where else "")
+            python = d.get("python") or code.get("executable") or "the harness's own"
+            out.append(f"- `{arm}`: interpreter `{python}`, "
+                       f"{describe(code or None)}{dirty}")
+    for arm, stat in (report.data.campaigns[0].meta.get("source_diff_stat") or {}).items():
+        lines = str(stat).splitlines()
+        shown = lines if len(lines) <= STAT_LINES + 1 else [*lines[:STAT_LINES], f" ... {len(lines) - 1 - STAT_LINES} "
+                                                                                  "more files", lines[-1]]
+        out += ["", f"`git diff --stat` from `{report.baseline}`'s commit to `{arm}`'s:", "", "```", *shown, "```"]
+    differ = package_differences(codes)
+    if differ:
+        out += ["", "Packages that differ between the arms' interpreters: " + "; ".join(
+            f"{n} " + ", ".join(f"`{a}` {v}" for a, v in versions.items()) for n, versions in differ)]
+    return [*out, ""]
 
 
 def _audit_line(report: Report) -> str:
@@ -93,7 +148,9 @@ def _outputs(report: Report) -> list[str]:
     return out
 
 
-def _pooled(report: Report) -> list[str]:
+def headline(report: Report) -> pd.DataFrame:
+    """The seeds' pooled rows: metric, each arm's value and each other arm's change with its interval, as the
+    report's own cells (pr.md's table, and what `make bench` ends with on the terminal)."""
     others = [a for a in report.arms if a != report.baseline]
     shown = report.tables.pooled_display.set_index("Metric")
     names = labels(report.data.campaigns[0].meta.get("max_new_tokens"))
@@ -104,9 +161,19 @@ def _pooled(report: Report) -> list[str]:
                  for a in others]
         rows.append([label, *values, *cells])
     cols = ["Metric", *report.arms, *[f"{a} vs {report.baseline} [95% CI]" for a in others]]
-    out = table(pd.DataFrame(rows, columns=cols)).rstrip("\n").split("\n")
+    return pd.DataFrame(rows, columns=cols)
+
+
+def _pooled(report: Report) -> list[str]:
+    others = [a for a in report.arms if a != report.baseline]
+    out = table(headline(report)).rstrip("\n").split("\n")
     changes = {a: report.comparison.get("pooled", "all", "throughput", a) for a in others}
     flagged = [f"{c.flagged} of {c.n} `{a}` vs `{report.baseline}` run pairs" for a, c in changes.items() if c and c.flagged]
+    model = str(first_manifest(report, report.baseline)[1].get("model_path") or "")
+    if model.startswith("embedded:"):  # (a preset: exact integer weights and a made-up vocabulary)
+        out += ["", f"Boxed score: `{model}` is the embedded server's synthetic model; its tokens are drawn from a made-up "
+                "distribution, so it cannot answer: a score of 0 is expected and says nothing about accuracy (a real "
+                "model: `make bench-real`)."]
     if flagged:
         out += ["", f"**Foreign load** in {'; '.join(flagged)} (report.md, 'Runs taken on a quiet machine'): "
                 "their throughput changes may measure other work."]
@@ -175,6 +242,18 @@ def _setup(report: Report) -> list[str]:
     return out
 
 
+def _intervals(report: Report) -> str:
+    """How the intervals were made, as they were: the throughputs' t-interval only where there were enough pairs."""
+    head = f"intervals: 95%; paired bootstrap over items (AL, drafts per step, positions; none below {MIN_ITEMS} items)"
+    pairs = [c for a in report.arms if a != report.baseline
+             if (c := report.comparison.get("pooled", "all", "throughput", a)) is not None]
+    if pairs and all(c.has_interval for c in pairs):
+        return head + ", t-interval over run pairs (throughputs)"
+    n = min((c.n for c in pairs), default=0)
+    return head + (f"; throughputs: no interval ({n} run pair(s); a t-interval needs {MIN_PAIRS}, so their change is "
+                   "the pairs' geometric mean with the range of the pair ratios)")
+
+
 def _protocol(report: Report) -> list[str]:
     c = report.data.campaigns[0]
     w = c.meta.get("workload") or {}
@@ -191,5 +270,5 @@ def _protocol(report: Report) -> list[str]:
     out.append(f"- base seeds {exp.get('base_seeds')}, repeats {exp.get('repeats')}, order `{exp.get('order')}`{order}; "
                f"{seeds}; concurrency {c.meta.get('concurrency')}; warmup {warm.get('requests')} requests of "
                f"{warm.get('max_new_tokens')} tokens per run{flush}")
-    out += [f"- {line}" for line in METRIC_LINES]
+    out += [f"- {line}" for line in (*METRIC_LINES, _intervals(report))]
     return out

@@ -21,7 +21,7 @@ import pytest
 from mdtable import squash
 from test_analysis_report import copy_campaign, edit_json
 
-from analysis.report import build_report, power_lines
+from analysis.report import build_report, power_summary
 
 V2 = Path(__file__).parent / "fixtures" / "analysis" / "chunks_v2" / "golden" / "golden-c1"
 
@@ -214,9 +214,11 @@ def test_six_pairs_give_intervals_and_the_power_table(tmp_path):
     assert power.at[("block", "throughput"), "pairs"] == 6
     assert power.at[("block", "throughput"), "sd_log_ratio"] == pytest.approx(sd)
     assert "## Power" in squash(report.markdown)
-    lines = power_lines(report)
-    assert lines[0].startswith(f"power, throughput (block vs token): SD of log pair ratio {sd * 100:.2f}% from 6 pairs")
-    assert "(95%: " in lines[0] and "(95%:" in squash(report.markdown)  # the SD's own uncertainty, shown
+    (line,) = power_summary(report)
+    n = [f"{int(power.at[('block', 'throughput'), f'pairs_for_{p}pct']):,}" for p in (1, 2, 5)]
+    assert line.startswith("power, block vs token (run pairs for a 1% / 2% / 5% change at 80% power, from 6 pair(s)): "
+                           f"throughput {' / '.join(n)}; ")
+    assert "(95%:" in squash(report.markdown)  # the SD's own uncertainty, in the report
 
 
 def test_schema_2_report_is_byte_identical_and_schema_1_still_reads(tmp_path):

@@ -182,3 +182,65 @@ def test_a_ref_that_needs_quoting_says_how(ref):
     with pytest.raises(OverrideError, match=wanted):
         check_overrides([f"experiment.arms.1.source.ref={ref}"], BenchConfig, GROUPS)
     check_overrides([f'experiment.arms.1.source.ref="{ref}"'], BenchConfig, GROUPS)
+
+
+# ---------------------------------------------------------------------------------------------- overrides nothing reads
+
+
+@pytest.mark.parametrize(("overrides", "said"), [
+    (["workload.path=/tmp/p.jsonl"], "workload.path is not read with workload.kind=synthetic (only with "
+                                     "workload.kind=aime25 or speed_bench or jsonl): for a kind that reads it, add "
+                                     "workload=jsonl"),
+    (["experiment=dflash_block_vs_token", *SGLANG_PATHS, "workload.n_items=5"],
+     "workload.n_items is not read with workload.kind=aime25 (only with workload.kind=synthetic): take a seeded "
+     "subset of the fixed set with workload.subsample=N"),
+    (["experiment.gpus=[2,3]"], "experiment.gpus is not read with experiment.placement=sequential"),
+    (["server.binary=/usr/bin/llama-server"], "server.binary is not read with server.backend=embedded"),
+])
+def test_an_override_that_nothing_reads_is_refused(overrides, said):
+    from harness.campaign.unread import check_unread
+
+    cfg = typed(*overrides)
+    with pytest.raises(ConfigError, match=re.escape(said)):
+        check_unread(cfg, [o.split("=", 1)[0] for o in overrides if not o.startswith("experiment=")])
+
+
+def test_the_command_names_an_unread_override_before_anything_runs(tmp_path):
+    proc = bench(f"results_dir={tmp_path}", "workload.path=/tmp/p.jsonl")
+    assert proc.returncode == 2 and "workload.path is not read with workload.kind=synthetic" in flat(proc.stdout)
+    assert not list(tmp_path.iterdir())
+    ok = bench("workload=jsonl", f"workload.path={tmp_path / 'none.jsonl'}", "dry_run=true")
+    assert "is not read" not in flat(ok.stdout)  # (it is read: the file's absence is the next thing said)
+
+
+# ---------------------------------------------------------------------------------------------- A/A in the analysis
+
+
+@pytest.fixture(scope="module")
+def aa_campaign(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    tmp = tmp_path_factory.mktemp("aa")
+    proc = bench(f"results_dir={tmp}", "experiment=embedded_aa", "workload.n_items=3", "experiment.base_seeds=[1]",
+                 "sampling.max_new_tokens=16", "experiment.warmup.requests=1")
+    assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-2000:]
+    (root,) = (tmp / "embedded_aa").iterdir()
+    return root
+
+
+@pytest.mark.slow
+def test_a_declared_aa_is_titled_so_and_an_undeclared_one_fails_the_audit(aa_campaign, tmp_path):
+    import json
+    import shutil
+
+    from analysis.report import build_report
+
+    report = build_report([aa_campaign], n_boot=50)
+    assert report.audit.passed and report.markdown.startswith("# A/A report: embedded_aa")
+    assert report.pr.startswith("## embedded_aa: A/A of `b` and `a` (the noise floor: ")
+    copy = Path(shutil.copytree(aa_campaign, tmp_path / "embedded_aa" / aa_campaign.name))
+    doc = json.loads((copy / "campaign.json").read_text())
+    doc["config"]["experiment"]["aa"] = False  # as if the A/A had been run as an A/B
+    (copy / "campaign.json").write_text(json.dumps(doc))
+    report = build_report([copy], n_boot=50)
+    check = next(c for c in report.audit.checks if c.name == "Commands and environments differ only as declared")
+    assert check.status == "fail" and "b: IDENTICAL to the baseline, though a difference is declared" in check.summary
+    assert report.markdown.startswith("# A/B report") and "compares a thing with itself" in " ".join(check.details)

@@ -11,6 +11,7 @@ is written (every run had ended; `make report DIR=...` writes it).
 
 from __future__ import annotations
 
+import shlex
 import sys
 from pathlib import Path
 from typing import Any, cast
@@ -34,6 +35,7 @@ from harness.campaign.sources import resolve_sources
 from harness.campaign.stopping import DONE, REPORT, STARTING, Stopped, StopSignals, hold_sync
 from harness.campaign.storage import StorageError
 from harness.campaign.sweep import SweepJob
+from harness.campaign.unread import check_unread
 from harness.engine.model_check import ModelFileError, PresetError, check_launches
 from harness.hydra_setup import CONFIG_DIR, HYDRA_VERSION_BASE
 from harness.server import llamacpp_preflight
@@ -75,7 +77,9 @@ def run(cfg_node: DictConfig, console: Console, stops: StopSignals,
     SweepSummary writes it once every job has ended). A Stopped before the runs start propagates (the
     caller says nothing was launched); during the runs and the report it is handled here."""
     stops.phase = STARTING  # (a sweep's jobs run one after another in one process)
-    cfg = to_typed(cfg_node)
+    line = CommandLine.current()
+    cfg = to_typed(cfg_node, line)
+    check_unread(cfg, [k for k in line.keys() if k not in GROUPS] if line else [])
     stops.resume()  # deferred by harness.bench over the imports and Hydra's composition: a signal then stops here
     if cfg.campaign is None and sweep is not None:
         cfg.campaign = sweep.campaign_id(cfg.client.concurrency)
@@ -101,10 +105,7 @@ def run(cfg_node: DictConfig, console: Console, stops: StopSignals,
                   f"({workload.name}, sha256 {workload.sha256[:12]}) -> {campaign.root}")
     campaign.open()
     hold_sync("plan")
-    resume = f"campaign={campaign.root.name}" + (f" shard={cfg.shard}" if cfg.shard is not None else "")
-    if sweep is not None:  # one job of a sweep: its own values, alone (without -m, the others would run again)
-        own = [o for o in sweep.overrides if not o.startswith(("shard=", "campaign="))]
-        resume = f"this job alone (no -m): {' '.join([*own, resume])}"
+    resume = resume_hint(line, campaign.root.name, cfg.shard, sweep is not None)
     try:
         statuses = stops.run(run_campaign(campaign))
     except Stopped as stop:
@@ -131,11 +132,25 @@ def run(cfg_node: DictConfig, console: Console, stops: StopSignals,
     return code, campaign.root
 
 
+def resume_hint(line: CommandLine | None, campaign: str, shard: int | None, in_sweep: bool) -> str:
+    """The command that resumes this campaign (or this job of a sweep, alone): every override given, results_dir
+    and --config-dir included, with campaign= (and shard=) of this one."""
+    kept = line.without("campaign", "shard") if line else []
+    dirs = [f"--config-dir={d}" for d in (line.config_dirs if line else ()) if d.resolve() != CONFIG_DIR.resolve()]
+    own = [*dirs, *kept, f"campaign={campaign}", *([f"shard={shard}"] if shard is not None else [])]
+    command = shlex.join(["python", "-m", "harness.bench", *own])
+    return f"{command} (this job alone, without -m)" if in_sweep else command
+
+
 def after_runs(cfg: BenchConfig, campaign: Campaign, statuses: dict[str, str], console: Console,
                sweep: SweepJob | None, resume: str) -> int:
-    """Every run has ended: the report (unless a shard's or a sweep's job leaves it for later), where things
-    are, and the exit code."""
+    """Every run has ended: the failed runs and how to resume them, then the report (unless a shard's or a sweep's
+    job leaves it for later), which ends with the answer and where things are; the exit code."""
     console.print(f"runs: {summary(statuses)}")
+    failed = [r for r, s in statuses.items() if s != "finished"]
+    if failed:
+        console.print(f"[bold red]{len(failed)} run(s) failed[/]: {', '.join(failed)}; resume them with: {resume}",
+                      soft_wrap=True)
     report_now = cfg.report and (cfg.shard is None or (sweep is None and campaign_complete(campaign)))
     report_code = 0
     if report_now:
@@ -148,13 +163,9 @@ def after_runs(cfg: BenchConfig, campaign: Campaign, statuses: dict[str, str], c
         console.print(f"shard {cfg.shard} done{todo}; the campaign's report, once every shard has finished: "
                       f"specbench-report {campaign.root}" + (" (the sweep writes it at its end)" if sweep else ""),
                       soft_wrap=True)
-    console.print(f"[bold green]records:[/] {campaign.root}/runs/*/records.jsonl")
-    failed = [r for r, s in statuses.items() if s != "finished"]
-    if failed:
-        console.print(f"[bold red]{len(failed)} run(s) failed[/]: {', '.join(failed)}; rerun with {resume} "
-                      "to resume them")
-        return 1
-    return 1 if report_code else 0
+    if not report_now:
+        console.print(f"[bold green]records:[/] {campaign.root}/runs/*/records.jsonl")
+    return 1 if failed or report_code else 0
 
 
 @hydra.main(version_base=HYDRA_VERSION_BASE, config_path=str(CONFIG_DIR), config_name="bench")

@@ -1,24 +1,69 @@
-"""The report step after a campaign (or, in a sweep, after every job has ended): the analysis report of
-the campaign folder, the power lines it prints, and the exit code it implies."""
+"""The report step after a campaign (or, in a sweep, after every job has ended): the analysis report of the
+campaign folder through the analysis API (`build_report`, `write_report`), and what the terminal ends with: the
+power in a line per metric, the audit's verdict, the headline table (each arm and each change with its interval)
+and where the files are. This is the one module of the runner that imports the analysis."""
 
 from __future__ import annotations
 
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 from rich.console import Console
+from rich.table import Table
+
+if TYPE_CHECKING:
+    from analysis.model import Report
 
 
 def write_report(campaign_dir: Path, console: Console, strict: bool) -> int:
-    """The analysis report of the campaign (it prints where it wrote); its exit code, non-zero when the
-    report could not be written or (strict) its audit failed."""
-    from analysis.report import EXIT_AUDIT_FAILED, power_lines, run_cli  # noqa: PLC0415  (heavy imports)
+    """Build and write the campaign's report, and say what it found; the exit code: non-zero when the report could
+    not be written or (strict) its audit failed."""
+    from analysis.load import InputError  # noqa: PLC0415  (heavy imports, after the runs)
+    from analysis.report import MismatchError, build_report  # noqa: PLC0415
+    from analysis.report import write_report as write_files  # noqa: PLC0415
 
-    code, report = run_cli([str(campaign_dir), "--strict" if strict else "--no-strict"])
-    for line in power_lines(report) if report is not None else []:
-        console.print(line, highlight=False, markup=False)
-    if code == EXIT_AUDIT_FAILED:
-        console.print(f"[bold red]the audit of {campaign_dir} failed[/] (see the top of its report.md); exit 1 "
-                      "(strict_audit=false keeps exit 0)")
-    elif code:
-        console.print(f"[bold red]the report of {campaign_dir} failed (exit code {code}); see above[/]")
-    return code
+    try:
+        report = build_report([campaign_dir])
+    except (InputError, MismatchError) as err:
+        console.print(f"[bold red]the report of {campaign_dir} failed:[/] {err}", soft_wrap=True)
+        return 2
+    try:
+        written = write_files(report, campaign_dir)
+    except OSError as err:
+        console.print(f"[bold red]cannot write the report to {campaign_dir}[/] ({err.strerror or err}); "
+                      f"`make report DIR={campaign_dir} ARGS='--out PATH'` writes it elsewhere", soft_wrap=True)
+        return 2
+    print_answer(report, written, console, strict)
+    return 0 if report.audit.passed or not strict else 1
+
+
+def print_answer(report: Report, written: list[Path], console: Console, strict: bool = True) -> None:
+    """Power (short), the audit's verdict, the headline table, the paths: the terminal ends with the answer."""
+    from analysis.pr import headline  # noqa: PLC0415
+    from analysis.report import power_summary  # noqa: PLC0415
+
+    for line in power_summary(report):
+        console.print(line, highlight=False, markup=False, soft_wrap=True)
+    audit = report.audit
+    if audit.passed:
+        console.print(f"[bold green]audit: passed[/] ({len(audit.checks)} checks)")
+    else:
+        exit_note = "exit 1 (strict_audit=false keeps exit 0)" if strict else "exit 0 (strict_audit=false)"
+        console.print(f"[bold red]AUDIT FAILED[/]: {'; '.join(c.name for c in audit.failed)} (details at the top of "
+                      f"{written[0]}); do not trust these figures; {exit_note}", soft_wrap=True)
+    for ident in report.outputs:
+        console.print(f"outputs: {ident.line()}", highlight=False, soft_wrap=True)
+    frame = headline(report)
+    first = report.data.campaigns[0]
+    table = Table(title=f"{'A/A' if first.aa else 'A/B'}: {first.experiment} (pooled over all seeds)",
+                  title_justify="left")
+    for i, col in enumerate(frame.columns):
+        table.add_column(str(col), justify="left" if i == 0 else "right", overflow="fold")
+    for row in frame.itertuples(index=False):
+        table.add_row(*(str(v) for v in row))
+    console.print(table)
+    figures = [p for p in written if p.suffix == ".png"]
+    root = written[0].parent
+    console.print(f"[bold]report:[/] {written[0]}\n[bold]for the PR:[/] {written[1]}\n[bold]as data:[/] {written[2]}"
+                  + (f"\n[bold]figures:[/] {figures[0].parent}/" if figures else "")
+                  + f"\n[bold]records:[/] {root}/runs/*/records.jsonl", highlight=False, soft_wrap=True)
