@@ -251,6 +251,24 @@ def test_offline_hub_miss_says_what_to_do(tmp_path: Path) -> None:
     assert "--revision abc123" in message
 
 
+def test_an_unreachable_hub_is_said_in_seconds(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """Without an offline setting and without network, the loader says the hub cannot be reached (once, after a
+    connection attempt of at most 3 s), instead of the hub libraries' retries for about 25 s."""
+    import time
+
+    for name in ("HF_DATASETS_OFFLINE", "HF_HUB_OFFLINE"):
+        monkeypatch.delenv(name, raising=False)
+    monkeypatch.setenv("HF_ENDPOINT", "http://127.0.0.1:9")  # the discard port: nothing listens
+    cfg = aime_cfg(tmp_path, None, hf_id="specbench-tests/not-a-dataset")
+    start = time.monotonic()
+    with pytest.raises(WorkloadError) as err:
+        load_workload(cfg)
+    assert time.monotonic() - start < 10
+    message = str(err.value)
+    assert "the hub (127.0.0.1:9) cannot be reached from this machine" in message and "workload.path=DIR" in message
+    assert "unset" not in message
+
+
 def test_no_source_configured(tmp_path: Path) -> None:
     with pytest.raises(WorkloadError, match="needs workload.hf_id .* or workload.path"):
         load_workload(aime_cfg(tmp_path, None, hf_id=None))

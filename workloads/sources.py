@@ -11,14 +11,19 @@ all `HF_DATASETS_OFFLINE=1` allows), or from a local file or directory in the sa
 
 from __future__ import annotations
 
+import contextlib
 import os
+import socket
+from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
+from urllib.parse import urlparse
 
 from workloads.base import WorkloadError
 from workloads.config import WorkloadConfig
 
+HUB_TIMEOUT_S = 3.0  # to open a connection to the hub before its libraries are let try
 _FILE_BUILDERS = {".parquet": "parquet", ".jsonl": "json", ".ndjson": "json", ".json": "json", ".arrow": "arrow"}
 
 
@@ -52,21 +57,65 @@ def dataset_id_of(cfg: WorkloadConfig) -> str:
     return f"file:{Path(cfg.path or '').name}"
 
 
+def hub_address() -> tuple[str, int]:
+    """The hub's host and port ($HF_ENDPOINT where set, else huggingface.co:443)."""
+    url = urlparse(os.environ.get("HF_ENDPOINT") or "https://huggingface.co")
+    return url.hostname or "huggingface.co", url.port or (80 if url.scheme == "http" else 443)
+
+
+def offline_by_setting() -> str | None:
+    """The variable that makes the hub libraries offline, as `NAME=value`, or None."""
+    for name in ("HF_DATASETS_OFFLINE", "HF_HUB_OFFLINE"):
+        if os.environ.get(name, "").strip().lower() in ("1", "true", "yes", "on"):
+            return f"{name}={os.environ[name]}"
+    return None
+
+
+def hub_reachable(timeout_s: float = HUB_TIMEOUT_S) -> bool:
+    """Whether a TCP connection to the hub opens within `timeout_s` (a machine without network says so in
+    seconds, where the hub libraries retry each request for about 25 s)."""
+    try:
+        socket.create_connection(hub_address(), timeout=timeout_s).close()
+    except OSError:
+        return False
+    return True
+
+
+@contextlib.contextmanager
+def cache_only() -> Iterator[None]:
+    """The hub libraries offline for the duration (they read their flag at import: set on their modules)."""
+    import datasets.config as datasets_config
+    import huggingface_hub.constants as hub_constants
+
+    saved = datasets_config.HF_HUB_OFFLINE, hub_constants.HF_HUB_OFFLINE
+    datasets_config.HF_HUB_OFFLINE = hub_constants.HF_HUB_OFFLINE = True
+    try:
+        yield
+    finally:
+        datasets_config.HF_HUB_OFFLINE, hub_constants.HF_HUB_OFFLINE = saved
+
+
 def _read_hub(cfg: WorkloadConfig) -> SourceRows:
     import datasets
 
     label = f"{dataset_id_of(cfg)} split {cfg.split} revision {cfg.revision or 'main (unpinned)'}"
+    setting = offline_by_setting()
+    reachable = setting is None and hub_reachable()
     try:
-        ds = datasets.load_dataset(
-            cfg.hf_id, cfg.hf_config, split=cfg.split, revision=cfg.revision, cache_dir=cfg.cache_dir
-        )
+        with contextlib.nullcontext() if reachable else cache_only():
+            ds = datasets.load_dataset(
+                cfg.hf_id, cfg.hf_config, split=cfg.split, revision=cfg.revision, cache_dir=cfg.cache_dir
+            )
     except (OSError, ValueError, StopIteration, datasets.exceptions.DatasetsError) as e:  # (StopIteration: an
         # empty JSON file)
-        offline = os.environ.get("HF_DATASETS_OFFLINE") or os.environ.get("HF_HUB_OFFLINE")
+        host, port = hub_address()
+        why = (f"offline by your setting ({setting}): only the local cache was read, and it does not hold it" if setting
+               else f"the hub ({host}:{port}) cannot be reached from this machine (no connection within "
+                    f"{HUB_TIMEOUT_S:g} s), so only the local cache was read, and it does not hold it" if not reachable
+               else f"{type(e).__name__}: {e}")
         raise WorkloadError(
-            f"workload {cfg.kind}: could not load {label}: {type(e).__name__}: {e}\n"
-            f"HF_DATASETS_OFFLINE={offline or 'unset'}: offline, only the local cache is read. Fetch it "
-            f"once with network access (`hf download {cfg.hf_id} --repo-type dataset --local-dir DIR`"
+            f"workload {cfg.kind}: could not load {label}: {why}. Fetch it once where the hub can be reached "
+            f"(`hf download {cfg.hf_id} --repo-type dataset --local-dir DIR`"
             f"{f' --revision {cfg.revision}' if cfg.revision else ''}) and run with workload.path=DIR, "
             "or load it once online so that it lands in the cache."
         ) from e
