@@ -24,7 +24,9 @@ def test_a_small_run_writes_its_report_and_the_paths_agree(tmp_path, capsys):
         assert r["radix_topk"] == "torch"  # which top-k the topk_first and sparse paths ran, said in each row
     assert all(r["queued_ms"] == 0.0 for r in results)
     report = (out / "report.md").read_text()
-    assert report.count("| 2,048 |") == 3 and "read floor" in report and "sparse: torch." in report
+    assert report.count("| 2,048 |") == 3 and "read floor" in report and "sparse: torch;" in report
+    assert "sparse_fused: given the host's bound on top_k (max_top_k 20" in report  # as a server knows it
+    assert all(r["sparse_fused_max_top_k"] == 20 for r in results)
     assert "Timing: each call runs on the CPU after the previous one returned" in report  # no GPU words on a CPU
     assert "torch threads, torch " in report.splitlines()[0] and ", git " in report.splitlines()[0]  # the machine
     assert "wrote" in capsys.readouterr().out

@@ -114,6 +114,69 @@ def test_the_fused_step_equals_topk_fused_entries_through_the_torch_verifiers():
         assert got.tokens.tolist() == want.tokens.tolist()
 
 
+def step_case(bsz: int = 4, gamma: int = 3, vocab: int = 2048, seed: int = 5):
+    """verify_step's inputs over `vocab` ids: iid rows, one greedy, rows the kernels leave (top_k 65, the whole
+    vocabulary), top_k 5; drafts at the argmax but one; coins; a dense q."""
+    rows = bsz * (gamma + 1)
+    logits = make_family("iid", rows, vocab, seed=seed, device=torch.device("cpu"))
+    t, k, p = torch.ones(rows), torch.full((rows,), 20), torch.full((rows,), 0.95)
+    t[2], k[6], k[9], k[13] = 0.0, 65, -1, 5
+    drafts = logits.view(bsz, gamma + 1, vocab)[:, :gamma].argmax(dim=-1)
+    drafts[1, 1] = 7
+    g = torch.Generator().manual_seed(4)
+    u = torch.rand(bsz, gamma + 1, generator=g)
+    q = torch.softmax(logits.view(bsz, gamma + 1, vocab)[:, :gamma] + torch.randn(bsz, gamma, vocab, generator=g), -1)
+    return logits, t, k, p, drafts, u, q
+
+
+@pytest.mark.interpreter
+def test_the_step_verified_inside_the_finish_is_the_verify_kernels():
+    """VERIFY: the last finished row of each step verifies the step (no verify kernel), in one kernel (FUSE) or
+    after the pass, in slices (CHUNKS, HALVING): the verify kernel's tokens for every step whose rows the kernels
+    took (the others have tokens from unwritten entries until verify_step verifies them again), and verify_step's
+    tokens for all, both methods, point masses and a dense q."""
+    interpreter_or_skip()
+    from harness.verify import sparse_kernel, topk_fused  # noqa: PLC0415
+
+    logits, t, k, p, drafts, u, q = step_case()
+    taken = torch.tensor([True, False, False, True])  # steps 1 and 2 hold rows 6 and 9 (left to the caller)
+    for block, q_arg in ((False, None), (True, None), (True, q)):
+        want = sp._fused_step(logits, t, k, p, drafts, q_arg, u, block, config={"VERIFY": 0})
+        values, ids, _ = topk_fused.run_sparse(logits, t, k, p)
+        kernel = sparse_kernel.verify_entries(values.view(4, 4, -1), ids.view(4, 4, -1), 2048, drafts, q_arg, u, block)
+        for config in ({"VERIFY": 1}, {"VERIFY": 1, "FUSE": 1}, {"VERIFY": 1, "CHUNKS": 3, "HALVING": 1},
+                       {"VERIFY": 1, "CHUNKS": 2, "REPLACE": 1}):
+            step = topk_fused.Step(drafts, q_arg, u, block)
+            _, _, inside, left = topk_fused.queue_step(logits, t, k, p, step, config)
+            assert left() is not None and left().tolist() == [6, 9]
+            assert inside.tokens[taken].tolist() == kernel.tokens[taken].tolist(), (block, config)
+            assert inside.num_accepted[taken].tolist() == kernel.num_accepted[taken].tolist(), (block, config)
+            got = sp._fused_step(logits, t, k, p, drafts, q_arg, u, block, config=config)
+            assert got.tokens.tolist() == want.tokens.tolist(), (block, config)
+
+
+@pytest.mark.interpreter
+def test_a_host_bound_on_top_k_queues_the_step_without_a_synchronisation():
+    """max_top_k (SGLang's sampling_info.max_top_k): at most FAST_K, the kernels take every row, so the step
+    queues a device-side check instead of reading the rows left (the same tokens); a bound that a row's top_k
+    breaks (a row left: top_k 65) fails that check (at once on a CPU; on a GPU the device-side assert stops the
+    process); a bound below 1 is refused; one past FAST_K takes the synchronisation as without a bound."""
+    interpreter_or_skip()
+    logits, t, k, p, drafts, u, _ = step_case()
+    k = torch.where((k > 20) | (k < 1), 20, k)  # every row top_k <= 20
+    want = sp._fused_step(logits, t, k, p, drafts, None, u, True)
+    for config in ({"VERIFY": 0}, {"VERIFY": 1}, {"VERIFY": 1, "FUSE": 1}):
+        got = sp._fused_step(logits, t, k, p, drafts, None, u, True, max_top_k=20, config=config)
+        assert got.tokens.tolist() == want.tokens.tolist(), config
+    broken = k.clone()
+    broken[6] = 65
+    with pytest.raises(RuntimeError):
+        sp._fused_step(logits, t, broken, p, drafts, None, u, True, max_top_k=20)
+    assert sp._fused_step(logits, t, broken, p, drafts, None, u, True, max_top_k=65).tokens.shape == (4, 4)
+    with pytest.raises(ValueError, match="max_top_k 0"):
+        sp.verify_step(logits, t, k, p, drafts, None, block=True, fused=True, uniforms=u, max_top_k=0)
+
+
 def test_verify_step_on_a_cpu_is_topk_first_and_the_dense_verifiers():
     """On a CPU both settings of `fused` build topk_first's entries and verify them with the torch sparse
     verifiers: the dense path's tokens (topk_first + verify_block / verify_tokenwise), step for step."""
@@ -147,7 +210,8 @@ def test_verify_step_names_bad_shapes():
 @pytest.mark.parametrize("family", ["iid", "sorted", "bf16", "padding", "lm_like"])
 def test_the_fused_step_on_a_gpu(family):
     """At the seed's vocabulary, 512 steps of gamma 7: verify_step's kernel path gives the tokens of topk_fused's
-    entries verified by the torch sparse verifier (but coins within float32 rounding of h_i: none expected)."""
+    entries verified by the torch sparse verifier (but coins within float32 rounding of h_i: none expected), with
+    the verify kernel or inside the finish, with the synchronisation or the host's bound on top_k."""
     bsz, gamma, vocab = 512, 7, 248_320
     rows = bsz * (gamma + 1)
     logits = make_family(family, rows, vocab, seed=6, device=torch.device("cuda"))
@@ -157,10 +221,17 @@ def test_the_fused_step_on_a_gpu(family):
     u = torch.rand(bsz, gamma + 1, generator=torch.Generator().manual_seed(4)).cuda()
     entries = sp.fused_sparse_probs(logits, t, k, p)
     target = SparseProbs(entries.values.view(bsz, gamma + 1, -1), entries.ids.view(bsz, gamma + 1, -1), vocab)
+    configs = ({"VERIFY": 0}, {"VERIFY": 1}, {"VERIFY": 1, "FUSE": 1},
+               {"VERIFY": 1, "CHUNKS": 4, "HALVING": 1, "REPLACE": 1, "SUPER": 8})
     for block in (False, True):
         want = (sp.verify_block_sparse if block else sp.verify_tokenwise_sparse)(target, drafts, None, uniforms=u)
         got = sp.verify_step(logits, t, k, p, drafts, None, block=block, fused=True, uniforms=u)
         assert int(same_outputs(got, want).sum()) == 0
+        for config in configs:  # the verification inside the finish, one kernel or slices; the host's bound
+            for bound in (None, 20):
+                got = sp.verify_step(logits, t, k, p, drafts, None, block=block, fused=True, uniforms=u,
+                                     max_top_k=bound, config=config)
+                assert int(same_outputs(got, want).sum()) == 0, (block, config, bound)
 
 
 @pytest.mark.gpu

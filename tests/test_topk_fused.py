@@ -96,6 +96,37 @@ def test_the_k_largest_groups_hold_the_k_largest_logits(group):
             assert bool(torch.isin(lowest_index_top_k(rows, k) // group, best_groups).all()), (vocab, k)
 
 
+def test_row_slices_cover_the_rows_once():
+    """The slices of rows the pass and the finish take in turn (CHUNKS, HALVING): consecutive, every row once, no
+    slice empty; halving: a half, a quarter, ..., the last two equal."""
+    assert topk_fused.row_slices(4096, 4, True) == [(0, 2048), (2048, 1024), (3072, 512), (3584, 512)]
+    assert topk_fused.row_slices(4096, 4, False) == [(0, 1024), (1024, 1024), (2048, 1024), (3072, 1024)]
+    assert topk_fused.row_slices(10, 1, True) == [(0, 10)]
+    for n in (1, 2, 3, 7, 100, 4097):
+        for chunks in (1, 2, 3, 4, 8):
+            for halving in (False, True):
+                slices = topk_fused.row_slices(n, chunks, halving)
+                assert all(rows > 0 for _, rows in slices) and len(slices) <= chunks, (n, chunks, halving)
+                assert [r0 for r0, _ in slices] == [sum(r for _, r in slices[:i]) for i in range(len(slices))]
+                assert sum(r for _, r in slices) == n
+
+
+def test_the_launch_configuration_by_vocabulary():
+    """launch_config: the mode's base (below every range: vocabulary -1) with the overrides of the last range whose
+    least vocabulary is at most the vocabulary, and only those; each range names only keys the base has, ranges
+    ascending from 0."""
+    for mode, ranges in ((False, topk_fused.DENSE_RANGES), (True, topk_fused.SPARSE_RANGES)):
+        base = topk_fused.launch_config(-1, mode)
+        assert ranges[0][0] == 0 and [least for least, _ in ranges] == sorted({least for least, _ in ranges})
+        for i, (least, overrides) in enumerate(ranges):
+            assert set(overrides) <= set(base), overrides
+            upper = ranges[i + 1][0] if i + 1 < len(ranges) else 1 << 21
+            for vocab in (least, upper - 1):
+                cfg = topk_fused.launch_config(vocab, mode)
+                assert cfg == {**topk_fused.launch_config(-1, mode), **overrides}, (mode, vocab)
+        assert topk_fused.launch_config(248_320, mode) is not topk_fused.launch_config(248_320, mode)  # a copy
+
+
 def interpreter_ready() -> bool:
     return importlib.util.find_spec("triton") is not None and os.environ.get("TRITON_INTERPRET") == "1"
 
@@ -164,7 +195,8 @@ def test_finishes_on_the_side_stream_on_cuda(sparse):
     run = topk_fused.run_sparse if sparse else topk_fused.run
     ref = run(logits, temperature, top_k, top_p, {"FUSE": 0})
     for config in ({"FUSE": 0, "CHUNKS": 4}, {"FUSE": 0, "CHUNKS": 7, "REPLACE": 1}, {"REPLACE": 1}, {"SUPER": 8},
-                   {"FUSE": 0, "CHUNKS": 4, "REPLACE": 1, "SUPER": 8}):
+                   {"FUSE": 0, "CHUNKS": 4, "REPLACE": 1, "SUPER": 8},
+                   {"FUSE": 0, "CHUNKS": 4, "HALVING": 1, "REPLACE": 1, "SUPER": 8}):
         got = run(logits, temperature, top_k, top_p, config)
         assert got[-1] is None and all(torch.equal(a, b) for a, b in zip(ref[:-1], got[:-1], strict=True)), config
     if sparse:  # work queued on the current stream right after queue_sparse (no synchronisation) sees every slice
@@ -332,7 +364,8 @@ def test_the_sparse_output_is_the_dense_output_without_its_zeros(family):
     # only the running top's ranks that beat every key of the tile)
     dense = topk_fused.run(logits, temperature, top_k, top_p)[0]
     others = ({"PASS_BLOCK": 64, "GROUPS": 16}, {"TILE": 256, "FUSE": 1}, {"GROUPS": 128, "TILE": 1},
-              {"TILE": 64, "FUSE": 0, "CHUNKS": 3}, {"REPLACE": 1, "TILE": 256}, {"REPLACE": 1, "FUSE": 1, "TILE": 64})
+              {"TILE": 64, "FUSE": 0, "CHUNKS": 3}, {"REPLACE": 1, "TILE": 256}, {"REPLACE": 1, "FUSE": 1, "TILE": 64},
+              {"FUSE": 0, "CHUNKS": 4, "HALVING": 1, "REPLACE": 1})
     for config in (others if family in ("iid", "sorted", "bf16") else ()):
         v2, i2, left2 = topk_fused.run_sparse(logits, temperature, top_k, top_p, config)
         assert torch.equal(left2, left) and torch.equal(v2[taken], values[taken]) and torch.equal(i2[taken], ids[taken])

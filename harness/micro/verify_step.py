@@ -6,8 +6,10 @@ times, interleaved in the same rounds (harness.micro.measure.time_interleaved, r
 - `dense_topk_fused`: topk_fused's (Triton on CUDA; topk_first elsewhere), then block verification;
 - `sparse`: each row's top-k entries (harness.verify.sparse.sparse_probs), then the torch sparse block verifier;
 - `sparse_fused`: harness.verify.sparse.verify_step with fused=True: topk_fused's kernels with a sparse output
-  (one read of the logits, no dense write) and the verify kernel (harness.verify.sparse_kernel) queued back to
-  back, one synchronisation (on a CPU the same as `sparse`);
+  (one read of the logits, no dense write) and the verification (inside their finish, or the verify kernel of
+  harness.verify.sparse_kernel behind them: topk_fused.launch_config), given the host's bound on top_k as a server
+  knows it (max_top_k = top_k, SGLang's sampling_info.max_top_k: no synchronisation; --no-top-k-bound: none given,
+  one synchronisation) (on a CPU the same as `sparse`);
 - `read_floor`: one read of the logits (a row maximum), what a verify step cannot go below.
 rows = steps x (gamma + 1) positions; drafts are point masses (greedy drafts) at each position's argmax
 after noise, so that steps accept some drafts and reject others. Every path's accepted counts and tokens
@@ -43,7 +45,7 @@ TOP_K, TOP_P, TEMPERATURE = 20, 0.95, 1.0
 PATHS = ("dense_topk_first", "dense_topk_fused", "sparse", "sparse_fused")  # the report's columns, in order
 
 
-def paths(steps: int, gamma: int, drafts: Tensor, coins: Tensor) -> dict[str, measure.Call]:
+def paths(steps: int, gamma: int, drafts: Tensor, coins: Tensor, bound: bool = True) -> dict[str, measure.Call]:
     """The timed calls, each logits [steps * (gamma + 1), V] -> the accepted tokens [steps, gamma + 1]. The rows'
     temperature, top_k and top_p are made once, outside the timed calls (a server holds them as tensors on the
     device, as SGLang's sampling_info does): a call times the step, not three fills on an idle GPU."""
@@ -59,8 +61,11 @@ def paths(steps: int, gamma: int, drafts: Tensor, coins: Tensor) -> dict[str, me
         return call
 
     def sparse(fused: bool):
+        max_top_k = TOP_K if fused and bound else None
+
         def call(x: Tensor) -> Tensor:
-            return verify_step(x, *params, drafts, None, block=True, fused=fused, uniforms=coins).tokens
+            return verify_step(x, *params, drafts, None, block=True, fused=fused, uniforms=coins,
+                               max_top_k=max_top_k).tokens
         return call
 
     return {"dense_topk_first": dense(topk_first_probs), "dense_topk_fused": dense(topk_fused_probs),
@@ -102,10 +107,10 @@ def cell_inputs(family: str, vocab: int, steps: int, gamma: int, device: torch.d
 
 
 def one_cell(family: str, vocab: int, steps: int, gamma: int, device: torch.device, repeats: int,
-             bank_dir: Path | None, queued_ms: float = 0.0) -> dict:
+             bank_dir: Path | None, queued_ms: float = 0.0, bound: bool = True) -> dict:
     rows = steps * (gamma + 1)
     logits, drafts, coins = cell_inputs(family, vocab, steps, gamma, device, bank_dir)
-    calls = paths(steps, gamma, drafts, coins)
+    calls = paths(steps, gamma, drafts, coins, bound)
     ref = calls["dense_topk_first"](logits)
     differ = {n: int((calls[n](logits) != ref).any(dim=-1).sum()) for n in calls if n != "read_floor"}
     peaks = {n: peak_bytes(c, logits) for n, c in calls.items()}
@@ -116,7 +121,8 @@ def one_cell(family: str, vocab: int, steps: int, gamma: int, device: torch.devi
     return {"family": family, "vocab": vocab, "steps": steps, "gamma": gamma, "rows": rows, "device": str(device),
             "median_ms": med, "read_floor_ms": med["read_floor"], "rows_differ": differ, "peak_bytes": peaks,
             "mean_accepted": accepted, "repeats": repeats, "radix_topk": radix_topk_backend(device),
-            "queued_ms": queued_ms, **_bank_rows(family, rows, bank_dir)}
+            "queued_ms": queued_ms, "sparse_fused_max_top_k": TOP_K if bound else None,
+            **_bank_rows(family, rows, bank_dir)}
 
 
 def _bank_rows(family: str, rows: int, bank_dir: Path | None) -> dict:
@@ -141,7 +147,8 @@ def render(results: list[dict], device_name: str) -> str:
              f"top_k {TOP_K}, top_p {TOP_P}, T {TEMPERATURE}, fp32 logits, point-mass drafts, block verification; "
              "median ms of interleaved rounds; (x) = multiples of the one-read floor timed in the same rounds; "
              "rows differ = steps whose tokens differ from dense_topk_first's; the radix top-k of dense_topk_first "
-             f"and sparse: {', '.join(sorted({r['radix_topk'] for r in results}))}.", "", _timing(results), "",
+             f"and sparse: {', '.join(sorted({r['radix_topk'] for r in results}))}; sparse_fused: "
+             f"{_bound_text(results)}.", "", _timing(results), "",
              *_real_rows(results),
              "| family | vocab | steps x (gamma+1) | read floor ms | dense_topk_first | dense_topk_fused | sparse | "
              "sparse_fused | rows differ (fused, sparse, sparse_fused) | peak MiB (first, fused, sparse, sparse_fused) "
@@ -149,13 +156,21 @@ def render(results: list[dict], device_name: str) -> str:
              "|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|"]
     for r in results:
         m, floor = r["median_ms"], r["read_floor_ms"]
-        cell = {n: f"{m[n]:.3f} ({m[n] / floor:.1f}x)" for n in PATHS}
+        cell = {n: f"{m[n]:.3f} ({m[n] / floor:.2f}x)" for n in PATHS}
         peaks = r["peak_bytes"]
         mib = ", ".join("n/a" if peaks[n] is None else f"{peaks[n] / 2**20:.1f}" for n in PATHS)
         differ = ", ".join(str(r["rows_differ"][n]) for n in PATHS[1:])
         lines.append(f"| {r['family']} | {r['vocab']:,} | {r['steps']} x {r['gamma'] + 1} | {floor:.3f} | "
                      + " | ".join(cell[n] for n in PATHS) + f" | {differ} | {mib} | {r['mean_accepted']:.2f} |")
     return "\n".join(lines) + "\n"
+
+
+def _bound_text(results: list[dict]) -> str:
+    """How the rows' top_k bound reached the fused step (verify_step's max_top_k)."""
+    bounds = sorted({str(r.get("sparse_fused_max_top_k")) for r in results})
+    return ("given the host's bound on top_k (max_top_k " + ", ".join(bounds) + ", as SGLang's "
+            "sampling_info.max_top_k: no synchronisation)" if "None" not in bounds else
+            "no bound on top_k given (one synchronisation reads the rows the kernels left)")
 
 
 def _real_rows(results: list[dict]) -> list[str]:
@@ -187,6 +202,9 @@ def main(argv: list[str] | None = None) -> int:
                    help="CUDA: queue each timed call behind a GPU busy-wait of about this many ms, so that the "
                         "host's launches overlap GPU work as in a server (default 0: the GPU as the previous call "
                         "left it)")
+    p.add_argument("--no-top-k-bound", action="store_true",
+                   help="sparse_fused without the host's bound on top_k (max_top_k): one synchronisation reads the rows "
+                        "the kernels left, as a caller that does not know the batch's largest top_k")
     args = p.parse_args(argv)
     families = [f for f in args.families.split(",") if f]
     unknown = [f for f in families if f not in FAMILIES]
@@ -231,7 +249,7 @@ def main(argv: list[str] | None = None) -> int:
     try:
         for family, vocab in track(cells, description="verify-step cells"):
             results.append(one_cell(family, vocab, args.steps, args.gamma, device, args.repeats, bank_dir,
-                                    args.queued_ms))
+                                    args.queued_ms, not args.no_top_k_bound))
             (out / "results.jsonl").write_text("".join(json.dumps(r) + "\n" for r in results))
     except KeyboardInterrupt:
         Console(stderr=True).print(f"interrupted: {len(results)} of {len(cells)} cells measured, kept in "

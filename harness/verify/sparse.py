@@ -149,15 +149,20 @@ def _merged(logits: Tensor, temperature: Tensor, top_k: Tensor, top_p: Tensor, v
 
 def verify_step(logits: Tensor, temperature: Tensor, top_k: Tensor, top_p: Tensor, draft_tokens: Tensor,
                 draft_probs: Tensor | SparseProbs | None, *, block: bool, fused: bool, uniforms: Tensor | None = None,
-                generators: list[torch.Generator] | None = None) -> VerifyOutput:
+                generators: list[torch.Generator] | None = None, max_top_k: int | None = None,
+                config: dict[str, int] | None = None) -> VerifyOutput:
     """A whole sparse verify step: target logits -> the verifier's output, never a dense [rows, V] tensor.
 
     logits [B * (G+1), V], request by request (row b * (G+1) + j: p(. | prefix_j) of request b); temperature,
     top_k, top_p [B * (G+1)]; draft_tokens [B, G]; draft_probs as the sparse verifiers take it; block: block
-    verification, else token-wise. fused on CUDA with Triton: topk_fused's kernels (run_sparse) and the verify
-    kernel (harness.verify.sparse_kernel) queued back to back, one synchronisation after both (the rows the
-    kernels left, if any, are then built by sparse_probs and their steps verified again); a sparse q takes the
-    torch verifiers. Otherwise: sparse_probs (fused: fused_sparse_probs) and the torch sparse verifiers.
+    verification, else token-wise. fused on CUDA with Triton: topk_fused's kernels in their sparse mode and the
+    verification (inside their finish with launch_config's VERIFY, else the verify kernel of
+    harness.verify.sparse_kernel queued behind them), one synchronisation after both (the rows the kernels left,
+    if any, are then built by sparse_probs and their steps verified again); a sparse q takes the torch verifiers.
+    max_top_k: the host's bound on every row's top_k (SGLang's sampling_info.max_top_k; None: none known); when it
+    is at most topk_fused.FAST_K the kernels take every row and the fused step queues its work without that
+    synchronisation (topk_fused.bounded). config: overrides of topk_fused.launch_config (the fused path).
+    Otherwise: sparse_probs (fused: fused_sparse_probs) and the torch sparse verifiers.
     Arguments are checked at entry (harness.verify.checks; the draft ids' range and the coins only on a CPU)."""
     check_drafts(draft_tokens, check_logits(logits).shape[1], logits.device, "logits")
     check_draft_probs(draft_probs, logits.device, "logits")
@@ -166,9 +171,12 @@ def verify_step(logits: Tensor, temperature: Tensor, top_k: Tensor, top_p: Tenso
         raise ValueError(f"{logits.shape[0]} rows of logits for {bsz} steps of {gamma} drafts: need B * (G+1)")
     if isinstance(draft_probs, Tensor) and tuple(draft_probs.shape) != (bsz, gamma, logits.shape[1]):
         raise ValueError(f"draft_probs {tuple(draft_probs.shape)} must be [B, G, V] = [{bsz}, {gamma}, {logits.shape[1]}]")
+    if max_top_k is not None and max_top_k < 1:
+        raise ValueError(f"max_top_k {max_top_k}: the host's bound on every row's top_k must be >= 1 (or None)")
     u = _uniforms(uniforms, generators, (bsz, gamma + 1), logits.device)
     if fused and logits.device.type == "cuda" and not isinstance(draft_probs, SparseProbs) and _kernels():
-        return _fused_step(logits, temperature, top_k, top_p, draft_tokens, draft_probs, u, block)
+        return _fused_step(logits, temperature, top_k, top_p, draft_tokens, draft_probs, u, block, max_top_k=max_top_k,
+                           config=config)
     s = (fused_sparse_probs if fused else sparse_probs)(logits, temperature, top_k, top_p)
     return _verify_entries(s, bsz, gamma, draft_tokens, draft_probs, u, block, kernel=False)
 
@@ -180,16 +188,22 @@ def _kernels() -> bool:
 
 
 def _fused_step(logits: Tensor, temperature: Tensor, top_k: Tensor, top_p: Tensor, draft_tokens: Tensor,
-                draft_probs: Tensor | None, u: Tensor, block: bool) -> VerifyOutput:
+                draft_probs: Tensor | None, u: Tensor, block: bool, *, max_top_k: int | None = None,
+                config: dict[str, int] | None = None) -> VerifyOutput:
     """verify_step's kernel path (the tests run it on a CPU under TRITON_INTERPRET=1)."""
     from harness.verify import sparse_kernel, topk_fused  # noqa: PLC0415
 
     bsz, gamma = draft_tokens.shape
     vocab = logits.shape[1]
     temperature, top_k, top_p = row_params(logits, temperature, top_k, top_p)
-    values, ids, pending = topk_fused.queue_sparse(logits, temperature, top_k, top_p)
-    out = sparse_kernel.verify_entries(values.view(bsz, gamma + 1, -1), ids.view(bsz, gamma + 1, -1), vocab,
-                                       draft_tokens, draft_probs, u, block)
+    if (config or {}).get("VERIFY", topk_fused.launch_config(vocab, sparse=True)["VERIFY"]):
+        q = None if draft_probs is None else draft_probs.float().contiguous()
+        step = topk_fused.Step(draft_tokens.contiguous(), q, u.float().contiguous(), block)
+        values, ids, out, pending = topk_fused.queue_step(logits, temperature, top_k, top_p, step, config, max_top_k)
+    else:
+        values, ids, pending = topk_fused.queue_sparse(logits, temperature, top_k, top_p, config, max_top_k)
+        out = sparse_kernel.verify_entries(values.view(bsz, gamma + 1, -1), ids.view(bsz, gamma + 1, -1), vocab,
+                                           draft_tokens, draft_probs, u, block)
     left = pending()
     if left is None:
         return out

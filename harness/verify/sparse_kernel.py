@@ -10,7 +10,9 @@ order (sorted in the program) cumulated in float64. What may differ from the tor
 of the float32 additions in r_i and of the float64 ones in the CDF: a coin within rounding of a threshold.
 
 The torch verifiers between a sparse builder and its tokens are some 60 small operations per step; this is
-one launch.
+one launch, or none: `verify_request` is the body of a program, and topk_fused's finish calls it for a step as
+soon as the step's G+1 rows are written (launch_config's VERIFY; harness.verify.sparse.verify_step), so that a
+whole verify step is one launch of topk_fused's kernels.
 """
 
 from __future__ import annotations
@@ -18,7 +20,6 @@ from __future__ import annotations
 import torch
 from torch import Tensor
 
-from harness.verify.topk_fused import launch_device
 from harness.verify.verifiers import VerifyOutput
 
 try:
@@ -37,18 +38,26 @@ def available() -> bool:
 if triton is not None:
 
     @triton.jit
-    def _verify_kernel(val_ptr, id_ptr, row_stride, width, draft_ptr, q_ptr, u_ptr, tok_ptr, acc_ptr, vocab,
+    def verify_request(b, val_ptr, id_ptr, row_stride, width, draft_ptr, q_ptr, u_ptr, tok_ptr, acc_ptr, vocab,
                        GAMMA: tl.constexpr, GP: tl.constexpr, K: tl.constexpr, BLOCK_VERIFY: tl.constexpr,
-                       DENSE_Q: tl.constexpr):
-        b = tl.program_id(0).to(tl.int64)
+                       DENSE_Q: tl.constexpr, WRITTEN_HERE: tl.constexpr):
+        """Verify step (request) b: its G+1 rows of entries at val_ptr / id_ptr (row b * (G+1) + j, row_stride
+        apart, `width` used of K lanes) -> the accepted count at acc_ptr + b and the G+1 tokens at tok_ptr. Entries
+        written by other programs of the same launch (WRITTEN_HERE 0: topk_fused's finish, after an acquire) are
+        read past the SM's L1 (.cg), as the finish reads the group maxima."""
+        b = b.to(tl.int64)
         pos = tl.arange(0, GP)  # position j of the step: row b * (G+1) + j, p(. | prefix_j)
         lane = tl.arange(0, K)
         live = pos <= GAMMA
         drafted = pos < GAMMA
         inside = live[:, None] & (lane[None, :] < width)
         at = (b * (GAMMA + 1) + pos)[:, None] * row_stride + lane[None, :]
-        p = tl.load(val_ptr + at, mask=inside, other=0.0)
-        ids = tl.load(id_ptr + at, mask=inside, other=vocab).to(tl.int64)
+        if WRITTEN_HERE:
+            p = tl.load(val_ptr + at, mask=inside, other=0.0)
+            ids = tl.load(id_ptr + at, mask=inside, other=vocab).to(tl.int64)
+        else:
+            p = tl.load(val_ptr + at, mask=inside, other=0.0, cache_modifier=".cg")
+            ids = tl.load(id_ptr + at, mask=inside, other=vocab, cache_modifier=".cg").to(tl.int64)
         d = tl.load(draft_ptr + b * GAMMA + pos, mask=drafted, other=-1).to(tl.int64)
         hit = (ids == d[:, None]) & drafted[:, None]
         p_tok = tl.sum(tl.where(hit, p, 0.0), axis=1)  # p(x_{j+1} | prefix_j); one entry at most matches
@@ -107,6 +116,14 @@ if triton is not None:
         tl.store(tok_ptr + b * (GAMMA + 1) + pos, out, mask=live)
         tl.store(acc_ptr + b, stop.to(tl.int64))
 
+    @triton.jit
+    def _verify_kernel(val_ptr, id_ptr, row_stride, width, draft_ptr, q_ptr, u_ptr, tok_ptr, acc_ptr, vocab,
+                       GAMMA: tl.constexpr, GP: tl.constexpr, K: tl.constexpr, BLOCK_VERIFY: tl.constexpr,
+                       DENSE_Q: tl.constexpr):
+        """Program b: verify_request of step b."""
+        verify_request(tl.program_id(0), val_ptr, id_ptr, row_stride, width, draft_ptr, q_ptr, u_ptr, tok_ptr,
+                       acc_ptr, vocab, GAMMA, GP, K, BLOCK_VERIFY, DENSE_Q, True)
+
 
 def verify_entries(values: Tensor, ids: Tensor, vocab: int, draft_tokens: Tensor, draft_probs: Tensor | None,
                    uniforms: Tensor, block: bool) -> VerifyOutput:
@@ -128,6 +145,8 @@ def verify_entries(values: Tensor, ids: Tensor, vocab: int, draft_tokens: Tensor
     q = draft_probs.float().contiguous() if draft_probs is not None else values  # values: an unused pointer
     k = max(16, triton.next_power_of_2(width))
     gp = max(2, triton.next_power_of_2(gamma + 1))
+
+    from harness.verify.topk_fused import launch_device  # noqa: PLC0415  (topk_fused imports this module)
 
     with launch_device(values.device):
         _verify_kernel[(bsz,)](values, ids, width, width, draft_tokens.contiguous(), q,

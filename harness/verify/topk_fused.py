@@ -21,8 +21,10 @@ No estimate and no retry; one kernel (launch_config's FUSE), or two:
      its least, largest first and at most k, takes the least's slot; sorted once at the end);
    - divided by the temperature, softmaxed, top-p renormalised with the threshold rule of
      harness.verify.top_p_renorm_sorted, and written over the zeros (or, sparse, by rank).
-Without FUSE the rows go in CHUNKS slices: each slice's finish kernel runs on a high-priority side stream as soon
-as the slice's pass is done, beside the next slices' passes (_pass_then_finish).
+Without FUSE the rows go in CHUNKS slices (HALVING: a half, a quarter, ... of the rows): each slice's finish kernel
+runs on a high-priority side stream as soon as the slice's pass is done, beside the next slices' passes
+(_pass_then_finish). launch_config picks the configuration by vocabulary (a table; docs/kernels.md says which runs
+where and why).
 Rows left to the caller (top_k above FAST_K or covering the vocabulary) are counted; the caller builds them
 (harness.verify.fused_build: topk_first), and only them. The launches are queued without waiting; one
 synchronisation at the end reads the count of rows left.
@@ -30,7 +32,10 @@ synchronisation at the end reads the count of rows left.
 `run_sparse` runs the same kernels with a sparse output (harness.verify.sparse.fused_sparse_probs): the pass
 writes no zeros and the finish writes each row's k probabilities and int32 ids by rank ([rows, FAST_K] each);
 `queue_sparse` is run_sparse without the synchronisation (harness.verify.sparse.verify_step queues the verify
-kernel behind it first).
+kernel behind it first); `queue_step` also verifies a speculative step inside the finish (VERIFY: the step's last
+finished row runs harness.verify.sparse_kernel.verify_request), so that the whole step is one launch with FUSE. With
+the host's bound on top_k (max_top_k <= FAST_K: `bounded`) no row can be left: no synchronisation, and a
+device-side check instead.
 
 Temporary memory: a row's group maxima (4 bytes each, at most GROUPS: the next power of two of vocab / GROUP)
 and two int32 words per row (a status, an arrival count): 4,104 bytes a row at most with GROUPS 1,024 (16 MiB
@@ -42,17 +47,21 @@ from __future__ import annotations
 import contextlib
 import functools
 from collections.abc import Callable
+from dataclasses import dataclass
 
 import torch
 from torch import Tensor
 
 from harness.verify.rows import GREEDY_TEMPERATURE  # a temperature below it (or top_k 1) is a greedy row
+from harness.verify.verifiers import VerifyOutput
 
 try:
     import triton
     import triton.language as tl
 except ImportError:  # a CPU-only install: the name stays usable through the topk_first path
     triton = None
+if triton is not None:
+    from harness.verify.sparse_kernel import verify_request  # the verify step's body (VERIFY)
 
 FAST_K = 64  # the largest top_k the kernels handle; larger rows take the topk_first path
 MIN_GROUP = 32  # the fewest logits a group holds (a power of two)
@@ -94,13 +103,14 @@ if triton is not None:
 
     @triton.jit
     def _pass_kernel(logits_ptr, stride_row, out_ptr, ids_ptr, maxes_ptr, status_ptr, temp_ptr, top_k_ptr, top_p_ptr,
-                     n_rows, vocab, row0, BLOCK: tl.constexpr, GROUP: tl.constexpr, FUSE: tl.constexpr,
-                     SLOTS: tl.constexpr, TILE_GROUPS: tl.constexpr, SPARSE: tl.constexpr,
-                     REPLACE: tl.constexpr, SUPER: tl.constexpr):
+                     n_rows, vocab, draft_ptr, q_ptr, u_ptr, tok_ptr, acc_ptr, row0, BLOCK: tl.constexpr,
+                     GROUP: tl.constexpr, FUSE: tl.constexpr, SLOTS: tl.constexpr, TILE_GROUPS: tl.constexpr,
+                     SPARSE: tl.constexpr, REPLACE: tl.constexpr, SUPER: tl.constexpr, VERIFY: tl.constexpr,
+                     GAMMA: tl.constexpr, GP: tl.constexpr, BLOCK_VERIFY: tl.constexpr, DENSE_Q: tl.constexpr):
         """Program (row, block), rows from row0: zeros over the block of the dense output (not SPARSE), and the
         maximum of each of its GROUP-logit groups into the row's maxima (SLOTS a row; past the vocabulary:
         nothing). FUSE: the row's last program to arrive (a counter per row, after the statuses) finishes the row
-        (_finish_row)."""
+        (_finish_row). draft_ptr .. DENSE_Q: the verify step (VERIFY; _finish_row)."""
         blocks = tl.cdiv(vocab, BLOCK)
         row = row0 + tl.program_id(0) // blocks
         block = tl.program_id(0) % blocks
@@ -119,7 +129,8 @@ if triton is not None:
             # program, which acquires them all, reads the maxima and writes over the zeros
             if tl.atomic_add(status_ptr + n_rows + 1 + row, 1, sem="acq_rel", scope="gpu") == blocks - 1:
                 _finish_row(row, logits_ptr, stride_row, out_ptr, ids_ptr, maxes_ptr, status_ptr, temp_ptr, top_k_ptr,
-                            top_p_ptr, n_rows, vocab, SLOTS, GROUP, TILE_GROUPS, SPARSE, REPLACE, SUPER)
+                            top_p_ptr, n_rows, vocab, draft_ptr, q_ptr, u_ptr, tok_ptr, acc_ptr, SLOTS, GROUP,
+                            TILE_GROUPS, SPARSE, REPLACE, SUPER, VERIFY, GAMMA, GP, BLOCK_VERIFY, DENSE_Q)
 
     @triton.jit
     def _write_probs(top, k, temperature, top_p, dst, dst_ids, vocab, SPARSE: tl.constexpr):
@@ -188,19 +199,27 @@ if triton is not None:
 
     @triton.jit
     def _finish_kernel(logits_ptr, stride_row, out_ptr, ids_ptr, maxes_ptr, status_ptr, temp_ptr, top_k_ptr,
-                       top_p_ptr, n_rows, vocab, row0, SLOTS: tl.constexpr, GROUP: tl.constexpr, TILE_GROUPS: tl.constexpr,
-                       SPARSE: tl.constexpr, REPLACE: tl.constexpr, SUPER: tl.constexpr):
+                       top_p_ptr, n_rows, vocab, draft_ptr, q_ptr, u_ptr, tok_ptr, acc_ptr, row0, SLOTS: tl.constexpr,
+                       GROUP: tl.constexpr, TILE_GROUPS: tl.constexpr, SPARSE: tl.constexpr, REPLACE: tl.constexpr,
+                       SUPER: tl.constexpr, VERIFY: tl.constexpr, GAMMA: tl.constexpr, GP: tl.constexpr,
+                       BLOCK_VERIFY: tl.constexpr, DENSE_Q: tl.constexpr):
         """Program i: _finish_row of row row0 + i."""
         _finish_row(row0 + tl.program_id(0), logits_ptr, stride_row, out_ptr, ids_ptr, maxes_ptr, status_ptr, temp_ptr,
-                    top_k_ptr, top_p_ptr, n_rows, vocab, SLOTS, GROUP, TILE_GROUPS, SPARSE, REPLACE, SUPER)
+                    top_k_ptr, top_p_ptr, n_rows, vocab, draft_ptr, q_ptr, u_ptr, tok_ptr, acc_ptr, SLOTS, GROUP,
+                    TILE_GROUPS, SPARSE, REPLACE, SUPER, VERIFY, GAMMA, GP, BLOCK_VERIFY, DENSE_Q)
 
     @triton.jit
     def _finish_row(row, logits_ptr, stride_row, out_ptr, ids_ptr, maxes_ptr, status_ptr, temp_ptr, top_k_ptr,
-                    top_p_ptr, n_rows, vocab, SLOTS: tl.constexpr, GROUP: tl.constexpr, TILE_GROUPS: tl.constexpr,
-                    SPARSE: tl.constexpr, REPLACE: tl.constexpr, SUPER: tl.constexpr):
+                    top_p_ptr, n_rows, vocab, draft_ptr, q_ptr, u_ptr, tok_ptr, acc_ptr, SLOTS: tl.constexpr,
+                    GROUP: tl.constexpr, TILE_GROUPS: tl.constexpr, SPARSE: tl.constexpr, REPLACE: tl.constexpr,
+                    SUPER: tl.constexpr, VERIFY: tl.constexpr, GAMMA: tl.constexpr, GP: tl.constexpr,
+                    BLOCK_VERIFY: tl.constexpr, DENSE_Q: tl.constexpr):
         """A row's parameters; a row the kernels take gets its k largest logits from its k largest groups (module
         docstring) and its probabilities written (status 1); another is counted for the caller (status 2, and the
-        count after the rows' statuses)."""
+        count after the rows' statuses). VERIFY (SPARSE): the row counts itself into its step's G+1 rows (a counter
+        per step after the arrivals, release/acquire as the pass's), and the step's last row to be finished verifies
+        the step (sparse_kernel.verify_request: a step with a row left to the caller gets an answer from unwritten
+        entries, which the caller replaces)."""
         temp = tl.load(temp_ptr + row).to(tl.float32)
         top_k = tl.load(top_k_ptr + row).to(tl.int64)
         greedy = (temp < _GREEDY) | (top_k == 1)
@@ -281,36 +300,82 @@ if triton is not None:
         else:
             tl.store(status_ptr + row, 2)
             tl.atomic_add(status_ptr + n_rows, 1)
+        if VERIFY:
+            tl.debug_barrier()  # every thread's entries stored before the release below
+            step = row // (GAMMA + 1)
+            if tl.atomic_add(status_ptr + 2 * n_rows + 1 + step, 1, sem="acq_rel", scope="gpu") == GAMMA:
+                verify_request(step, out_ptr, ids_ptr, _FAST_K, _FAST_K, draft_ptr, q_ptr, u_ptr, tok_ptr, acc_ptr,
+                               vocab, GAMMA, GP, _FAST_K, BLOCK_VERIFY, DENSE_Q, False)
 
 
 def available() -> bool:
     return triton is not None
 
 
+# The launch configuration by vocabulary: each mode's base, and per range of vocabularies (the least vocabulary of
+# the range, ascending) the keys that differ from it. Measured on one H200 (docs/kernels.md, "Launch configurations":
+# the variants timed in the same rounds at 4096 rows, top_k 20, every vocabulary of the microbenchmark); every
+# key is exact (the interpreter tests: bitwise the same output whatever the launch), so the table changes speed only.
+_DENSE = {"PASS_BLOCK": 2048, "PASS_WARPS": 4, "GROUPS": 1024, "TILE": 1024, "FUSE": 1, "FINISH_WARPS": 4,
+          "CHUNKS": 1, "HALVING": 0, "REPLACE": 0, "SUPER": 0, "VERIFY": 0}
+_SPARSE = {"PASS_BLOCK": 2048, "PASS_WARPS": 4, "GROUPS": 1024, "TILE": 512, "FUSE": 0, "FINISH_WARPS": 1,
+           "CHUNKS": 1, "HALVING": 0, "REPLACE": 0, "SUPER": 0, "VERIFY": 0}
+DENSE_RANGES: tuple[tuple[int, dict[str, int]], ...] = (
+    (0, {}),
+    (65_536, {"FUSE": 0, "CHUNKS": 4, "FINISH_WARPS": 1, "REPLACE": 1, "SUPER": 8}),
+)
+SPARSE_RANGES: tuple[tuple[int, dict[str, int]], ...] = (
+    (0, {"SUPER": 8}),
+    (65_536, {"CHUNKS": 4, "REPLACE": 1, "SUPER": 8}),
+)
+
+
 def launch_config(vocab: int = 0, sparse: bool = False) -> dict[str, int]:
-    """Block sizes and warps of the kernels: the pass takes blocks of PASS_BLOCK logits (at least a group) with
-    PASS_WARPS warps, a row keeps at most GROUPS group maxima, the finish reads TILE logits at a time (at least a
-    group). FUSE 1: a row's last pass program to arrive finishes the row (one kernel; its finish overlaps the
-    other rows' passes); 0: a finish kernel of FINISH_WARPS warps after the pass. Chosen on an H200 (4096 rows,
-    top_k 20, iid, sorted and real Gemma rows, 32,000 to 262,144 ids, variants timed in the same rounds;
-    tune_groups*.log in results/published/verify-probs-h200-families): FUSE 1 with TILE 1,024 was 1.17x-1.67x
-    the copy where the two kernels with TILE 2,048 were 1.27x-2.16x; TILE 512 and 2,048 groups were within noise
-    of it, 256-logit tiles, 512 groups, 1,024- or 4,096-logit blocks and 8 warps slower. The sparse mode, whose
-    pass only reads, finishes in a kernel of its own with one warp a row: its worst of 5 families 1.59x the read at
-    248,320 ids, 1.89x at 151,936, 2.50x at 32,000, against 1.70x, 2.06x and 2.50x fused (run_sparse alone;
-    tune_groups_sparse.log in results/published/verify-step-h200-sparse), and in tiles of 512 logits since a tile's
-    merge skips the ranks it cannot change: at or below 1,024 in 27 of 30 cells, within 2% in the others
-    (tune_sparse_placed*.log there). CHUNKS (slices of rows whose finishes run beside the later slices' passes, on
-    a side stream; without FUSE) and REPLACE (the merge by replacing the least: fewer iterations on real rows by
-    scripts/count_merge_steps.py's count) are exact (the tests: bitwise the same output) but not yet timed on a
-    GPU: off until scripts/tune_sparse_pass.py (c2, c4, c8, replace, replace_c4) says otherwise. Nor SUPER (the
-    group pick in two rounds for top_k up to 32, where the row's maxima leave room for its scratch: 146 SASS
-    instructions a round of k against 295, scripts/sass_loops.py)."""
-    if sparse:
-        return {"PASS_BLOCK": 2048, "PASS_WARPS": 4, "GROUPS": 1024, "TILE": 512, "FUSE": 0, "FINISH_WARPS": 1,
-                "CHUNKS": 1, "REPLACE": 0, "SUPER": 0}
-    return {"PASS_BLOCK": 2048, "PASS_WARPS": 4, "GROUPS": 1024, "TILE": 1024, "FUSE": 1, "FINISH_WARPS": 4,
-            "CHUNKS": 1, "REPLACE": 0, "SUPER": 0}
+    """The kernels' launch configuration for rows of `vocab` logits (a new dict): the mode's base with the overrides
+    of the last range of DENSE_RANGES / SPARSE_RANGES whose least vocabulary is at most `vocab`. The keys:
+    - PASS_BLOCK logits a pass program (at least a group), PASS_WARPS warps; GROUPS group maxima a row at most;
+      TILE logits merged at a time by the finish (at least a group);
+    - FUSE 1: a row's last pass program to arrive finishes the row (one kernel; its finish overlaps the other rows'
+      passes); 0: a finish kernel of FINISH_WARPS warps after the pass, with CHUNKS > 1 in slices of rows, each
+      slice's finish on a high-priority side stream beside the next slices' passes (HALVING 1: slices of a half, a
+      quarter, ... of the rows, the last two equal, so that the finish left after the last pass is a small slice's);
+    - REPLACE 1: the merge that puts each entering key in place of the running top's least; SUPER 8: the group pick
+      in two rounds (super-groups of 8 groups) for top_k up to 32, where a row has room for its scratch;
+    - VERIFY 1 (the sparse mode, read by harness.verify.sparse.verify_step): the step's verification inside the
+      finish (its last row to be finished verifies it), no verify kernel of its own.
+    Why each range has what it has, with the measurements: docs/kernels.md."""
+    base, ranges = (_SPARSE, SPARSE_RANGES) if sparse else (_DENSE, DENSE_RANGES)
+    chosen: dict[str, int] = {}
+    for least, overrides in ranges:
+        if vocab >= least:
+            chosen = overrides
+    return {**base, **chosen}
+
+
+@dataclass(frozen=True)
+class Step:
+    """A verify step for the finish to run (queue_step): the batch's rows are B steps of G+1 rows each (row
+    b * (G+1) + j: p(. | prefix_j) of step b). drafts [B, G] (any integer dtype), q [B, G, V] fp32 or None (point
+    masses at the drafts), uniforms [B, G+1] fp32, each contiguous on the logits' device; block: block verification,
+    else token-wise (harness.verify.sparse_kernel's arithmetic)."""
+
+    drafts: Tensor
+    q: Tensor | None
+    uniforms: Tensor
+    block: bool
+
+
+@dataclass
+class Queued:
+    """What the kernels were queued to write: `out` (dense [rows, V], or the sparse values [rows, FAST_K]), `ids`
+    (the sparse ids; the output itself when dense), a step's `tokens` [B, G+1] and `accepted` [B] (None without a
+    step), and `left`: the synchronisation that reads which rows the caller must build (None: no row)."""
+
+    out: Tensor
+    ids: Tensor
+    tokens: Tensor | None
+    accepted: Tensor | None
+    left: Callable[[], Tensor | None]
 
 
 def run(logits: Tensor, temperature: Tensor, top_k: Tensor, top_p: Tensor, config: dict[str, int] | None = None
@@ -323,8 +388,8 @@ def run(logits: Tensor, temperature: Tensor, top_k: Tensor, top_p: Tensor, confi
     if n == 0:
         return torch.empty(0, vocab, dtype=torch.float32, device=logits.device), None
     with launch_device(logits.device):
-        out, _, pending = _launch(logits, temperature, top_k, top_p, config)
-    return out, pending()
+        queued = _launch(logits, temperature, top_k, top_p, config)
+    return queued.out, queued.left()
 
 
 def run_sparse(logits: Tensor, temperature: Tensor, top_k: Tensor, top_p: Tensor, config: dict[str, int] | None = None
@@ -337,15 +402,49 @@ def run_sparse(logits: Tensor, temperature: Tensor, top_k: Tensor, top_p: Tensor
 
 
 def queue_sparse(logits: Tensor, temperature: Tensor, top_k: Tensor, top_p: Tensor,
-                 config: dict[str, int] | None = None) -> tuple[Tensor, Tensor, Callable[[], Tensor | None]]:
+                 config: dict[str, int] | None = None, max_top_k: int | None = None
+                 ) -> tuple[Tensor, Tensor, Callable[[], Tensor | None]]:
     """run_sparse without its synchronisation: the kernels are queued and (values, ids, left) come back at
     once, `left()` the synchronisation that reads which rows the caller must build (None: no row). Work
-    queued on the outputs before left() runs after the kernels, as any work on the stream."""
+    queued on the outputs before left() runs after the kernels, as any work on the stream. max_top_k: the host's
+    bound on every row's top_k (SGLang's sampling_info.max_top_k; see bounded())."""
     if logits.shape[0] == 0:
         empty = torch.empty(0, FAST_K, device=logits.device)
         return empty, empty.int(), lambda: None
     with launch_device(logits.device):
-        return _launch(logits, temperature, top_k, top_p, config, sparse=True)
+        queued = _launch(logits, temperature, top_k, top_p, config, sparse=True, max_top_k=max_top_k)
+    return queued.out, queued.ids, queued.left
+
+
+def queue_step(logits: Tensor, temperature: Tensor, top_k: Tensor, top_p: Tensor, step: Step,
+               config: dict[str, int] | None = None, max_top_k: int | None = None
+               ) -> tuple[Tensor, Tensor, VerifyOutput, Callable[[], Tensor | None]]:
+    """queue_sparse with the step's verification inside the finish: one launch of the kernels (FUSE) or a pass
+    and a finish, and no verify kernel. -> (values, ids, the verifier's output, left); a step with a row left to
+    the caller has tokens made from unwritten entries: the caller verifies it again once left() has named it."""
+    bsz, gamma = step.drafts.shape
+    if logits.shape[0] != bsz * (gamma + 1):
+        raise ValueError(f"{logits.shape[0]} rows of logits for {bsz} steps of {gamma} drafts: need B * (G+1)")
+    if bsz == 0:
+        empty = torch.empty(0, FAST_K, device=logits.device)
+        none = torch.empty(0, dtype=torch.int64, device=logits.device)
+        return empty, empty.int(), VerifyOutput(num_accepted=none, tokens=none.view(0, gamma + 1)), lambda: None
+    with launch_device(logits.device):
+        queued = _launch(logits, temperature, top_k, top_p, config, sparse=True, step=step, max_top_k=max_top_k)
+    assert queued.accepted is not None and queued.tokens is not None  # a step's outputs (_launch)
+    return queued.out, queued.ids, VerifyOutput(num_accepted=queued.accepted, tokens=queued.tokens), queued.left
+
+
+def bounded(max_top_k: int | None, vocab: int) -> bool:
+    """Whether the host's bound on every row's top_k (None: none known) guarantees that the kernels take every
+    row (1 <= bound <= FAST_K and below the vocabulary): then the call needs no synchronisation to learn the rows
+    left, and queues instead a device-side check that none was (a false bound that left a row stops the process:
+    torch._assert_async). A bound below 1 is a ValueError."""
+    if max_top_k is None:
+        return False
+    if max_top_k < 1:
+        raise ValueError(f"max_top_k {max_top_k}: the host's bound on every row's top_k must be >= 1 (or None)")
+    return max_top_k <= FAST_K and max_top_k < vocab
 
 
 def kernel_shapes(vocab: int, cfg: dict[str, int], sparse: bool) -> dict[str, int]:
@@ -356,24 +455,53 @@ def kernel_shapes(vocab: int, cfg: dict[str, int], sparse: bool) -> dict[str, in
             "SUPER": cfg["SUPER"]}
 
 
-def _pass_then_finish(n: int, chunks: int, launch_pass: Callable[[int, int], None],
+def step_shapes(step: Step | None) -> dict[str, int]:
+    """The verify step's constexprs (VERIFY 0 without one)."""
+    if step is None:
+        return {"VERIFY": 0, "GAMMA": 1, "GP": 2, "BLOCK_VERIFY": 0, "DENSE_Q": 0}
+    gamma = step.drafts.shape[1]
+    return {"VERIFY": 1, "GAMMA": gamma, "GP": max(2, next_power_of_2(gamma + 1)), "BLOCK_VERIFY": int(step.block),
+            "DENSE_Q": int(step.q is not None)}
+
+
+def row_slices(n: int, chunks: int, halving: bool) -> list[tuple[int, int]]:
+    """(first row, rows) of the slices the pass and the finish take in turn: one slice, or `chunks` of about
+    n / chunks rows, or (halving) a half of the rows, a quarter, ..., and the rest (the last two equal), fewer
+    where a slice would be empty."""
+    if chunks <= 1 or n <= 1:
+        return [(0, n)]
+    if halving:
+        sizes, rest = [], n
+        for _ in range(chunks - 1):
+            if rest // 2 == 0:
+                break
+            sizes.append(rest // 2)
+            rest -= rest // 2
+        sizes.append(rest)
+    else:
+        each = -(-n // chunks)
+        sizes = [min(each, n - row0) for row0 in range(0, n, each)]
+    starts = [sum(sizes[:i]) for i in range(len(sizes))]
+    return list(zip(starts, sizes, strict=True))
+
+
+def _pass_then_finish(slices: list[tuple[int, int]], launch_pass: Callable[[int, int], None],
                       launch_finish: Callable[[int, int], None], device: torch.device) -> None:
-    """The pass and the finish kernel over slices of cdiv(n, chunks) rows. On CUDA each slice's finish runs on a
+    """The pass and the finish kernel over the slices of rows (row_slices). On CUDA each slice's finish runs on a
     high-priority side stream as soon as the slice's pass is done, so that it fills the SMs beside the next
     slices' passes (the pass is bound by memory, the finish by latency), and the current stream waits for every
     finish before anything queued after this call. Elsewhere (the interpreter): one after the other."""
-    step = -(-n // max(1, chunks))
-    if device.type != "cuda" or step >= n:
-        for row0 in range(0, n, step):
-            launch_pass(row0, min(step, n - row0))
-            launch_finish(row0, min(step, n - row0))
+    if device.type != "cuda" or len(slices) == 1:
+        for row0, rows in slices:
+            launch_pass(row0, rows)
+            launch_finish(row0, rows)
         return
     main, side = torch.cuda.current_stream(device), _side_stream(device.index)
-    for row0 in range(0, n, step):
-        launch_pass(row0, min(step, n - row0))
+    for row0, rows in slices:
+        launch_pass(row0, rows)
         side.wait_stream(main)
         with torch.cuda.stream(side):
-            launch_finish(row0, min(step, n - row0))
+            launch_finish(row0, rows)
     main.wait_stream(side)  # the outputs, and the inputs' memory, belong to the current stream again
 
 
@@ -390,39 +518,65 @@ def launch_device(device: torch.device) -> contextlib.AbstractContextManager:
 
 
 def _launch(logits: Tensor, temperature: Tensor, top_k: Tensor, top_p: Tensor, config: dict[str, int] | None,
-            sparse: bool = False) -> tuple[Tensor, Tensor, Callable[[], Tensor | None]]:
-    """(out, ids, left): the output (dense [rows, V], or the sparse values), the sparse ids (the output itself
-    when dense: nothing to read), and the synchronisation that reads the rows left to the caller."""
+            sparse: bool = False, step: Step | None = None, max_top_k: int | None = None) -> Queued:
+    """Queue the kernels. The host's work before the first pass is kept to what the pass reads or writes (the
+    maxima, the status words, the dense output): a sparse pass that only reads starts before the outputs exist."""
     n, vocab = logits.shape
     if logits.stride(1) != 1:
         logits = logits.contiguous()
     cfg = {**launch_config(vocab, sparse), **(config or {})}
     device = logits.device
     shapes = kernel_shapes(vocab, cfg, sparse)
-    group, slots = shapes["GROUP"], shapes["SLOTS"]
-    block = max(cfg["PASS_BLOCK"], group)
-    out = torch.empty(n, FAST_K if sparse else vocab, dtype=torch.float32, device=device)
-    ids = torch.empty(n, FAST_K, dtype=torch.int32, device=device) if sparse else out
-    maxes = torch.empty(n, slots, dtype=torch.float32, device=device)
-    status = torch.zeros(2 * n + 1, dtype=torch.int32, device=device)  # a status per row, the rows left, arrivals
-    fuse = cfg["FUSE"]
-    row_args = (logits, logits.stride(0), out, ids, maxes, status, temperature, top_k, top_p, n, vocab)
+    verify = step_shapes(step)
+    block = max(cfg["PASS_BLOCK"], shapes["GROUP"])
     blocks = triton.cdiv(vocab, block)
+    fuse = cfg["FUSE"]
+    skip_sync = bounded(max_top_k, vocab)
+    maxes = torch.empty(n, shapes["SLOTS"], dtype=torch.float32, device=device)
+    steps = 0 if step is None else step.drafts.shape[0]
+    # a status per row, the rows left, an arrival count per row (FUSE), a count of finished rows per step (VERIFY)
+    status = torch.zeros(2 * n + 1 + steps, dtype=torch.int32, device=device)
+    outputs: list[Tensor] = []
+
+    def written() -> list[Tensor]:
+        """The outputs, allocated on first need: out, ids, tokens, accepted (unused ones: the maxima)."""
+        if not outputs:
+            out = torch.empty(n, FAST_K if sparse else vocab, dtype=torch.float32, device=device)
+            ids = torch.empty(n, FAST_K, dtype=torch.int32, device=device) if sparse else out
+            tokens = torch.empty(steps, verify["GAMMA"] + 1, dtype=torch.int64, device=device) if step else maxes
+            accepted = torch.empty(steps, dtype=torch.int64, device=device) if step else maxes
+            outputs.extend((out, ids, tokens, accepted))
+        return outputs
+
+    def args(need_outputs: bool) -> tuple:
+        out, ids, tokens, accepted = written() if need_outputs else (maxes,) * 4
+        drafts, q, u = ((step.drafts, maxes if step.q is None else step.q, step.uniforms) if step is not None
+                        else (maxes,) * 3)
+        return (logits, logits.stride(0), out, ids, maxes, status, temperature, top_k, top_p, n, vocab, drafts, q, u,
+                tokens, accepted)
+
+    # a pass that does not finish rows compiles once for every merge, pick and step (their constexprs unused)
+    pass_shapes = {**shapes, **verify} if fuse else {**shapes, "REPLACE": 0, "SUPER": 0, **step_shapes(None)}
 
     def launch_pass(row0: int, rows: int) -> None:
-        _pass_kernel[(rows * blocks,)](*row_args, row0, BLOCK=block, FUSE=fuse, **shapes, num_warps=cfg["PASS_WARPS"])
+        _pass_kernel[(rows * blocks,)](*args(bool(fuse) or not sparse), row0, BLOCK=block, FUSE=fuse, **pass_shapes,
+                                       num_warps=cfg["PASS_WARPS"])
 
     def launch_finish(row0: int, rows: int) -> None:
-        _finish_kernel[(rows,)](*row_args, row0, **shapes, num_warps=cfg["FINISH_WARPS"])
+        _finish_kernel[(rows,)](*args(True), row0, **shapes, **verify, num_warps=cfg["FINISH_WARPS"])
 
     if fuse:
         launch_pass(0, n)
     else:
-        _pass_then_finish(n, cfg["CHUNKS"], launch_pass, launch_finish, device)
+        _pass_then_finish(row_slices(n, cfg["CHUNKS"], bool(cfg["HALVING"])), launch_pass, launch_finish, device)
+    out, ids, tokens, accepted = written()
 
     def left() -> Tensor | None:
         if int(status[n]) == 0:  # the one synchronisation
             return None
         return (status[:n] == 2).nonzero().squeeze(-1)
 
-    return out, ids, left
+    if skip_sync:  # no row can be left but through a false bound: checked on the device, asynchronously
+        torch._assert_async(status[n] == 0)
+        return Queued(out, ids, tokens if step else None, accepted if step else None, lambda: None)
+    return Queued(out, ids, tokens if step else None, accepted if step else None, left)
