@@ -435,7 +435,7 @@ def _code_under_test(report: Report) -> str:
                 table(pd.DataFrame([[n, *(v.get(a, "n/a") for a in first)] for n, v in diffs],
                                    columns=["Package", *first]))]
     elif first:
-        out += ["The arms' first runs' interpreters hold the same packages (name and version).", ""]
+        out += ["The arms' interpreters hold the same packages (name and version).", ""]
     changes = arm_changes([r for r in codes if r.code])
     if changes:
         out += ["Runs of one arm that ran other code than its first run (the audit fails):", "",

@@ -102,7 +102,11 @@ def test_checked_metadata_mismatch_is_refused_unless_allowed(tmp_path, capsys):
 
 def test_a_a_campaign_reports_its_noise_floor(tmp_path):
     camp = copy_campaign(CLEAN, tmp_path / "golden" / "aa")
-    edit_json(camp / "campaign.json", lambda c: c["arms"][1].update(args=[]))
+    def as_aa(c: dict) -> None:
+        c["arms"][1].update(args=[])
+        c.setdefault("config", {}).setdefault("experiment", {})["aa"] = True  # an A/A by declaration
+
+    edit_json(camp / "campaign.json", as_aa)
     for man in camp.glob("runs/*-block-*/manifest.json"):
         edit_json(man, lambda m: m.update(command=[t for t in m["command"] if "block-verification" not in t]))
     report = build_report([camp])

@@ -10,6 +10,7 @@ from __future__ import annotations
 import hashlib
 import json
 import os
+import re
 import signal
 import subprocess
 import sys
@@ -178,7 +179,7 @@ def check_report_against_records(root: Path) -> None:
     summary = json.loads((root / "summary.json").read_text())
     pr_md = (root / "pr.md").read_text()
     assert "Acceptance per draft position" in pr_md and "## Acceptance per draft position" in report_md
-    assert len(pr_md.splitlines()) < 60 and max(map(len, pr_md.splitlines())) <= 160
+    assert len(pr_md.splitlines()) < 70 and max(map(len, pr_md.splitlines())) <= 160  # (a page, not a report)
     records = [r for f in root.glob("runs/*/records.jsonl") for r in read_jsonl(f) if not r["warmup"]]
     for arm in ("token", "block"):
         mine = [r for r in records if r["arm"] == arm]
@@ -283,7 +284,8 @@ def test_ctrl_c_leaves_no_server(tmp_path):
         if runner.poll() is None:
             runner.kill()
     assert runner.returncode == 130, out
-    assert "Traceback" not in out and "Resume with campaign=interrupt" in out.replace("\n", " ")
+    assert "Traceback" not in out and re.search(r"Resume with python -m harness\.bench results_dir=\S+ .*campaign=interrupt",
+                                                        out.replace("\n", " "))
     time.sleep(0.5)
     assert not engine_processes(ports)
     manifest = json.loads(next((root / "runs").glob("*/manifest.json")).read_text())

@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import shutil
 import signal
 import subprocess
@@ -82,7 +83,8 @@ def check_run_stopped(tmp: Path, sig: int, code: int, phase: str) -> None:
     root = tmp / "embedded_aa" / "stopped"
     assert code == EXIT[sig], out
     assert "Traceback" not in out and "Exception ignored" not in out, out
-    assert f"interrupted ({sig.name})" in out and "Resume with campaign=stopped" in out.replace("\n", " "), out
+    assert f"interrupted ({sig.name})" in out and re.search(r"Resume with python -m harness\.bench results_dir=\S+ .*campaign=stopped",
+                                                            out.replace("\n", " ")), out
     first = sorted((root / "runs").iterdir())[0]
     manifest = json.loads((first / "manifest.json").read_text())
     assert manifest["status"] == "failed" and manifest["error"] == f"interrupted by {sig.name}", manifest["error"]

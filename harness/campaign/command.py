@@ -11,6 +11,7 @@ is written (every run had ended; `make report DIR=...` writes it).
 
 from __future__ import annotations
 
+import os
 import shlex
 import sys
 from pathlib import Path
@@ -39,6 +40,7 @@ from harness.campaign.unread import check_unread
 from harness.engine.model_check import ModelFileError, PresetError, check_launches
 from harness.hydra_setup import CONFIG_DIR, HYDRA_VERSION_BASE
 from harness.server import llamacpp_preflight
+from harness.server.redact import Secrets
 from harness.server.sglang_preflight import preflight_before_launch
 from harness.server.spec import PlannedLaunch
 from harness.validation import ConfigError
@@ -105,7 +107,8 @@ def run(cfg_node: DictConfig, console: Console, stops: StopSignals,
                   f"({workload.name}, sha256 {workload.sha256[:12]}) -> {campaign.root}")
     campaign.open()
     hold_sync("plan")
-    resume = resume_hint(line, campaign.root.name, cfg.shard, sweep is not None)
+    secrets = Secrets.of({**os.environ, **cfg.server.env}, [launch.spec.argv for launch in launches])
+    resume = secrets.scrub(resume_hint(line, campaign.root.name, cfg.shard, sweep is not None))  # (--api-key X)
     try:
         statuses = stops.run(run_campaign(campaign))
     except Stopped as stop:

@@ -20,6 +20,7 @@ from __future__ import annotations
 import torch
 from torch import Tensor
 
+from harness.verify.launch import launch_device
 from harness.verify.verifiers import VerifyOutput
 
 try:
@@ -145,8 +146,6 @@ def verify_entries(values: Tensor, ids: Tensor, vocab: int, draft_tokens: Tensor
     q = draft_probs.float().contiguous() if draft_probs is not None else values  # values: an unused pointer
     k = max(16, triton.next_power_of_2(width))
     gp = max(2, triton.next_power_of_2(gamma + 1))
-
-    from harness.verify.topk_fused import launch_device  # noqa: PLC0415  (topk_fused imports this module)
 
     with launch_device(values.device):
         _verify_kernel[(bsz,)](values, ids, width, width, draft_tokens.contiguous(), q,

@@ -44,7 +44,6 @@ at 4,096 rows).
 
 from __future__ import annotations
 
-import contextlib
 import functools
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -52,6 +51,7 @@ from dataclasses import dataclass
 import torch
 from torch import Tensor
 
+from harness.verify.launch import launch_device
 from harness.verify.rows import GREEDY_TEMPERATURE  # a temperature below it (or top_k 1) is a greedy row
 from harness.verify.verifiers import VerifyOutput
 
@@ -510,11 +510,6 @@ def _side_stream(index: int) -> torch.cuda.Stream:
     """The device's stream for the finish kernels, at the highest priority (torch maps -100 to it): its programs
     are scheduled before the pass's next ones as SMs free up."""
     return torch.cuda.Stream(device=index, priority=-100)
-
-
-def launch_device(device: torch.device) -> contextlib.AbstractContextManager:
-    """Triton launches on the current CUDA device: make it the tensors' (a CPU, under the interpreter: nothing)."""
-    return torch.cuda.device(device) if device.type == "cuda" else contextlib.nullcontext()
 
 
 def _launch(logits: Tensor, temperature: Tensor, top_k: Tensor, top_p: Tensor, config: dict[str, int] | None,
