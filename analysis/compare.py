@@ -17,7 +17,8 @@ from dataclasses import asdict, dataclass
 import numpy as np
 import pandas as pd
 
-from analysis.metrics import LATENCIES, PERCENTILES, Metrics, RequestTables
+from analysis.itl import PERCENTILES
+from analysis.metrics import LATENCIES, Metrics, RequestTables
 from analysis.stats import (
     ALPHA,
     MIN_PAIRS,

@@ -1,8 +1,8 @@
-"""records.jsonl through DuckDB's JSON reader: the fast path of analysis.load.read_records_file.
+"""records.jsonl through DuckDB's JSON reader: the fast path of analysis.read_records.read_records_file.
 
 DuckDB parses only the keys the analysis uses, with about half the CPU time of pyarrow's JSON reader on the records
 the harness writes (README: the report's figures). Its conversions are looser than the line-by-line reader's
-(analysis.load._read_slow, which reports a value of the wrong JSON type as a bad line): it reads 1.5 in an integer
+(analysis.read_records._read_slow, which reports a value of the wrong JSON type as a bad line): it reads 1.5 in an integer
 field as 2, "40" and true as numbers, any value as text. So scalars are read as their JSON text and converted here,
 in the same query, with a check per value; integer lists are read as doubles and checked here. A value of another
 JSON type, a fraction in an integer field, a list element that is not an integer below 2^53, a non-finite

@@ -8,12 +8,12 @@ from pathlib import Path
 
 import pandas as pd
 
-from analysis.acceptance import Acceptance
 from analysis.audit import Audit
 from analysis.compare import ChangeSet
 from analysis.load import Loaded
 from analysis.metrics import Metrics
 from analysis.outputs import Identity
+from analysis.positions import Acceptance
 from analysis.tables import Tables
 
 

@@ -8,8 +8,8 @@ import numpy as np
 from matplotlib.backends.backend_agg import FigureCanvasAgg
 from matplotlib.figure import Figure
 
-from analysis.acceptance import Acceptance
 from analysis.metrics import Metrics
+from analysis.positions import Acceptance
 
 PER_SEED = "per_seed.png"
 HISTOGRAM = "accept_histogram.png"

@@ -16,14 +16,15 @@ import sys
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
-from analysis import acceptance, markdown, plots, pr, summary
-from analysis.audit import Mismatch, metadata_mismatches, pick, run_audit
+from analysis import markdown, plots, positions, pr, summary
+from analysis.audit import Mismatch, metadata_mismatches, run_audit
 from analysis.compare import POWER_CHANGES, compare, item_based, power_table
 from analysis.load import InputError, load
 from analysis.memory import report_memory
-from analysis.metrics import arm_order, start
+from analysis.metrics import report_arm_order, start
 from analysis.model import Report
 from analysis.outputs import check_outputs, compare_outputs
+from analysis.selection import pick
 from analysis.stats import MIN_PAIRS_FOR_SD
 from analysis.tables import build, fmt_pairs
 
@@ -66,7 +67,7 @@ def _build(paths: list[str | Path], allow_mismatch: bool, n_boot: int, seed: int
     if mismatches and not allow_mismatch:
         raise MismatchError(mismatches)
     baseline = data.campaigns[0].baseline or (data.campaigns[0].arm_names or [""])[0]
-    arms = arm_order(data, baseline)
+    arms = report_arm_order(data, baseline)
     picked = pick(data)
     # side by side (numpy's and pandas' loops release the GIL): the checks and the ITL from the start, then,
     # as soon as this thread has the request tables, the rest of the metrics, the per-position bootstrap and
@@ -75,18 +76,18 @@ def _build(paths: list[str | Path], allow_mismatch: bool, n_boot: int, seed: int
     with ThreadPoolExecutor(max_workers=4) as pool:
         audit_job = pool.submit(run_audit, data, picked, arms, baseline, mismatches, allow_mismatch)
         requests, metrics_job = start(data, picked, arms, baseline, pool)
-        positions_job = pool.submit(acceptance.compute, data, picked.selection.used, requests, n_boot, seed)
+        positions_job = pool.submit(positions.compute, data, picked.selection.used, requests, n_boot, seed)
         outputs_job = pool.submit(compare_outputs, data, picked.selection.used, arms, baseline)
         items = item_based(requests, n_boot, seed)
         metrics = metrics_job.result()
         comparison = compare(metrics, n_boot, seed, items)
-        audit, positions, outputs = audit_job.result(), positions_job.result(), outputs_job.result()
+        audit, by_position, outputs = audit_job.result(), positions_job.result(), outputs_job.result()
     audit.checks.append(check_outputs(outputs, data.campaigns[0].expect))
     tables = build(metrics, comparison, data.campaigns[0].meta.get("max_new_tokens"), len(data.campaigns) > 1)
     report = Report(
         inputs=[Path(p) for p in paths], data=data, arms=arms, baseline=baseline, audit=audit,
-        metrics=metrics, comparison=comparison, tables=tables, figures=plots.figure_specs(metrics, positions),
-        n_boot=n_boot, seed=seed, power=power_table(metrics), acceptance=positions, outputs=outputs,
+        metrics=metrics, comparison=comparison, tables=tables, figures=plots.figure_specs(metrics, by_position),
+        n_boot=n_boot, seed=seed, power=power_table(metrics), acceptance=by_position, outputs=outputs,
     )
     report.markdown = markdown.render(report)
     report.pr = pr.render(report)

@@ -20,7 +20,7 @@ from analysis.load import InputError
 from analysis.model import Report
 from analysis.report import MismatchError, build_report
 from analysis.tables import fmt_num
-from harness.schema import read_json, unmeasured
+from harness.contract import read_json, unmeasured
 
 
 def flatten(config: Any, prefix: str = "") -> dict[str, Any]:

@@ -15,7 +15,8 @@ import numpy as np
 import pandas as pd
 
 from analysis.compare import RATIO_METRICS, RUN_METRICS, ChangeSet, pooled_run_value
-from analysis.metrics import LATENCIES, MIN_PERCENTILE_VALUES, PERCENTILES, Metrics
+from analysis.itl import PERCENTILES
+from analysis.metrics import LATENCIES, MIN_PERCENTILE_VALUES, Metrics
 from analysis.stats import Change
 
 _MS = ("ttft", "itl", "tpot")  # shown in milliseconds

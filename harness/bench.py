@@ -8,12 +8,12 @@ Examples:
   python -m harness.bench -m experiment=dflash_verify_probs_speedbench client.concurrency=64,128
   python -m harness.bench -m hydra/launcher=submitit_slurm hydra.launcher.partition=gpu shard='range(0,3)'
 
-This module only installs the stop-signal handlers (harness.campaign.stopping, which imports nothing heavy)
+This module only installs the stop-signal handlers (harness.runner.stopping, which imports nothing heavy)
 before anything else is imported, so that Ctrl-C or SIGTERM during start-up is a clean stop too, from the
 first lines of this module on when it runs as `python -m harness.bench`, from the first line of main() on
 for the `specbench-bench` command (a signal that comes earlier interrupts Python's own start-up, about the first
 30 ms, the way Python does it: a KeyboardInterrupt from its import machinery, or death by the signal); the
-command itself is harness.campaign.command, a multirun's jobs and its end are harness.campaign.sweep's.
+command itself is harness.runner.command, a multirun's jobs and its end are harness.runner.sweep's.
 """
 
 from __future__ import annotations
@@ -21,7 +21,7 @@ from __future__ import annotations
 import signal
 import sys
 
-# The stop signals that came before the runner's own handlers (harness.campaign.stopping) were in: main() acts on
+# The stop signals that came before the runner's own handlers (harness.runner.stopping) were in: main() acts on
 # the first. Module state because the handler must be in before main() is even called (below).
 NOTED: list[int] = []
 
@@ -39,15 +39,15 @@ def main() -> None:
     """`python -m harness.bench` and the `specbench-bench` command."""
     for sig in (signal.SIGINT, signal.SIGTERM):  # a signal while the handlers' own module loads: noted
         signal.signal(sig, _note)
-    from harness.campaign.stopping import DONE, STARTING, STOPPED_WHERE, Stopped, StopSignals  # noqa: PLC0415
+    from harness.runner.stopping import DONE, STARTING, STOPPED_WHERE, Stopped, StopSignals  # noqa: PLC0415
 
     stops = StopSignals.ensure()
     try:
         if NOTED:
             raise Stopped(NOTED[0])
         stops.check()  # a signal while ensure() put the handlers in
-        stops.defer()  # until Hydra has composed the config (harness.campaign.command.run resumes)
-        from harness.campaign import command  # noqa: PLC0415  (Hydra, the runner, the workloads: after the handlers)
+        stops.defer()  # until Hydra has composed the config (harness.runner.command.run resumes)
+        from harness.runner import command  # noqa: PLC0415  (Hydra, the runner, the workloads: after the handlers)
 
         command.main(stops)
     except Stopped as stop:  # the command says what it stopped from the runs on; this is what is left

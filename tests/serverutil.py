@@ -3,7 +3,7 @@
     with engine_server(["--model-path", "embedded:mini"]) as server:
         status, body = post_json(server.url + "/generate", {"text": "hi"})
 
-The process is the harness's own launcher (harness.server.process.Server: a free loopback port, its own
+The process is the harness's own launcher (harness.runner.server.process.Server: a free loopback port, its own
 process group, readiness on `/health_generate` with the identity check, SIGTERM then SIGKILL), so the
 tests start servers exactly as the runner does. Plain-stdlib HTTP helpers (`get`, `post_json`,
 `post_sse`) and an aiohttp fan-out (`generate_concurrently`) come with it.
@@ -27,9 +27,9 @@ from typing import Any
 
 import aiohttp
 
-from harness.server.config import LogChecks
-from harness.server.process import Server, free_port
-from harness.server.spec import LaunchSpec
+from harness.runner.server.config import LogChecks
+from harness.runner.server.process import Server, free_port
+from harness.runner.server.spec import LaunchSpec
 
 HOST = "127.0.0.1"
 
@@ -77,7 +77,7 @@ def start_engine(args: list[str], log_path: Path, port: int | None = None,
 
 
 def wait_ready(server: EngineServer) -> None:
-    """Until /health_generate answers 200 from this server (harness.server.process.ServerError with the log's tail
+    """Until /health_generate answers 200 from this server (harness.runner.server.process.ServerError with the log's tail
     when it exits or times out)."""
     asyncio.run(server.server.wait_ready())
 

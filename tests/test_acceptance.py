@@ -1,4 +1,4 @@
-"""Acceptance per draft position (analysis.acceptance), pr.md and summary.json (analysis.pr, analysis.summary).
+"""Acceptance per draft position (analysis.positions), pr.md and summary.json (analysis.pr, analysis.summary).
 
 Golden campaign (tests/fixtures/analysis/ratio_vs_mean; make_fixtures.histogram puts a request's
 ncd = completion_tokens - verify steps correct drafts evenly over its steps, 7 proposed per step):

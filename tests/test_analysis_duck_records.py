@@ -12,7 +12,7 @@ import pyarrow as pa
 import pytest
 
 from analysis import duck_records
-from analysis.load import DUCK_FIELDS, read_records_file, read_scores_file
+from analysis.read_records import DUCK_FIELDS, read_records_file, read_scores_file
 
 BASE = {
     "schema_version": 2, "campaign_id": "c1", "run_id": "r0-token-100", "arm": "token", "base_seed": 100,

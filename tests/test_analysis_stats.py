@@ -8,7 +8,8 @@ import numpy as np
 import pytest
 from scipy import stats as sps
 
-from analysis.metrics import union_length, weighted_percentile, weighted_percentiles
+from analysis.itl import weighted_percentile, weighted_percentiles
+from analysis.metrics import union_length
 from analysis.stats import (
     MIN_PAIRS,
     Change,
@@ -246,7 +247,7 @@ def test_union_length_counts_overlaps_once_and_skips_gaps():
 
 
 def test_itl_sort_packed_keys_and_float_fallback_give_the_weighted_percentiles():
-    from analysis.metrics import PERCENTILES, Itl, group_by_run, weighted_percentiles
+    from analysis.itl import PERCENTILES, Itl, group_by_run, weighted_percentiles
 
     rng = np.random.default_rng(5)
     run = np.repeat(np.arange(3, dtype=np.int32), 50)
@@ -284,11 +285,11 @@ def test_itl_in_one_pass_equals_the_general_path_and_selection_equals_sorting(mo
     and its percentiles are those of the sorted keys: records of several runs, some unused, some without token
     counts, chunks without tokens, a negative gap, a run with no ITL at all, keys that tie; a value that does not
     pack takes the general path."""
-    from analysis import metrics
+    from analysis import itl
+    from analysis.itl import PERCENTILES, group_by_run, itl_by_run, itl_values, select_keys
     from analysis.load import Chunks
-    from analysis.metrics import PERCENTILES, group_by_run, itl_by_run, itl_values, select_keys
 
-    monkeypatch.setattr(metrics, "_SMALL", 16)  # selections that narrow several times before they sort
+    monkeypatch.setattr(itl, "_SMALL", 16)  # selections that narrow several times before they sort
     rng = np.random.default_rng(11)
     n = 4000
     lengths = rng.integers(0, 12, n)
@@ -327,13 +328,13 @@ def test_itl_in_one_pass_equals_the_general_path_and_selection_equals_sorting(mo
 
 
 def test_selection_of_tied_keys_and_of_keys_within_one_bucket(monkeypatch):
-    from analysis import metrics
+    from analysis import itl
 
-    monkeypatch.setattr(metrics, "_SMALL", 4)
+    monkeypatch.setattr(itl, "_SMALL", 4)
     rng = np.random.default_rng(2)
     for keys in ((5 << 20) + rng.integers(1, 100, 1000),  # one ns value: every bucket is one key
                  np.r_[np.full(300, (7 << 20) + 3), (rng.integers(-9, 9, 200) << 20) + 1]):  # ties, negatives
         ordered = np.sort(keys)
         repeated = np.repeat(ordered, ordered & ((1 << 20) - 1))
         positions = np.arange(len(repeated))
-        np.testing.assert_array_equal(metrics.select_keys([keys[:400], keys[400:]], positions), repeated)
+        np.testing.assert_array_equal(itl.select_keys([keys[:400], keys[400:]], positions), repeated)

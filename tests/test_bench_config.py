@@ -13,13 +13,13 @@ from hydra import compose, initialize_config_dir
 from llamacpp_support import require_llama_server
 from rich.console import Console
 
-from harness.campaign.command import GROUPS, after_runs, to_typed
-from harness.campaign.config import BenchConfig, register_configs
-from harness.campaign.dryrun import print_dry_run
-from harness.campaign.overrides import OverrideError, check_overrides, group_options
-from harness.campaign.plan import make_plan
 from harness.hydra_setup import CONFIG_DIR
-from harness.server.sglang_preflight import EXIT_CODE, named_flag
+from harness.runner.command import GROUPS, after_runs, to_typed
+from harness.runner.config import BenchConfig, register_configs
+from harness.runner.dryrun import print_dry_run
+from harness.runner.overrides import OverrideError, check_overrides, group_options
+from harness.runner.plan import make_plan
+from harness.runner.server.preflight import EXIT_CODE, named_flag
 from harness.validation import ConfigError
 
 SGLANG_PATHS = ["server.model_path=/models/target", "server.draft_model_path=/models/draft"]
@@ -338,8 +338,8 @@ def test_bad_preflight_value_is_named():
 
 def test_manifest_client_stream_mode():
     """manifest client.stream_mode: how the client reads the server's stream (docs/records.md)."""
-    from harness.campaign.runner import stream_mode  # noqa: PLC0415
-    from harness.client.config import ClientConfig  # noqa: PLC0415
+    from harness.runner.client.config import ClientConfig  # noqa: PLC0415
+    from harness.runner.runs import stream_mode  # noqa: PLC0415
 
     incremental = {"incremental_streaming_output": True}
     assert stream_mode(ClientConfig(), {"incremental_streaming_output": False}) == "cumulative"
@@ -350,7 +350,7 @@ def test_manifest_client_stream_mode():
 
 
 def test_new_campaign_ids_differ_within_one_second():
-    from harness.campaign.folder import new_campaign_id
+    from harness.runner.folder import new_campaign_id
 
     cfg = composed()
     ids = {new_campaign_id(cfg) for _ in range(50)}

@@ -21,10 +21,10 @@ from conftest import bench_process
 
 from analysis.code import CHECK_NAME
 from analysis.report import build_report
-from harness.campaign.sources import materialise, resolve, worktree_commit
-from harness.server.config import ArmConfig, ServerConfig
-from harness.server.provenance import ProvenanceError, probe_server_code
-from harness.server.spec import build_spec
+from harness.runner.server.config import ArmConfig, ServerConfig
+from harness.runner.server.provenance import ProvenanceError, probe_server_code
+from harness.runner.server.spec import build_spec
+from harness.runner.sources import materialise, resolve, worktree_commit
 from harness.validation import ConfigError
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -273,9 +273,9 @@ def test_sglang_source_arms_each_report_their_own_commit(tmp_path):
     from sglang_support import import_sglang  # noqa: PLC0415
     from test_bench_config import composed  # noqa: PLC0415
 
-    from harness.campaign.plan import planned_launches  # noqa: PLC0415
-    from harness.campaign.sources import resolve_sources  # noqa: PLC0415
-    from harness.server.sglang_preflight import check_planned, planned_argv  # noqa: PLC0415
+    from harness.runner.plan import planned_launches  # noqa: PLC0415
+    from harness.runner.server.preflight import check_planned, planned_argv  # noqa: PLC0415
+    from harness.runner.sources import resolve_sources  # noqa: PLC0415
 
     installed = Path(import_sglang().__file__).parent
     repo = tmp_path / "sglang"

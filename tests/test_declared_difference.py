@@ -13,15 +13,15 @@ import pytest
 from hydra import compose, initialize_config_dir
 from omegaconf import open_dict
 
-from harness.campaign.cmdline import CommandLine
-from harness.campaign.command import GROUPS, to_typed
-from harness.campaign.config import BenchConfig, register_configs
-from harness.campaign.difference import check_arms_differ
-from harness.campaign.plan import planned_launches
-from harness.campaign.sources import resolve_sources
+from harness.contract import CheckoutState, ServerCode
 from harness.hydra_setup import CONFIG_DIR
-from harness.schema import CheckoutState, ServerCode
-from harness.server.spec import LaunchSpec
+from harness.runner.cmdline import CommandLine
+from harness.runner.command import GROUPS, to_typed
+from harness.runner.config import BenchConfig, register_configs
+from harness.runner.difference import check_arms_differ
+from harness.runner.plan import planned_launches
+from harness.runner.server.spec import LaunchSpec
+from harness.runner.sources import resolve_sources
 from harness.validation import ConfigError
 
 SGLANG_PATHS = ["server.model_path=/models/target", "server.draft_model_path=/models/draft", "server.preflight=skip"]
@@ -176,7 +176,7 @@ def test_a_real_run_with_a_refused_flag_launches_nothing(tmp_path):
 
 @pytest.mark.parametrize("ref", ["HEAD~1", "HEAD^", "main@{1}"])
 def test_a_ref_that_needs_quoting_says_how(ref):
-    from harness.campaign.overrides import OverrideError, check_overrides
+    from harness.runner.overrides import OverrideError, check_overrides
 
     wanted = re.escape(f"""write it as 'experiment.arms.1.source.ref="{ref}"'""")
     with pytest.raises(OverrideError, match=wanted):
@@ -198,7 +198,7 @@ def test_a_ref_that_needs_quoting_says_how(ref):
     (["server.binary=/usr/bin/llama-server"], "server.binary is not read with server.backend=embedded"),
 ])
 def test_an_override_that_nothing_reads_is_refused(overrides, said):
-    from harness.campaign.unread import check_unread
+    from harness.runner.unread import check_unread
 
     cfg = typed(*overrides)
     with pytest.raises(ConfigError, match=re.escape(said)):

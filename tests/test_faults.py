@@ -28,9 +28,9 @@ from test_runner_e2e import (
     wait_for,
 )
 
-from harness.server.config import LogChecks
-from harness.server.process import Server, ServerError
-from harness.server.spec import LaunchSpec
+from harness.runner.server.config import LogChecks
+from harness.runner.server.process import Server, ServerError
+from harness.runner.server.spec import LaunchSpec
 
 pytestmark = pytest.mark.slow
 
@@ -129,7 +129,7 @@ def test_server_that_hangs_or_dies_mid_run_fails_the_run(tmp_path, fault):
 
 def test_server_that_hangs_after_the_last_request_fails_the_run(tmp_path):
     """Every request came back, then the server stopped answering: /health at the end catches it."""
-    from harness.campaign.runner import check_server_health  # noqa: PLC0415
+    from harness.runner.runs import check_server_health  # noqa: PLC0415
 
     with engine_server(MINI) as srv:
         spec = LaunchSpec(argv=[], env_overrides={}, host="127.0.0.1", port=srv.port, log_path=srv.log_path,

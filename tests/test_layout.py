@@ -1,5 +1,5 @@
 """The layout keeps its promises (README "Layout"): no import loop anywhere in harness/ or analysis/ (imports
-inside functions included), analysis/ reads nothing of harness but its contract (harness.schema), and the
+inside functions included), analysis/ reads nothing of harness but its contract (harness.contract), and the
 embedded server and the microbenchmark load no library they do not use."""
 
 from __future__ import annotations
@@ -93,11 +93,11 @@ def test_analysis_reads_only_the_contract_of_harness():
     graph = import_graph()
     reached = {(name, target) for name, targets in graph.items() if name.startswith("analysis")
                for target in targets if target.split(".")[0] == "harness"}
-    assert {target for _, target in reached} == {"harness.schema"}, sorted(reached)
+    assert {target for _, target in reached} == {"harness.contract"}, sorted(reached)
 
 
 def test_the_contract_imports_nothing_of_the_project():
-    assert import_graph()["harness.schema"] == set()
+    assert import_graph()["harness.contract"] == set()
 
 
 def loaded_after(statement: str) -> set[str]:
@@ -111,11 +111,11 @@ def loaded_after(statement: str) -> set[str]:
 
 @pytest.mark.parametrize(("statement", "uses"), [
     ("import harness.engine.server", {"aiohttp", "torch"}),  # the embedded server serves HTTP with aiohttp
-    ("import harness.micro.app, harness.micro.report", {"torch"}),  # the microbenchmark proper
+    ("import harness.micro.app, harness.micro.writeup", {"torch"}),  # the microbenchmark proper
     ("import harness.micro.__main__", {"hydra", "omegaconf", "torch"}),  # its command line composes with Hydra
-    ("import harness.schema", set()),
+    ("import harness.contract", set()),
     # the runner, its manifests' versions read too: torch's CUDA build comes from torch's version file
-    ("import harness.campaign.command; from harness.host import envinfo; envinfo.versions()",
+    ("import harness.runner.command; from harness.host import envinfo; envinfo.versions()",
      {"hydra", "omegaconf", "aiohttp"}),
 ])
 def test_entry_points_load_only_what_they_use(statement, uses):

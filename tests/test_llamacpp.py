@@ -23,18 +23,19 @@ import yaml
 from conftest import bench_process
 from llamacpp_support import require_llama_server
 
-from analysis.audit import pick, run_audit
+from analysis.audit import run_audit
 from analysis.load import load
-from harness.client.config import ClientConfig, SamplingConfig
-from harness.client.llamacpp import LlamaStream, meta_info, payload
-from harness.client.requests import Outcome, RequestSpec, StreamError
+from analysis.selection import pick
 from harness.hydra_setup import CONFIG_DIR
-from harness.server.config import ArmConfig, ServerConfig
-from harness.server.llamacpp import counter_delta, parse_metrics, parse_run
-from harness.server.llamacpp_build import BuildError, find_binary
-from harness.server.logs import check_log
-from harness.server.process import Server, free_port
-from harness.server.spec import build_spec
+from harness.runner.client.config import ClientConfig, SamplingConfig
+from harness.runner.client.llamacpp import LlamaStream, meta_info, payload
+from harness.runner.client.requests import Outcome, RequestSpec, StreamError
+from harness.runner.server.config import ArmConfig, ServerConfig
+from harness.runner.server.llamacpp import counter_delta, parse_metrics, parse_run
+from harness.runner.server.llamacpp_build import BuildError, find_binary
+from harness.runner.server.logs import check_log
+from harness.runner.server.process import Server, free_port
+from harness.runner.server.spec import build_spec
 from workloads.base import Item
 
 EXPERIMENTS = ("llamacpp_spec_vs_none", "llamacpp_draft_max")
@@ -172,7 +173,7 @@ async def started(args: list[str], tmp_path: Path, name: str) -> tuple[Path, lis
                           ready_timeout_s=60, args=["--threads", "1", "--no-webui", *args])
     spec = build_spec(server, ArmConfig(name=name), port=free_port(), base_seed=1, gpu=None,
                       log_path=tmp_path / f"{name}.log", slots=1)
-    from harness.server.control import get_json  # noqa: PLC0415
+    from harness.runner.server.control import get_json  # noqa: PLC0415
 
     async with Server(spec) as proc:
         await proc.wait_ready()
@@ -190,7 +191,7 @@ def test_log_lines_the_checks_expect_come_from_the_real_binary(tmp_path):
     bad_log, bad_slots = asyncio.run(started(["--spec-type", "draft-simple"], tmp_path, "bad"))
     model = require_llama_server()[1]
     silent_log, silent_slots = asyncio.run(started(["--spec-draft-model", model], tmp_path, "silent"))
-    from harness.server.config import LogChecks  # noqa: PLC0415
+    from harness.runner.server.config import LogChecks  # noqa: PLC0415
 
     checks = LogChecks(must=sorted(must), must_not=sorted(must_not))
     assert check_log(ok_log, checks).passed and all(s["speculative"] for s in ok_slots)
@@ -273,9 +274,9 @@ def test_audit_fails_tampered_counts(campaign, tmp_path):
 
 
 def test_make_target_prints_where_the_binary_is():
-    """`python -m harness.server.llamacpp_build` (make llamacpp) finds the cached build without building again."""
+    """`python -m harness.runner.server.llamacpp_build` (make llamacpp) finds the cached build without building again."""
     binary, _ = require_llama_server()
-    done = subprocess.run([sys.executable, "-m", "harness.server.llamacpp_build"], capture_output=True, text=True,
+    done = subprocess.run([sys.executable, "-m", "harness.runner.server.llamacpp_build"], capture_output=True, text=True,
                           timeout=120)
     assert done.returncode == 0, done.stderr
     assert "nothing to build" in done.stdout or "nothing built" in done.stdout

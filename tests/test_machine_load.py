@@ -20,9 +20,9 @@ import pytest
 from test_bench_config import composed
 from test_runner_e2e import SMALL, bench, engine_processes, ports_of, read_jsonl, wait_for
 
+from harness.contract import to_json
 from harness.host import machine
 from harness.host.machine import Counters, CpuPin
-from harness.schema import to_json
 from harness.validation import ConfigError
 
 BURN = "import time\nend = time.monotonic() + {s}\nwhile time.monotonic() < end: pass\n"

@@ -1,4 +1,4 @@
-"""One schema for the writer and the reader: harness/schema.py declares the files; the runner builds those
+"""One schema for the writer and the reader: harness/contract.py declares the files; the runner builds those
 objects, the analysis derives its parsing from them, and docs/records.md names every field."""
 
 from __future__ import annotations
@@ -10,8 +10,8 @@ from pathlib import Path
 import pyarrow as pa
 from test_runner_e2e import MANIFEST_KEYS, RECORD_KEYS, SCORE_KEYS
 
-from analysis import load
-from harness.schema import CampaignDoc, Manifest, PlannedRun, Record, ScoreLine, json_types, nested
+from analysis import load, read_records
+from harness.contract import CampaignDoc, Manifest, PlannedRun, Record, ScoreLine, json_types, nested
 
 DOCS = (Path(__file__).resolve().parents[1] / "docs" / "records.md").read_text()
 
@@ -59,12 +59,12 @@ def test_the_end_to_end_contract_is_the_declared_schema():
 
 
 def test_the_reader_parses_declared_fields_with_their_declared_types():
-    assert set(load.PARSED) <= names(Record)
+    assert set(read_records.PARSED) <= names(Record)
     kinds = {pa.string(): str, pa.int64(): int, pa.bool_(): bool}
-    for name in load.PARSED:
-        arrow = load.RECORD_SCHEMA.field(name).type
+    for name in read_records.PARSED:
+        arrow = read_records.RECORD_SCHEMA.field(name).type
         declared = json_types(Record)[name]
-        if name in load.AS_FLOAT:  # counts read as float64 (missing = NaN)
+        if name in read_records.AS_FLOAT:  # counts read as float64 (missing = NaN)
             assert arrow == pa.float64() and declared == (int,)
         elif arrow == pa.float64():
             assert declared == (int, float)
@@ -79,4 +79,4 @@ def test_schema_version_is_declared_once():
     root = Path(__file__).resolve().parents[1]
     sources = [p for package in ("harness", "analysis", "workloads") for p in (root / package).rglob("*.py")]
     defining = [str(p) for p in sources if re.search(r"^SCHEMA_VERSION\s*=", p.read_text(), re.M)]
-    assert [Path(p).name for p in defining] == ["schema.py"], defining
+    assert [Path(p).name for p in defining] == ["contract.py"], defining

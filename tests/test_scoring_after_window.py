@@ -20,11 +20,11 @@ from omegaconf import OmegaConf
 from rich.console import Console
 from test_runner_e2e import SMALL, check_schema2_run, read_jsonl
 
-from harness.campaign.command import to_typed
-from harness.campaign.config import register_configs
-from harness.campaign.folder import build_campaign
-from harness.campaign.runner import run_campaign
 from harness.hydra_setup import CONFIG_DIR
+from harness.runner.command import to_typed
+from harness.runner.config import register_configs
+from harness.runner.folder import build_campaign
+from harness.runner.runs import run_campaign
 from workloads import load_workload
 from workloads.scoring import Score, Scorer
 

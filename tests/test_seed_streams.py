@@ -15,9 +15,9 @@ from rich.console import Console
 from test_bench_config import composed, dry_run_text
 from test_runner_e2e import WITH_REPORT, bench, campaign_dir, read_jsonl
 
-from harness.campaign.config import request_seed
-from harness.campaign.folder import Campaign
-from harness.campaign.plan import check_request_seeds, make_plan, request_specs
+from harness.runner.config import request_seed
+from harness.runner.folder import Campaign
+from harness.runner.plan import check_request_seeds, make_plan, request_specs
 from harness.validation import ConfigError
 from workloads import load_workload
 from workloads.base import Item
@@ -78,9 +78,9 @@ def campaign_at(root, *overrides: str) -> Campaign:
     from hydra import compose, initialize_config_dir  # noqa: PLC0415
     from omegaconf import OmegaConf  # noqa: PLC0415
 
-    from harness.campaign.command import to_typed  # noqa: PLC0415
-    from harness.campaign.config import register_configs  # noqa: PLC0415
     from harness.hydra_setup import CONFIG_DIR  # noqa: PLC0415
+    from harness.runner.command import to_typed  # noqa: PLC0415
+    from harness.runner.config import register_configs  # noqa: PLC0415
 
     register_configs()
     with initialize_config_dir(config_dir=str(CONFIG_DIR), version_base="1.3"):

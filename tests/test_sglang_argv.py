@@ -16,13 +16,13 @@ from hydra import compose, initialize_config_dir
 from rich.console import Console
 from sglang_support import import_sglang, pinned_sglang_version
 
-from harness.campaign.command import to_typed
-from harness.campaign.config import BenchConfig, register_configs
-from harness.campaign.dryrun import print_dry_run
-from harness.campaign.overrides import group_options
-from harness.campaign.plan import planned_launches
 from harness.hydra_setup import CONFIG_DIR
-from harness.server.sglang_preflight import (
+from harness.runner.command import to_typed
+from harness.runner.config import BenchConfig, register_configs
+from harness.runner.dryrun import print_dry_run
+from harness.runner.overrides import group_options
+from harness.runner.plan import planned_launches
+from harness.runner.server.preflight import (
     EXIT_CODE,
     PlannedArgv,
     PreflightReport,

@@ -23,18 +23,18 @@ from hydra import compose, initialize_config_dir
 from serverutil import start_engine, stop_engine, wait_ready
 from sglang_support import import_sglang
 
-from harness.campaign.command import to_typed
-from harness.campaign.config import BenchConfig, register_configs
-from harness.campaign.overrides import group_options
-from harness.campaign.plan import planned_launches
 from harness.engine import server as engine
 from harness.engine.args import parse_args
 from harness.engine.logs import DATEFMT, FORMAT
 from harness.engine.real_model import is_real
 from harness.hydra_setup import CONFIG_DIR
-from harness.server.config import LogChecks
-from harness.server.logs import check_log
-from harness.server.spec import merge_log_checks
+from harness.runner.command import to_typed
+from harness.runner.config import BenchConfig, register_configs
+from harness.runner.overrides import group_options
+from harness.runner.plan import planned_launches
+from harness.runner.server.config import LogChecks
+from harness.runner.server.logs import check_log
+from harness.runner.server.spec import merge_log_checks
 
 pytestmark = pytest.mark.sglang
 

@@ -15,7 +15,7 @@ from conftest import bench_process
 from test_runner_e2e import SMALL
 
 from analysis.report import MismatchError, build_report
-from harness.campaign.folder import lock_slots, slot_lock_name
+from harness.runner.folder import lock_slots, slot_lock_name
 from harness.validation import ConfigError
 
 SHARDED = [*SMALL[:-1], "experiment.base_seeds=[1,2]"]  # 2 slots = 2 shards of 2 runs each; report on

@@ -15,11 +15,11 @@ from mountns import can_unshare
 from test_bench_config import composed
 from test_code_under_test import SERVICE, arms, git, make_repo, squash
 
-from harness.campaign.runner import RunFailed, check_snapshot_unchanged
-from harness.campaign.sources import materialise, resolve_sources
-from harness.server.config import ArmConfig, ServerConfig
-from harness.server.provenance import probe_server_code
-from harness.server.spec import build_spec
+from harness.runner.runs import RunFailed, check_snapshot_unchanged
+from harness.runner.server.config import ArmConfig, ServerConfig
+from harness.runner.server.provenance import probe_server_code
+from harness.runner.server.spec import build_spec
+from harness.runner.sources import materialise, resolve_sources
 
 NO_NAMESPACE = can_unshare()
 

@@ -1,4 +1,4 @@
-"""SIGINT and SIGTERM at every moment of a campaign (harness.campaign.stopping): exit 130 / 143, the running
+"""SIGINT and SIGTERM at every moment of a campaign (harness.runner.stopping): exit 130 / 143, the running
 run marked failed with the signal named, its server stopped, its manifest written, nothing recorded lost,
 no traceback. Every runner here starts with SIGINT *ignored* (as `cmd &` from a non-interactive shell, nohup
 and many CI and batch wrappers start it): the runner's own handlers must not depend on what it inherits.
@@ -212,7 +212,7 @@ def test_a_signal_in_the_first_milliseconds_is_a_clean_stop_once_the_runner_runs
 
 UNRAISABLE = """
 import os, signal
-from harness.campaign.stopping import Stopped, StopSignals
+from harness.runner.stopping import Stopped, StopSignals
 stops = StopSignals.ensure()
 class Finalised:
     def __init__(self, send):
@@ -235,7 +235,7 @@ except Stopped as stop:
 
 BETWEEN_HANDLERS = """
 import os, signal
-from harness.campaign import stopping
+from harness.runner import stopping
 install = signal.signal
 def install_then_signal(sig, handler):  # SIGINT lands right after its handler went in, before SIGTERM's did
     previous = install(sig, handler)

@@ -17,7 +17,7 @@ import subprocess
 import sys
 from pathlib import Path
 
-from harness.schema import GpuInfo, HarnessVersion, HostInfo, Versions
+from harness.contract import GpuInfo, HarnessVersion, HostInfo, Versions
 
 REPO_ROOT = Path(__file__).resolve().parents[2]
 DIST_NAME = "specbench"

@@ -23,8 +23,8 @@ from dataclasses import dataclass, field
 
 import psutil
 
+from harness.contract import GpuStatus, LoadDuring, LoadSnapshot
 from harness.host.envinfo import run_tool
-from harness.schema import GpuStatus, LoadDuring, LoadSnapshot
 
 _NVIDIA_SMI_QUERY = "--query-gpu=index,clocks.sm,temperature.gpu,utilization.gpu"
 _IDLE_FIELDS = ("idle", "iowait")

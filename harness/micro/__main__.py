@@ -17,7 +17,7 @@ from harness.micro.bank import BankError
 from harness.micro.config import MicroAppConfig, register_configs
 from harness.micro.families import FamilyError
 from harness.micro.impls import ImplError
-from harness.micro.report import console_table, write_report
+from harness.micro.writeup import console_table, write_micro_report
 from harness.validation import ConfigError
 
 PIPE_WIDTH = 160  # console width when stdout is not a terminal (logs, CI)
@@ -62,7 +62,7 @@ def hydra_main(cfg: DictConfig) -> None:
         raise SystemExit(2) from None
     except KeyboardInterrupt:  # (run() said where its rows are)
         raise SystemExit(130) from None
-    report = write_report(result.out_dir, result.manifest, result.rows)
+    report = write_micro_report(result.out_dir, result.manifest, result.rows)
     console.print(console_table(result.rows, title=f"verify-probability builders on {result.manifest['device']['type']}"))
     console.print(f"results: {result.out_dir}/ (manifest.json, results.jsonl, {report.name})", highlight=False,
                   soft_wrap=True)

@@ -20,6 +20,7 @@ import torch
 from torch import Tensor
 
 from harness import verify
+from harness.contract import to_json, write_json
 from harness.host import envinfo
 from harness.host.devices import check_fits, resolve_device
 from harness.micro import bank, measure
@@ -34,7 +35,6 @@ from harness.micro.inputs import (
     padding_row_count,
     rotated_copies,
 )
-from harness.schema import to_json, write_json
 from harness.validation import ConfigError, new_out_dir
 
 MICRO_SCHEMA_VERSION = 1  # of the microbenchmark's own files (manifest.json, results.jsonl under results/micro)
@@ -367,7 +367,7 @@ def run(cfg: MicroConfig, *, results_dir: str, resolved: dict, overrides: list[s
         say: Callable[[str], None]) -> RunResult:
     """The whole benchmark; writes manifest.json and results.jsonl (flushed per row) under the output dir.
 
-    report.md is written by the caller (`harness.micro.report`) from what this returns.
+    report.md is written by the caller (`harness.micro.writeup`) from what this returns.
     """
     check_config(cfg)
     device = resolve_device(cfg.device, "micro.device")

@@ -1,0 +1,172 @@
+"""Typed config of the experiment group (`configs/experiment/`) and of the whole `python -m harness.bench`
+command (BenchConfig: experiment, server, workload, sampling, client and the campaign's own keys),
+registered in Hydra's ConfigStore as `bench_schema`.
+
+YAML files under `configs/` sit on top of these schemas: a key that is not declared here, or a value of the
+wrong type, fails at composition with the key's full name. `__post_init__` and `validate()` check values that
+types cannot (choices, ranges) with a message that names the bad value and the valid ones. The entry point
+converts the composed DictConfig into these objects once (`OmegaConf.to_object`).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+from omegaconf import MISSING
+
+from harness.runner.client.config import ClientConfig, SamplingConfig
+from harness.runner.server.config import ArmConfig, ServerConfig
+from harness.validation import ConfigError, check_choice, check_name, check_range
+from workloads.config import WorkloadConfig
+
+INT64_MIN, INT64_MAX = -(2**63), 2**63 - 1  # a request seed is a 64-bit integer (SGLang's sampling_seed)
+SEED_STREAM_STRIDE = 2**32  # request seed = base seed + seed offset + seed_stream * SEED_STREAM_STRIDE
+EXPECTATIONS = ("identical_outputs",)  # experiment.expect
+
+
+def request_seed(base_seed: int, seed_offset: int, seed_stream: int) -> int:
+    """The planned `sampling_seed` of one request; ConfigError when it does not fit 64 bits."""
+    seed = base_seed + seed_offset + seed_stream * SEED_STREAM_STRIDE
+    if not INT64_MIN <= seed <= INT64_MAX:
+        raise ConfigError(f"request seed {base_seed} + {seed_offset} + {seed_stream} * 2**32 = {seed} does not fit "
+                          "a 64-bit integer; use smaller experiment.base_seeds or arms[].seed_stream")
+    return seed
+
+
+@dataclass
+class WarmupConfig:
+    requests: int = 8  # N requests filling N slots before the measured window
+    max_new_tokens: int = 16
+    flush_cache: bool = True
+
+    def __post_init__(self) -> None:
+        if self.requests < 0:
+            raise ConfigError(f"experiment.warmup.requests={self.requests} must be >= 0 (0 = no warmup)")
+        if self.max_new_tokens < 1:
+            raise ConfigError(f"experiment.warmup.max_new_tokens={self.max_new_tokens} must be >= 1")
+
+
+@dataclass
+class ExperimentConfig:
+    name: str = MISSING
+    description: str = ""
+    declared_difference: str = ""  # the one thing the arms differ in, in words
+    # an intended A/A: arms that launch alike (seed streams aside); titled A/A everywhere. Without it, arms that
+    # resolve to one launch are refused (harness.runner.difference)
+    aa: bool = False
+    # what the outputs must show: identical_outputs = every paired request's completion text and token ids equal
+    # across the arms (a builder or kernel change under deterministic inference), else the audit fails
+    expect: str | None = None
+    arms: list[ArmConfig] = field(default_factory=list)
+    baseline: str = MISSING
+    base_seeds: list[int] = field(default_factory=lambda: [980406, 981406, 982406])
+    repeats: int = 1
+    seeded_requests: bool = True  # request seed = base seed + the item's numeric id + seed_stream * 2**32
+    warmup: WarmupConfig = field(default_factory=WarmupConfig)
+    order: str = "alternate"  # alternate (seed 1: A,B; seed 2: B,A; ...) | fixed
+    placement: str = "sequential"  # sequential | parallel (one GPU per arm)
+    gpus: list[int] = field(default_factory=lambda: [0, 1])
+    # a run with more errored, aborted or timed-out requests (warmup included) than this is failed
+    max_failed_requests: int = 0
+    # the audit's "Each arm ran the code it names": the distributions that may differ between the arms'
+    # interpreters (e.g. [sglang] for two installs of SGLang), and whether a run from a dirty checkout is declared
+    packages_may_differ: list[str] = field(default_factory=list)
+    dirty_declared: bool = False
+
+    def arm(self, name: str) -> ArmConfig:
+        """The arm called `name` (the plan only holds declared names)."""
+        return next(a for a in self.arms if a.name == name)
+
+    def validate(self) -> None:
+        """Checked once composed (not in __post_init__: the schema's own empty default has no arms)."""
+        check_name("experiment.name", self.name)
+        if self.max_failed_requests < 0:
+            raise ConfigError(f"experiment.max_failed_requests={self.max_failed_requests} must be >= 0")
+        check_choice("experiment.order", self.order, ("alternate", "fixed"))
+        check_choice("experiment.placement", self.placement, ("sequential", "parallel"))
+        if self.expect is not None:
+            check_choice("experiment.expect", self.expect, EXPECTATIONS)
+        names = [a.name for a in self.arms]
+        for i, name in enumerate(names):
+            check_name(f"experiment.arms[{i}].name", name)
+        if len(names) < 2:
+            raise ConfigError(f"experiment.arms has {len(names)} arm(s); an experiment needs two or more")
+        if len(set(names)) != len(names):
+            raise ConfigError(f"experiment.arms names must be unique, got {names}")
+        check_choice("experiment.baseline", self.baseline, names)
+        if not self.base_seeds:
+            raise ConfigError("experiment.base_seeds is empty; give at least one seed")
+        if len(set(self.base_seeds)) != len(self.base_seeds):
+            twice = sorted({s for s in self.base_seeds if self.base_seeds.count(s) > 1})
+            raise ConfigError(f"experiment.base_seeds={self.base_seeds} names {twice} more than once: runs of one "
+                              "seed would be paired as one; repeat a seed with experiment.repeats")
+        if self.repeats < 1:
+            raise ConfigError(f"experiment.repeats={self.repeats} must be >= 1")
+        for arm in self.arms:
+            for base_seed in self.base_seeds:
+                request_seed(base_seed, 0, arm.seed_stream)
+        if self.placement == "parallel" and len(self.gpus) < len(self.arms):
+            raise ConfigError(
+                f"experiment.placement=parallel needs one GPU per arm: {len(self.arms)} arms but "
+                f"experiment.gpus={self.gpus}"
+            )
+
+
+@dataclass
+class BenchConfig:
+    """Top level of `python -m harness.bench`."""
+
+    experiment: ExperimentConfig = field(default_factory=ExperimentConfig)
+    server: ServerConfig = field(default_factory=ServerConfig)
+    workload: WorkloadConfig = field(default_factory=WorkloadConfig)
+    sampling: SamplingConfig = field(default_factory=SamplingConfig)
+    client: ClientConfig = field(default_factory=ClientConfig)
+    results_dir: str = "results"
+    campaign: str | None = None  # None = a new timestamped campaign; an existing id resumes it
+    # run one slot (base seed x repeat: both arms, in their order) of the plan; None = every slot.
+    # Shards of one campaign may run side by side (a Hydra multirun, SLURM jobs) into one folder.
+    shard: int | None = None
+    dry_run: bool = False
+    report: bool = True  # write the analysis report at the end
+    strict_audit: bool = True  # exit 1 when the report's audit fails; false: the report still says so, exit 0
+    load_sample_s: float = 1.0  # length of the machine-load samples taken before and after each run
+    # where arms' source snapshots are kept, one folder per commit; None: $XDG_CACHE_HOME (~/.cache)/specbench/sources
+    source_cache: str | None = None
+
+    def validate(self) -> BenchConfig:
+        self.experiment.validate()
+        check_range("load_sample_s", self.load_sample_s, 0.01, 60)
+        if self.campaign is not None:
+            check_name("campaign", self.campaign)
+        if self.shard is not None and self.shard < 0:
+            raise ConfigError(f"shard={self.shard} must be >= 0 (a slot of the plan; leave it out to run every slot)")
+        check_backend_client(self)
+        shared = sorted(set(self.server.cpus) & set(self.client.cpus))
+        if shared:
+            raise ConfigError(f"server.cpus={self.server.cpus} and client.cpus={self.client.cpus} share CPU(s) "
+                              f"{shared}; give the server and the client separate CPUs (or [] for no pinning)")
+        return self
+
+
+
+
+def check_backend_client(cfg: BenchConfig) -> None:
+    """The routes each backend serves, and llama-server's lack of /flush_cache, refused before anything runs."""
+    backend, route = cfg.server.backend, cfg.client.route
+    if backend == "llamacpp" and route == "generate":
+        raise ConfigError("client.route=generate is SGLang's /generate, which llama-server does not serve: use "
+                          "client.route=chat (/v1/chat/completions) or client.route=completions (/v1/completions)")
+    if backend != "llamacpp" and route == "completions":
+        raise ConfigError(f"client.route=completions is read for server.backend=llamacpp only (backend {backend}: "
+                          "use client.route=generate or chat)")
+    if backend == "llamacpp" and cfg.experiment.warmup.flush_cache:
+        raise ConfigError("experiment.warmup.flush_cache=true: llama-server has no /flush_cache (its slot erase needs "
+                          "--slot-save-path); the client sends every request with cache_prompt=false, so no prompt "
+                          "cache is reused: set experiment.warmup.flush_cache=false")
+
+
+def register_configs() -> None:
+    """Register BenchConfig as `bench_schema`, which configs/bench.yaml lists first in its defaults."""
+    from hydra.core.config_store import ConfigStore  # noqa: PLC0415  (the command's, not the schema's)
+
+    ConfigStore.instance().store(name="bench_schema", node=BenchConfig)

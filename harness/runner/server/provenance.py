@@ -1,0 +1,33 @@
+"""What code a server will run, asked of its own interpreter: `provenance_probe.py` in a subprocess with the
+server's argv[0], environment (PYTHONPATH included) and working directory, just before the server starts.
+The answer is the manifest's `server_code`."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+from harness.contract import CheckoutState, ServerCode
+from harness.runner.server.ask import AskError, ask
+from harness.runner.server.provenance_probe import RESULT_MARK
+from harness.runner.server.spec import LaunchSpec
+
+PROBE = Path(__file__).with_name("provenance_probe.py")
+PROBE_TIMEOUT_S = 120.0
+
+
+class ProvenanceError(RuntimeError):
+    """The server's interpreter could not say what code it would run."""
+
+
+def probe_server_code(spec: LaunchSpec, timeout_s: float = PROBE_TIMEOUT_S) -> ServerCode:
+    """ServerCode of the server `spec` starts; ProvenanceError naming the interpreter and why not."""
+    python = spec.argv[0]
+    try:
+        answer = ask(python, PROBE, [spec.module], mark=RESULT_MARK, env=spec.env_overrides, timeout_s=timeout_s,
+                     cwd=spec.cwd, what="the provenance probe")
+    except AskError as err:
+        raise ProvenanceError(str(err)) from None
+    if "error" in answer:
+        raise ProvenanceError(f"{python} cannot say where {spec.module} comes from: {answer['error']}")
+    checkout = answer.pop("checkout")
+    return ServerCode(**answer, checkout=CheckoutState(**checkout) if checkout else None)
