@@ -1,5 +1,8 @@
 """Fixtures shared by the test modules, and how the suite is spread over pytest-xdist workers.
 
+The tests mirror the packages (analysis/, runner/, engine/, micro/, verify/, workloads/, host/), with conformance/
+(SGLang's and llama.cpp's own code), e2e/ (whole campaigns, faults, signals) and support/ (helpers on sys.path).
+
 - `clean_campaign`: a private copy of the clean golden campaign (tests/fixtures/analysis), to corrupt or edit.
 - `run_bench`: runs `python -m harness.bench` (or a Hydra multirun of it) as a real subprocess, with its
   results under this test's own tmp_path.
@@ -28,6 +31,7 @@ CLEAN = FIXTURES / "ratio_vs_mean" / "golden" / "golden-c1"
 BenchRunner = Callable[..., subprocess.CompletedProcess]
 SHARED_SCOPES = ("module", "package", "session")
 os.environ.setdefault("OMP_NUM_THREADS", "1")  # before any test module imports torch (see the docstring)
+sys.path.insert(0, str(Path(__file__).parent / "support"))  # the shared helpers (serverutil, mountns, ...)
 
 
 def pytest_configure(config: pytest.Config) -> None:

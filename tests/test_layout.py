@@ -1,5 +1,6 @@
 """The layout keeps its promises (README "Layout"): no import loop anywhere in harness/ or analysis/ (imports
-inside functions included), analysis/ reads nothing of harness but its contract (harness.contract), and the
+inside functions included; between the parts only the loop the design card forces), analysis/ reads nothing of
+harness but its contract (harness.contract), only the runner's report step imports the analysis, and the
 embedded server and the microbenchmark load no library they do not use."""
 
 from __future__ import annotations
@@ -98,6 +99,52 @@ def test_analysis_reads_only_the_contract_of_harness():
 
 def test_the_contract_imports_nothing_of_the_project():
     assert import_graph()["harness.contract"] == set()
+
+
+def test_only_the_runners_report_step_imports_the_analysis():
+    """The runner calls the analysis through its API in one place (build_report, write_report, the sweep table)."""
+    graph = import_graph()
+    importers = {name for name, targets in graph.items() if name.startswith("harness")
+                 and any(t.split(".")[0] == "analysis" for t in targets)}
+    assert importers == {"harness.runner.report_step"}
+
+
+UNITS = ("harness.runner", "harness.engine", "harness.micro", "harness.verify", "harness.host")
+
+
+def unit(module: str) -> str:
+    """The part of the project a module belongs to: one of UNITS, a top-level module of harness on its own
+    (harness.contract, harness.bench, ...), or its top-level package (analysis, workloads)."""
+    for u in UNITS:
+        if module == u or module.startswith(u + "."):
+            return u
+    parts = module.split(".")
+    return ".".join(parts[:2]) if parts[0] == "harness" else parts[0]
+
+
+def test_the_parts_import_each_other_without_a_loop():
+    """Between the parts (the runner, the embedded server, the microbenchmark, the verification core, the host, each
+    top-level module of harness, analysis, workloads) the imports run one way. At the level of the top packages the
+    design card forces one loop, harness <-> analysis: the contract lives in harness/ and the analysis reads it,
+    while the runner's report step calls the analysis; that loop is the only one."""
+    graph = import_graph()
+    parts: dict[str, set[str]] = {}
+    for name, targets in graph.items():
+        parts.setdefault(unit(name), set()).update(unit(t) for t in targets if unit(t) != unit(name))
+    assert cycles(parts) == []
+    packages: dict[str, set[str]] = {}
+    for name, targets in graph.items():
+        top = name.split(".")[0]
+        packages.setdefault(top, set()).update(t.split(".")[0] for t in targets if t.split(".")[0] != top)
+    assert cycles(packages) == [["analysis", "harness"]]
+
+
+def test_the_layout_answers_where_things_are():
+    """The four questions, answered by names (README "Where things are")."""
+    assert (ROOT / "harness" / "runner" / "server" / "process.py").is_file()  # where the server is launched
+    assert (ROOT / "harness" / "runner" / "client" / "drive.py").is_file()  # where requests are sent
+    assert "acceptance length" in (ROOT / "analysis" / "metrics.py").read_text()  # where it is computed
+    assert "def write_report" in (ROOT / "analysis" / "report.py").read_text()  # where the report is written
 
 
 def loaded_after(statement: str) -> set[str]:
