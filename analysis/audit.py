@@ -15,13 +15,13 @@ from typing import Any
 import numpy as np
 import pandas as pd
 
+from analysis.check import FAIL, INFO, OK, WARN, Check, Status
 from analysis.code import CHECK_NAME, check_code, fingerprint, firsts, run_codes
 from analysis.commands import ArmDiff, RunVariant, compare_arms, interpreter_only, run_variants
 from analysis.load import NO_MANIFEST, NOT_RUN, Loaded, flag_value, segment_sums
 from analysis.read_records import line_numbers
 from analysis.selection import INVALID_REASONS, Picked, PlanKeys, Selection
 
-FAIL, WARN, OK, INFO = "fail", "warn", "ok", "info"
 _RTOL = 1e-6
 # Foreign load (manifest `machine`): other processes used more than this share of all CPUs during the run,
 # the hypervisor stole more than this share, or a 1 s sample before or after the run exceeded this.
@@ -53,14 +53,6 @@ def foreign_reasons(run: Any) -> list[str]:
         if value > FOREIGN_SNAPSHOT_FRAC:
             out.append(f"{value:.0%} of all CPUs busy in other processes just {when} it (> {FOREIGN_SNAPSHOT_FRAC:.0%})")
     return out
-
-
-@dataclass(frozen=True)
-class Check:
-    name: str
-    status: str  # fail | warn | ok | info
-    summary: str
-    details: tuple[str, ...] = ()
 
 
 @dataclass(frozen=True)
@@ -318,7 +310,7 @@ def check_identity(data: Loaded, sel: Selection) -> Check:
         got = rec[col].to_numpy(dtype="float64", na_value=np.nan)
         bad |= got != runs[col].to_numpy(dtype="float64", na_value=np.nan)[run]
     details = _rows(data, bad, lambda i: "campaign_id/run_id/arm/base_seed/repeat differ from the run's plan")
-    status = FAIL if bad.any() else OK
+    status: Status = FAIL if bad.any() else OK
     return Check("Record identity matches its run", status, f"{int(bad.sum())} record(s) with another identity",
                  tuple(details))
 
@@ -404,7 +396,7 @@ def check_commands(arm_diffs: list[ArmDiff], variants: list[RunVariant], aa: boo
                         d.note if d.note else "only the declared difference" if d.clean else "UNDECLARED differences")
         for d in arm_diffs
     )
-    status = FAIL if bad else WARN if variants or unknown else OK
+    status: Status = FAIL if bad else WARN if variants or unknown else OK
     return Check("Commands and environments differ only as declared", status, summary,
                  tuple(details + variant_lines))
 
@@ -564,7 +556,7 @@ def check_metadata(mismatches: list[Mismatch], allow_mismatch: bool) -> Check:
     name = "Checked metadata match (GPU, model, dataset SHA256, harness version)"
     if not mismatches:
         return Check(name, OK, "all runs and campaigns agree")
-    status = WARN if allow_mismatch else FAIL
+    status: Status = WARN if allow_mismatch else FAIL
     how = "compared anyway (--allow-mismatch)" if allow_mismatch else "refused"
     return Check(name, status, f"{len(mismatches)} mismatch(es), {how}", tuple(map(str, mismatches)))
 

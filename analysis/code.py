@@ -21,9 +21,9 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from analysis.check import FAIL, INFO, OK, WARN, Status
 from analysis.load import Loaded
 
-FAIL, WARN, OK, INFO = "fail", "warn", "ok", "info"
 CHECK_NAME = "Each arm ran the code it names, and only that differs"
 
 
@@ -124,7 +124,7 @@ def firsts(codes: list[RunCode]) -> dict[str, dict[str, Any]]:
     return out
 
 
-def check_code(data: Loaded) -> tuple[str, str, tuple[str, ...]]:
+def check_code(data: Loaded) -> tuple[Status, str, tuple[str, ...]]:
     """(status, summary, details) of the check named CHECK_NAME."""
     codes = run_codes(data)
     recorded = [r for r in codes if r.code]
@@ -184,7 +184,7 @@ def code_difference(a: dict[str, Any], b: dict[str, Any]) -> str:
     return "; ".join(parts) or "the package list's hash only"
 
 
-def check_binaries(codes: list[RunCode]) -> tuple[str, str, tuple[str, ...]]:
+def check_binaries(codes: list[RunCode]) -> tuple[Status, str, tuple[str, ...]]:
     """Native servers (llama-server): every run recorded its binary, and all ran the same one (its SHA-256; no
     arm declares another binary)."""
     details = [f"{r.run_id}: no server_binary in its manifest" for r in codes if not r.binary]

@@ -14,16 +14,8 @@ from typing import Any
 import pandas as pd
 from tabulate import tabulate
 
-from analysis.audit import (
-    FAIL,
-    FOREIGN_CPU_FRAC,
-    FOREIGN_SNAPSHOT_FRAC,
-    FOREIGN_STEAL_FRAC,
-    OK,
-    WARN,
-    Audit,
-    Check,
-)
+from analysis.audit import FOREIGN_CPU_FRAC, FOREIGN_SNAPSHOT_FRAC, FOREIGN_STEAL_FRAC, Audit
+from analysis.check import FAIL, OK, WARN, Check
 from analysis.code import arm_changes, describe, describe_binary, firsts, package_differences, run_codes
 from analysis.commands import normalise
 from analysis.compare import POWER_CHANGES, POWER_NOTE
@@ -281,7 +273,7 @@ THEORY = (
     "Sun et al. (ICLR 2025, arXiv 2403.10444) prove that block verification's expected number of accepted "
     "drafts per verify step (the sum of the position rates) is never below token-wise verification's, with the "
     "output distributed as the target's either way; the theorem bounds that sum, not each position. On their "
-    "toy example (p = (1/3, 2/3), q = (2/3, 1/3), gamma 2; tests/test_acceptance.py enumerates it) the profiles "
+    "toy example (p = (1/3, 2/3), q = (2/3, 1/3), gamma 2; tests/analysis/test_acceptance.py enumerates it) the profiles "
     "are token-wise (2/3, 4/9), block (2/3, 5/9): equal at position 1, higher at position 2, 10/9 vs 11/9 in all. "
     "With greedy (point-mass) drafts the two verifiers accept equally in expectation: the profiles must agree "
     "within noise.")

@@ -19,7 +19,7 @@ import duckdb
 import numpy as np
 import pandas as pd
 
-from analysis.audit import FAIL, INFO, OK, Check
+from analysis.check import FAIL, INFO, OK, Check
 from analysis.load import Loaded
 
 LISTED = 10  # differing requests named per arm pair

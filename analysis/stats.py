@@ -26,7 +26,7 @@ POWER = 0.80
 # below 6 pairs no per-run change can be significant at 0.05 and no interval is printed.
 MIN_PAIRS = 6
 # The percentile bootstrap of a ratio of sums over items covers its 95% target only from about this many
-# items (simulation in tests/test_analysis_coverage.py); below it, no interval.
+# items (simulation in tests/analysis/test_analysis_coverage.py); below it, no interval.
 MIN_ITEMS = 10
 MIN_PAIRS_FOR_SD = 3  # a run-to-run SD for the power table needs at least this many pairs
 MAX_PAIRS_SHOWN = 100_000

@@ -22,7 +22,7 @@ import types
 import typing
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import Any, Literal
 
 SCHEMA_VERSION = 3  # what the runner writes (3: records carry output_ids)
 SCHEMA_VERSIONS = (1, 2, 3)  # what the analysis reads
@@ -38,6 +38,10 @@ def unmeasured(key: str) -> bool:
     """Whether the dotted config key is one of UNMEASURED_KEYS or inside one."""
     parts = key.split(".")
     return any(".".join(parts[:n]) in UNMEASURED_KEYS for n in range(1, len(parts) + 1))
+
+
+RunStatus = Literal["running", "finished", "failed"]  # a run's manifest and its campaign.json order entry
+FinishReason = Literal["stop", "length", "abort", "error"]  # a record's finish_reason
 
 
 # ---------------------------------------------------------------------- the plan
@@ -83,7 +87,7 @@ class Record:
     spec_verify_ct: int | None
     spec_num_correct_drafts: int | None
     max_new_tokens: int
-    finish_reason: str  # stop | length | abort | error
+    finish_reason: FinishReason
     hit_cap: bool
     t_scheduled: float | None  # open loop: the scheduled arrival; closed loop: the start of the drive
     t_sent: float | None
@@ -141,7 +145,7 @@ class CheckoutState:
     """The git checkout, or the snapshot of a commit the harness made (an arm's `source`), that holds the code a
     server imports."""
 
-    kind: str  # git | snapshot
+    kind: Literal["git", "snapshot"]
     root: str  # the checkout's (or snapshot's) top folder
     repo: str | None  # git: the checkout itself; snapshot: the repository its commit was taken from
     commit: str | None
@@ -333,7 +337,7 @@ class Manifest:
     client: ClientInfo
     server_cpus: list[int] | None
     scorer: ScorerInfo
-    status: str = "running"  # running | finished | failed
+    status: RunStatus = "running"
     error: str | None = None
     server_info: dict[str, Any] | None = None  # /server_info after readiness
     server_info_end: dict[str, Any] | None = None  # /server_info after the last request
@@ -402,7 +406,7 @@ class OrderEntry:
     """A run as it was executed (appended by every shard)."""
 
     run_id: str
-    status: str
+    status: RunStatus
     t_start_unix: float
     t_end_unix: float
     host: str | None  # since 2026-12-01
@@ -470,11 +474,14 @@ def _members(tp: Any) -> list[Any]:
 
 
 def base_type(tp: Any) -> Any:
-    """`X | None` -> X; `list[int]` -> list; `dict[...]` -> dict; a schema class -> dict (a JSON object)."""
+    """`X | None` -> X; `list[int]` -> list; `dict[...]` -> dict; a schema class -> dict (a JSON object); a
+    `Literal` of strings -> str."""
     members = _members(tp)
     tp = members[0] if len(members) == 1 else tp
     if dataclasses.is_dataclass(tp):
         return dict
+    if typing.get_origin(tp) is Literal:
+        return type(typing.get_args(tp)[0])
     return typing.get_origin(tp) or tp
 
 

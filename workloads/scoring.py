@@ -195,7 +195,7 @@ def _normalise(value: str) -> str:
 
 
 def _math_verify_equal(answer: str, reference: str) -> bool:
-    import math_verify  # sympy is slow to import; most answers never get here
+    import math_verify  # noqa: PLC0415  (sympy is slow to import; most answers never get here)
 
     # math-verify times out with signal.alarm, which only works in the main thread.
     timeout = 5 if threading.current_thread() is threading.main_thread() else None

@@ -84,8 +84,8 @@ def hub_reachable(timeout_s: float = HUB_TIMEOUT_S) -> bool:
 @contextlib.contextmanager
 def cache_only() -> Iterator[None]:
     """The hub libraries offline for the duration (they read their flag at import: set on their modules)."""
-    import datasets.config as datasets_config
-    import huggingface_hub.constants as hub_constants
+    import datasets.config as datasets_config  # noqa: PLC0415  (heavy: where a dataset is read)
+    import huggingface_hub.constants as hub_constants  # noqa: PLC0415
 
     saved = datasets_config.HF_HUB_OFFLINE, hub_constants.HF_HUB_OFFLINE
     datasets_config.HF_HUB_OFFLINE = hub_constants.HF_HUB_OFFLINE = True
@@ -96,7 +96,7 @@ def cache_only() -> Iterator[None]:
 
 
 def _read_hub(cfg: WorkloadConfig) -> SourceRows:
-    import datasets
+    import datasets  # noqa: PLC0415  (heavy: imported where a dataset is read)
 
     label = f"{dataset_id_of(cfg)} split {cfg.split} revision {cfg.revision or 'main (unpinned)'}"
     setting = offline_by_setting()
@@ -127,7 +127,7 @@ def _read_local(cfg: WorkloadConfig, path: Path) -> SourceRows:
         raise WorkloadError(f"workload.path={cfg.path} does not exist")
     config = f"config {cfg.hf_config}, " if cfg.hf_config and (path / "README.md").exists() else ""
     label = f"{path} ({config}split {cfg.split})"
-    import datasets
+    import datasets  # noqa: PLC0415  (heavy: imported where a dataset is read)
 
     try:
         ds = _load_dir(cfg, path) if path.is_dir() else _load_file(cfg, path)
@@ -148,7 +148,7 @@ _FRESH = "force_redownload"
 
 
 def _load_file(cfg: WorkloadConfig, path: Path) -> Any:
-    import datasets
+    import datasets  # noqa: PLC0415  (heavy: imported where a dataset is read)
 
     builder = _FILE_BUILDERS.get(path.suffix.lower())
     if builder is None:
@@ -163,7 +163,7 @@ def _load_file(cfg: WorkloadConfig, path: Path) -> Any:
 
 
 def _load_dir(cfg: WorkloadConfig, path: Path) -> Any:
-    import datasets
+    import datasets  # noqa: PLC0415  (heavy: imported where a dataset is read)
 
     if (path / "dataset_dict.json").exists() or (path / "state.json").exists():
         return _pick_split(cfg, datasets.load_from_disk(str(path)))
@@ -172,7 +172,7 @@ def _load_dir(cfg: WorkloadConfig, path: Path) -> Any:
 
 
 def _pick_split(cfg: WorkloadConfig, loaded: Any) -> Any:
-    import datasets
+    import datasets  # noqa: PLC0415  (heavy: imported where a dataset is read)
 
     if not isinstance(loaded, datasets.DatasetDict):
         return loaded

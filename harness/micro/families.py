@@ -5,7 +5,7 @@ above a bulk, often as neighbours (a tokenizer keeps a script's, a language's or
 contiguous id ranges); rows can be peaked, heavy-tailed, quantised to bf16 (ties) or padding (all equal).
 A data-dependent kernel can be fast on one and slow on another, so each published set runs them all.
 Every family is seeded (the same seed, rows and vocabulary give the same tensor) and documented in one line
-(FAMILIES); tests/test_micro_families.py checks the property each one claims. The real families read rows
+(FAMILIES); tests/micro/test_micro_families.py checks the property each one claims. The real families read rows
 of a logit bank (harness.micro.bank) and tile them to the row count.
 """
 

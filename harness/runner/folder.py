@@ -29,6 +29,7 @@ from harness.contract import (
     ItemDoc,
     OrderEntry,
     PlannedRun,
+    RunStatus,
     SourceDoc,
     WorkloadDoc,
     read_json,
@@ -165,7 +166,7 @@ class Campaign:
             shutil.move(str(src), str(dst))
         return dst
 
-    def log_order(self, run_id: str, status: str, t_start: float, t_end: float) -> None:
+    def log_order(self, run_id: str, status: RunStatus, t_start: float, t_end: float) -> None:
         path = self.root / "campaign.json"
         with writing(path), campaign_file_lock(self.root):  # shards append to the same list
             doc = read_json(path)

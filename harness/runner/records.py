@@ -9,7 +9,7 @@ import os
 from pathlib import Path
 from typing import Any
 
-from harness.contract import SCHEMA_VERSION, Record, ScoreLine, to_json
+from harness.contract import SCHEMA_VERSION, FinishReason, Record, ScoreLine, to_json
 from harness.runner.client.requests import Outcome, RequestSpec
 from harness.runner.storage import writing
 from workloads.scoring import Score, Scorer
@@ -47,13 +47,13 @@ class RecordWriter:
             os.close(self._fd)
 
 
-def finish_reason(out: Outcome) -> str:
+def finish_reason(out: Outcome) -> FinishReason:
     """stop | length | abort | error, from the final meta_info."""
     if out.error is not None:
         return "error"
     reason = out.meta_info.get("finish_reason") if isinstance(out.meta_info, dict) else None
     kind = reason.get("type") if isinstance(reason, dict) else reason
-    return kind if kind in ("stop", "length", "abort") else "abort"
+    return "stop" if kind == "stop" else "length" if kind == "length" else "abort"
 
 
 def count(meta: dict[str, Any], key: str) -> int | None:

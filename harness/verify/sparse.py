@@ -8,7 +8,7 @@ verifiers here take the same arguments as harness.verify.verifiers' (the draft's
 products), the same inverse-CDF sample (each row's entries in id order, cumulated in float64: the dense
 CDF's zeros add nothing). Where they can differ: the residual's total r_i of block verification is a float32
 sum over K entries instead of over V (the same terms, another order of additions), so a coin within float32
-rounding of h_i may land on the other side (tests/test_verify_sparse.py counts such rows).
+rounding of h_i may land on the other side (tests/verify/test_verify_sparse.py counts such rows).
 """
 
 from __future__ import annotations

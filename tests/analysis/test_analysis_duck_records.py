@@ -129,7 +129,7 @@ def test_the_one_looseness_digits_and_booleans_inside_an_integer_list(reader, tm
 
 def test_values_stay_bitwise_equal_through_the_text_they_are_read_from(reader, tmp_path):
     """Scalars go through their JSON text (DuckDB's re-serialisation): every double must come back as written."""
-    import random
+    import random  # noqa: PLC0415
     rng = random.Random(7)
     floats = [rng.uniform(-1e6, 1e6) for _ in range(200)] + [math.ldexp(rng.random(), rng.randint(-1070, 1020))
                                                              for _ in range(200)]

@@ -37,7 +37,7 @@ def test_bootstrap_sums_equal_brute_force_resampling():
 
 
 def test_bootstrap_sums_in_chunks_are_reproducible_resamples(monkeypatch):
-    import analysis.stats as stats
+    import analysis.stats as stats  # noqa: PLC0415
 
     matrix = np.arange(40, dtype=float).reshape(10, 4)
     monkeypatch.setattr(stats, "_MAX_CELLS", 25)  # chunks of 2 resamples, drawn by a helper thread
@@ -247,7 +247,7 @@ def test_union_length_counts_overlaps_once_and_skips_gaps():
 
 
 def test_itl_sort_packed_keys_and_float_fallback_give_the_weighted_percentiles():
-    from analysis.itl import PERCENTILES, Itl, group_by_run, weighted_percentiles
+    from analysis.itl import PERCENTILES, Itl, group_by_run, weighted_percentiles  # noqa: PLC0415
 
     rng = np.random.default_rng(5)
     run = np.repeat(np.arange(3, dtype=np.int32), 50)
@@ -285,9 +285,9 @@ def test_itl_in_one_pass_equals_the_general_path_and_selection_equals_sorting(mo
     and its percentiles are those of the sorted keys: records of several runs, some unused, some without token
     counts, chunks without tokens, a negative gap, a run with no ITL at all, keys that tie; a value that does not
     pack takes the general path."""
-    from analysis import itl
-    from analysis.itl import PERCENTILES, group_by_run, itl_by_run, itl_values, select_keys
-    from analysis.load import Chunks
+    from analysis import itl  # noqa: PLC0415
+    from analysis.itl import PERCENTILES, group_by_run, itl_by_run, itl_values, select_keys  # noqa: PLC0415
+    from analysis.load import Chunks  # noqa: PLC0415
 
     monkeypatch.setattr(itl, "_SMALL", 16)  # selections that narrow several times before they sort
     rng = np.random.default_rng(11)
@@ -328,7 +328,7 @@ def test_itl_in_one_pass_equals_the_general_path_and_selection_equals_sorting(mo
 
 
 def test_selection_of_tied_keys_and_of_keys_within_one_bucket(monkeypatch):
-    from analysis import itl
+    from analysis import itl  # noqa: PLC0415
 
     monkeypatch.setattr(itl, "_SMALL", 4)
     rng = np.random.default_rng(2)

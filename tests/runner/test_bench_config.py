@@ -322,7 +322,7 @@ def test_manifest_client_stream_mode():
 
 
 def test_new_campaign_ids_differ_within_one_second():
-    from harness.runner.folder import new_campaign_id
+    from harness.runner.folder import new_campaign_id  # noqa: PLC0415
 
     cfg = composed()
     ids = {new_campaign_id(cfg) for _ in range(50)}

@@ -4,7 +4,9 @@ parser in the dry run, and overrides whose value only needs quoting."""
 
 from __future__ import annotations
 
+import json
 import re
+import shutil
 import subprocess
 import sys
 from pathlib import Path
@@ -13,15 +15,18 @@ import pytest
 from hydra import compose, initialize_config_dir
 from omegaconf import open_dict
 
+from analysis.report import build_report
 from harness.contract import CheckoutState, ServerCode
 from harness.hydra_setup import CONFIG_DIR
 from harness.runner.cmdline import CommandLine
 from harness.runner.command import GROUPS, to_typed
 from harness.runner.config import BenchConfig, register_configs
 from harness.runner.difference import check_arms_differ
+from harness.runner.overrides import OverrideError, check_overrides
 from harness.runner.plan import planned_launches
 from harness.runner.server.spec import LaunchSpec
 from harness.runner.sources import resolve_sources
+from harness.runner.unread import check_unread
 from harness.validation import ConfigError
 
 SGLANG_PATHS = ["server.model_path=/models/target", "server.draft_model_path=/models/draft", "server.preflight=skip"]
@@ -176,8 +181,6 @@ def test_a_real_run_with_a_refused_flag_launches_nothing(tmp_path):
 
 @pytest.mark.parametrize("ref", ["HEAD~1", "HEAD^", "main@{1}"])
 def test_a_ref_that_needs_quoting_says_how(ref):
-    from harness.runner.overrides import OverrideError, check_overrides
-
     wanted = re.escape(f"""write it as 'experiment.arms.1.source.ref="{ref}"'""")
     with pytest.raises(OverrideError, match=wanted):
         check_overrides([f"experiment.arms.1.source.ref={ref}"], BenchConfig, GROUPS)
@@ -198,8 +201,6 @@ def test_a_ref_that_needs_quoting_says_how(ref):
     (["server.binary=/usr/bin/llama-server"], "server.binary is not read with server.backend=embedded"),
 ])
 def test_an_override_that_nothing_reads_is_refused(overrides, said):
-    from harness.runner.unread import check_unread
-
     cfg = typed(*overrides)
     with pytest.raises(ConfigError, match=re.escape(said)):
         check_unread(cfg, [o.split("=", 1)[0] for o in overrides if not o.startswith("experiment=")])
@@ -228,11 +229,6 @@ def aa_campaign(tmp_path_factory: pytest.TempPathFactory) -> Path:
 
 @pytest.mark.slow
 def test_a_declared_aa_is_titled_so_and_an_undeclared_one_fails_the_audit(aa_campaign, tmp_path):
-    import json
-    import shutil
-
-    from analysis.report import build_report
-
     report = build_report([aa_campaign], n_boot=50)
     assert report.audit.passed and report.markdown.startswith("# A/A report: embedded_aa")
     assert report.pr.startswith("## embedded_aa: A/A of `b` and `a` (the noise floor: ")

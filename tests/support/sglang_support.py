@@ -59,7 +59,7 @@ def import_sglang(module: str = "sglang") -> ModuleType:
 
 def require_triton_interpreter() -> None:
     """SGLang's Triton kernels run on CPU tensors only under TRITON_INTERPRET=1 (set by the Makefile)."""
-    import torch
+    import torch  # noqa: PLC0415
 
     if not torch.cuda.is_available() and os.environ.get("TRITON_INTERPRET") != "1":
         _absent("SGLang's Triton kernels need TRITON_INTERPRET=1 on a machine without CUDA")

@@ -254,7 +254,7 @@ def test_offline_hub_miss_says_what_to_do(tmp_path: Path) -> None:
 def test_an_unreachable_hub_is_said_in_seconds(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     """Without an offline setting and without network, the loader says the hub cannot be reached (once, after a
     connection attempt of at most 3 s), instead of the hub libraries' retries for about 25 s."""
-    import time
+    import time  # noqa: PLC0415
 
     for name in ("HF_DATASETS_OFFLINE", "HF_HUB_OFFLINE"):
         monkeypatch.delenv(name, raising=False)

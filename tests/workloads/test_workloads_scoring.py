@@ -134,7 +134,7 @@ def test_math_verify_path_works_off_the_main_thread() -> None:
     def work() -> None:
         try:
             results.append(Scorer().score(f"{B}{{\\frac{{140}}{{2}}}}", "70"))
-        except Exception as e:  # the assertion below shows it
+        except Exception as e:  # the assertion below shows it  # noqa: BLE001
             results.append(e)
 
     t = threading.Thread(target=work)

@@ -26,6 +26,7 @@ import re
 import subprocess
 import sys
 import time
+import warnings
 from collections.abc import Callable
 from dataclasses import asdict, dataclass, field
 from datetime import UTC, datetime
@@ -312,11 +313,9 @@ async def drive_ours(url: str, case: Case, prompts: list[str], expected: str) ->
 def sglang_request_func() -> Callable | None:
     """SGLang 0.5.23's `bench_serving` request function for the sglang backend, or None without SGLang."""
     try:
-        import warnings
-
         with warnings.catch_warnings():
             warnings.simplefilter("ignore")
-            from sglang.benchmark import serving
+            from sglang.benchmark import serving  # noqa: PLC0415  (optional: only in .venv-sglang)
     except ImportError:
         return None
     serving.set_global_args(argparse.Namespace(
@@ -329,7 +328,7 @@ def sglang_request_func() -> Callable | None:
 async def drive_sglang(url: str, case: Case, prompts: list[str], expected: str) -> Drive:
     """SGLang's client as its benchmark runs it: one request function call per request, at most
     `streams` in flight (each call opens its own session)."""
-    from sglang.benchmark.serving import RequestFuncInput
+    from sglang.benchmark.serving import RequestFuncInput  # noqa: PLC0415  (optional: only in .venv-sglang)
 
     func = sglang_request_func()
     assert func is not None
@@ -485,7 +484,7 @@ def main(argv: list[str] | None = None) -> int:
                       "(make client-bench runs in .venv-sglang when it exists)")
         note += "; SGLang's client not run (SGLang not importable)"
     elif "sglang" in clients:
-        import sglang
+        import sglang  # noqa: PLC0415  (optional: only in .venv-sglang)
 
         note += f", SGLang {sglang.__version__} (`sglang.benchmark.serving.async_request_sglang_generate`)"
     stub_cpus, client_cpus = placement()

@@ -20,6 +20,7 @@ import re
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import Literal
 
 from rich.console import Console
 from rich.markup import escape
@@ -42,6 +43,7 @@ PROBE_ENV = {"HF_HUB_OFFLINE": "1", "TRANSFORMERS_OFFLINE": "1", "PYTHONUNBUFFER
 # outside its pipeline leaves some fields unresolved (e.g. page_size for NGRAM), so a crash there says
 # "not checked past this point", like "stopped", and is printed as such.
 FAILING = ("refused",)
+StageStatus = Literal["passed", "refused", "stopped", "unavailable", "error"]  # a probe's verdict on one stage
 FLAG = re.compile(r"--[A-Za-z0-9][A-Za-z0-9_-]*")
 FIELD = re.compile(r"\b[a-z][a-z0-9]*(?:_[a-z0-9]+)+\b")
 WHAT_IS_CHECKED = {
@@ -74,7 +76,7 @@ class PlannedArgv:
 @dataclass(frozen=True)
 class Stage:
     stage: str  # parse | model_independent | speculative
-    status: str  # passed | refused | stopped | unavailable | error
+    status: StageStatus
     message: str = ""
     where: str | None = None
 
