@@ -26,7 +26,7 @@ from analysis.report import build_report, main, write_report
 from analysis.summary import summary
 from harness.verify.verifiers import verify_block, verify_tokenwise
 
-GOLDEN = Path(__file__).resolve().parents[2] / "fixtures" / "analysis" / "ratio_vs_mean" / "golden" / "golden-c1"
+GOLDEN = Path(__file__).resolve().parents[1] / "fixtures" / "analysis" / "ratio_vs_mean" / "golden" / "golden-c1"
 P, Q = (Fraction(1, 3), Fraction(2, 3)), (Fraction(2, 3), Fraction(1, 3))  # Sun et al.'s toy example
 
 

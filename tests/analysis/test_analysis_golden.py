@@ -19,7 +19,7 @@ from analysis.compare import item_matrix
 from analysis.report import build_report
 from analysis.stats import MIN_ITEMS, bootstrap_sums, item_change
 
-FIXTURES = Path(__file__).resolve().parents[2] / "fixtures" / "analysis"
+FIXTURES = Path(__file__).resolve().parents[1] / "fixtures" / "analysis"
 
 
 def campaign(case: str) -> Path:

@@ -23,7 +23,7 @@ from test_analysis_report import copy_campaign, edit_json
 
 from analysis.report import build_report, power_summary
 
-V2 = Path(__file__).resolve().parents[2] / "fixtures" / "analysis" / "chunks_v2" / "golden" / "golden-c1"
+V2 = Path(__file__).resolve().parents[1] / "fixtures" / "analysis" / "chunks_v2" / "golden" / "golden-c1"
 
 
 @pytest.fixture(scope="module")

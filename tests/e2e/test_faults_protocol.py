@@ -16,7 +16,7 @@ from serverutil import engine_server, post_json
 
 pytestmark = pytest.mark.slow
 
-FAULTY = Path(__file__).resolve().parents[2] / "fixtures" / "servers"
+FAULTY = Path(__file__).resolve().parents[1] / "fixtures" / "servers"
 
 
 def faulty(fault: str, nth: int = 1) -> list[str]:

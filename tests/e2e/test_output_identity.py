@@ -13,7 +13,7 @@ from analysis.outputs import first_difference
 
 pytestmark = pytest.mark.slow
 
-FAULTY = Path(__file__).resolve().parents[2] / "fixtures" / "servers"
+FAULTY = Path(__file__).resolve().parents[1] / "fixtures" / "servers"
 SMALL = ["experiment=embedded_verify_probs", "workload.n_items=4", "experiment.base_seeds=[1]",
          "experiment.warmup.requests=2", "sampling.max_new_tokens=24"]
 

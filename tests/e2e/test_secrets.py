@@ -19,7 +19,7 @@ from campaigns import SMALL
 
 from harness.runner.server.redact import MASK, Secrets, is_secret_name, redact, redact_argv, redact_value
 
-FAULTY = Path(__file__).resolve().parents[2] / "fixtures" / "servers"
+FAULTY = Path(__file__).resolve().parents[1] / "fixtures" / "servers"
 
 GH = "ghp_" + "A1b2C3d4" * 5
 SLACK = "https://hooks.slack.com/services/T0000AAAA/B0000BBBB/" + "x" * 24

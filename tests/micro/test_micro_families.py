@@ -27,7 +27,7 @@ from harness.micro.families import (
 CPU = torch.device("cpu")
 SYNTHETIC = [n for n, f in FAMILIES.items() if f.make is not None]
 REAL = [n for n, f in FAMILIES.items() if f.make is None]
-FIXTURE_BANK = Path(__file__).resolve().parents[2] / "fixtures" / "logit_bank"
+FIXTURE_BANK = Path(__file__).resolve().parents[1] / "fixtures" / "logit_bank"
 
 
 def make(name: str, rows: int = 8, vocab: int = 40_000, seed: int = 0):

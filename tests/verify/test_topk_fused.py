@@ -26,7 +26,7 @@ from harness.micro.compare import tied_rows, unexplained_rows
 from harness.micro.families import FAMILIES, make_family
 from harness.verify import sparse, topk_fused
 
-FIXTURE_BANK = Path(__file__).resolve().parents[2] / "fixtures" / "logit_bank"
+FIXTURE_BANK = Path(__file__).resolve().parents[1] / "fixtures" / "logit_bank"
 
 TOLERANCE = 1e-6  # absolute, on probabilities (measured: at most 4.5e-8 on the seed's sizes)
 
