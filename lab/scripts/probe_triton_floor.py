@@ -15,7 +15,7 @@ At 4096 rows, fp32 logits, per vocabulary:
 
 Writes $OUT/probe_triton_floor.log (default: the current folder). From the repository root on a CUDA host:
 
-    python scripts/probe_triton_floor.py [VOCAB ...]
+    python lab/scripts/probe_triton_floor.py [VOCAB ...]
 """
 
 import os
@@ -27,7 +27,7 @@ import torch
 import triton
 import triton.language as tl
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
 from harness.micro import measure  # noqa: E402
 from harness.verify import builders, topk_fused  # noqa: E402
 

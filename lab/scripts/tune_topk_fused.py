@@ -11,7 +11,7 @@ harness.micro.compare). The real families take their rows from --bank. Writes $O
 current folder). On a CUDA host, from the repository root:
 
     git show HEAD~1:harness/verify/topk_fused.py > /tmp/old_topk_fused.py
-    python scripts/tune_topk_fused.py --vocabs 32000,49152 --families iid,sorted,gemma3 \\
+    python lab/scripts/tune_topk_fused.py --vocabs 32000,49152 --families iid,sorted,gemma3 \\
         --bank tests/fixtures/logit_bank --against /tmp/old_topk_fused.py \\
         --variant base='{}' --variant block1024='{"PASS_BLOCK": 1024}'
 """
@@ -28,7 +28,7 @@ from pathlib import Path
 
 import torch
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
 from harness.micro import measure  # noqa: E402
 from harness.micro.bank import load_rows  # noqa: E402
 from harness.micro.compare import tied_rows, unexplained_rows  # noqa: E402

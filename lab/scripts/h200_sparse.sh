@@ -2,27 +2,27 @@
 # The sparse verify path on a lent GPU host (README "The sparse verify path"): the GPU tests of the kernels, the
 # verify-step microbenchmark on every logit family, and the embedded A/B of dense vs sparse.
 #
-#   scripts/h200_sparse.sh [tests] [micro] [builders] [profile] [probe] [parts] [tune] [tune_dense] [step_tune]
+#   lab/scripts/h200_sparse.sh [tests] [micro] [builders] [profile] [probe] [parts] [tune] [tune_dense] [step_tune]
 #                          [step_profile] [fixed] [ab]                         (default: tests micro ab)
 #
 # That host has torch, Triton and CUDA but no network: what the harness needs beyond its image travels as
 # wheels (WHEELS, default .whl: hydra-core, omegaconf, antlr4, math-verify, latex2sympy2-extended, orjson, dill,
 # rich), FlashInfer as ../shared/gpu's wheels with its top-k module (FLASHINFER, default .gpuk). Results go to
 # OUT: gpu.txt, gpu_tests.log, verify-step/{report.md,results.jsonl}, verify-probs/ (`builders`: the dense
-# builders' seed-size set, `python -m harness.micro micro=seed_h200`, every family), profile_sparse.log (scripts/
-# profile_sparse_step.py: the step's time per kernel), probe_read_shape.log (scripts/probe_read_shape.py: the
-# pass's grid shape against bare Triton reads), tune_sparse_pass.log (scripts/tune_sparse_pass.py with the
+# builders' seed-size set, `python -m harness.micro micro=seed_h200`, every family), profile_sparse.log (lab/scripts/
+# profile_sparse_step.py: the step's time per kernel), probe_read_shape.log (lab/scripts/probe_read_shape.py: the
+# pass's grid shape against bare Triton reads), tune_sparse_pass.log (lab/scripts/tune_sparse_pass.py with the
 # configurations TUNE_CONFIGS on TUNE_FAMILIES, into TUNE_LOG; QUEUED_MS=1 times each call queued behind GPU
-# work), probe_finish_parts.log (`parts`: the finish's pick and merge apart, scripts/probe_finish_parts.py),
-# tuning.log (`tune_dense`: the dense builder's variants against the copy floor, scripts/tune_topk_fused.py, at
+# work), probe_finish_parts.log (`parts`: the finish's pick and merge apart, lab/scripts/probe_finish_parts.py),
+# tuning.log (`tune_dense`: the dense builder's variants against the copy floor, lab/scripts/tune_topk_fused.py, at
 # DENSE_VOCABS, default the six of the microbenchmark and 98,304; QUEUED_MS as for `tune`), tune_sparse_step_*.log
-# (`step_tune`: the whole step's variants, scripts/tune_sparse_step.py, the large and the small vocabularies
+# (`step_tune`: the whole step's variants, lab/scripts/tune_sparse_step.py, the large and the small vocabularies
 # apart), profile_sparse_step.log (`step_profile`: the step's host and GPU time from a trace,
-# scripts/profile_sparse_step.py), fixed_cost.log (`fixed`: scripts/fixed_cost.py), ab-console.log, ab.tgz (the
+# lab/scripts/profile_sparse_step.py), fixed_cost.log (`fixed`: lab/scripts/fixed_cost.py), ab-console.log, ab.tgz (the
 # campaign). Idle and queued sets in one call: two runs of the script with OUT=$OUT/idle and OUT=$OUT/queued.
 # A step that fails does not stop the later ones; the script then names the failed steps and exits 1.
 # The device's carry limit (64 MiB) counts the tracked tree too: with it at 13.2 MB (2026-12-04) the device refused
-# .whl + .gpuk together when .gpuk held FlashInfer's whole wheel; scripts/pack_device_wheels.sh packs both small
+# .whl + .gpuk together when .gpuk held FlashInfer's whole wheel; lab/scripts/pack_device_wheels.sh packs both small
 # enough to travel together (~28 MB). Otherwise carry .gpuk and a smaller wheel folder (WHEELS=it) holding what the
 # steps import:
 # `micro` needs dill (its import chain), `builders` hydra-core, omegaconf, antlr4 and dill (tune_topk_fused.py ran
@@ -62,19 +62,19 @@ for step in "${steps[@]}"; do
         || failed+=(builders)
       ;;
     profile)
-      OUT="$OUT" "$PY" scripts/profile_sparse_step.py || failed+=(profile)
+      OUT="$OUT" "$PY" lab/scripts/profile_sparse_step.py || failed+=(profile)
       ;;
     probe)
-      OUT="$OUT" "$PY" scripts/probe_read_shape.py || failed+=(probe)
+      OUT="$OUT" "$PY" lab/scripts/probe_read_shape.py || failed+=(probe)
       ;;
     parts)
-      OUT="$OUT" "$PY" scripts/probe_finish_parts.py "${VOCABS:-248320,151936,32000}" \
+      OUT="$OUT" "$PY" lab/scripts/probe_finish_parts.py "${VOCABS:-248320,151936,32000}" \
         "${TUNE_FAMILIES:-iid,clustered,lm_like,smollm2,gemma3}" || failed+=(parts)
       ;;
     tune_dense)  # `default`: launch_config's table; the others name every key they rely on
       fused='"FUSE": 1, "FINISH_WARPS": 4, "CHUNKS": 1, "HALVING": 0'
       chunks='"FUSE": 0, "CHUNKS": 4, "FINISH_WARPS": 1'
-      OUT="$OUT" "$PY" scripts/tune_topk_fused.py --vocabs "${DENSE_VOCABS:-32000,49152,98304,128256,151936,248320,262144}" \
+      OUT="$OUT" "$PY" lab/scripts/tune_topk_fused.py --vocabs "${DENSE_VOCABS:-32000,49152,98304,128256,151936,248320,262144}" \
         --queued-ms "${QUEUED_MS:-0}" --repeats "${REPEATS:-15}" \
         --families "${TUNE_FAMILIES:-iid,clustered,lm_like,smollm2,gemma3}" --bank tests/fixtures/logit_bank \
         --variant default='{}' --variant fused="{$fused, \"REPLACE\": 0, \"SUPER\": 0}" \
@@ -83,22 +83,22 @@ for step in "${steps[@]}"; do
         --variant all_h="{$chunks, \"HALVING\": 1, \"REPLACE\": 1, \"SUPER\": 8}" || failed+=(tune_dense)
       ;;
     step_tune)  # the large vocabularies with the sliced variants, the small ones with the one-kernel variants
-      OUT="$OUT" LOG=tune_sparse_step_large.log "$PY" scripts/tune_sparse_step.py \
+      OUT="$OUT" LOG=tune_sparse_step_large.log "$PY" lab/scripts/tune_sparse_step.py \
         "${STEP_LARGE_VOCABS:-248320,262144,151936,128256,98304}" "${TUNE_FAMILIES:-iid,clustered,lm_like,smollm2,gemma3}" \
         default,default_sync,old_sync,all,all_v,all_h,all_h_v,c3_h_v,c5_h_v,fused_rs_v || failed+=(step_tune)
-      OUT="$OUT" LOG=tune_sparse_step_small.log "$PY" scripts/tune_sparse_step.py \
+      OUT="$OUT" LOG=tune_sparse_step_small.log "$PY" lab/scripts/tune_sparse_step.py \
         "${STEP_SMALL_VOCABS:-49152,32000}" "${TUNE_FAMILIES:-iid,clustered,lm_like,smollm2,gemma3}" \
         default,default_sync,old_sync,old,super8,super8_v,fused_v,fused_rs_v,all_h_v || failed+=(step_tune)
       ;;
     step_profile)
-      OUT="$OUT" "$PY" scripts/profile_sparse_step.py "${PROFILE_VOCABS:-248320,262144,32000}" iid,smollm2 \
+      OUT="$OUT" "$PY" lab/scripts/profile_sparse_step.py "${PROFILE_VOCABS:-248320,262144,32000}" iid,smollm2 \
         "${PROFILE_VARIANTS:-old_sync,default_sync,default}" || failed+=(step_profile)
       ;;
     fixed)
-      OUT="$OUT" "$PY" scripts/fixed_cost.py "${FIXED_VOCABS:-32000,49152,128256,248320}" || failed+=(fixed)
+      OUT="$OUT" "$PY" lab/scripts/fixed_cost.py "${FIXED_VOCABS:-32000,49152,128256,248320}" || failed+=(fixed)
       ;;
     tune)
-      OUT="$OUT" LOG="${TUNE_LOG:-tune_sparse_pass.log}" "$PY" scripts/tune_sparse_pass.py "${VOCABS:-248320,151936,32000}" \
+      OUT="$OUT" LOG="${TUNE_LOG:-tune_sparse_pass.log}" "$PY" lab/scripts/tune_sparse_pass.py "${VOCABS:-248320,151936,32000}" \
         "${TUNE_FAMILIES:-iid,clustered,lm_like,smollm2,gemma3}" \
         "${TUNE_CONFIGS:-c2,c4,c8,replace,replace_c4,super8,replace_super8,all}" || failed+=(tune)
       ;;

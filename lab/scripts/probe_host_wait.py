@@ -8,7 +8,7 @@
 
 Writes $OUT/probe_host_wait.log (default: the current folder). From the repository root on a CUDA host:
 
-    python scripts/probe_host_wait.py [VOCAB ...]
+    python lab/scripts/probe_host_wait.py [VOCAB ...]
 """
 
 import os
@@ -19,7 +19,7 @@ from pathlib import Path
 import torch
 from torch.profiler import ProfilerActivity, profile
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
 from harness.micro.families import make_family  # noqa: E402
 from harness.verify import builders  # noqa: E402
 

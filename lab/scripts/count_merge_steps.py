@@ -9,7 +9,7 @@ On an H200 the sparse finish kernel took about 100 us plus 2.5 us per merge iter
 248,320 ids (results/published/verify-step-h200-sparse, profile_sparse_fefff33.log): this count says which
 families a new finish must handle better. From the repository root:
 
-    python scripts/count_merge_steps.py [families, comma-separated; default all ten] [vocab] [top_k]
+    python lab/scripts/count_merge_steps.py [families, comma-separated; default all ten] [vocab] [top_k]
 
 The real families (smollm2, gemma3) take their rows from the first logit bank harness.micro.bank finds (the
 committed tests/fixtures/logit_bank from the repository root).

@@ -6,8 +6,8 @@
 #   .gpuk/  FlashInfer 0.7.0 from ../shared/gpu with its top-k module compiled ahead of time for sm_90a, the wheel
 #           repacked without flashinfer/data/{csrc,cutlass,cccl,spdlog} (sources for its JIT, which the host
 #           cannot run anyway: FLASHINFER_DISABLE_JIT=1), and tvm-ffi (~28 MB instead of 51)
-# scripts/h200_sparse.sh installs both (WHEELS, FLASHINFER). Both folders are ignored by git; name them in the
-# device call's carry. Usage, from the repository root: scripts/pack_device_wheels.sh [SHARED_GPU_DIR]
+# lab/scripts/h200_sparse.sh installs both (WHEELS, FLASHINFER). Both folders are ignored by git; name them in the
+# device call's carry. Usage, from the repository root: lab/scripts/pack_device_wheels.sh [SHARED_GPU_DIR]
 set -euo pipefail
 GPU=$(cd "${1:-../shared/gpu}" && pwd)
 ROOT=$(pwd)

@@ -1,5 +1,5 @@
 """Launch configurations of topk_fused's kernels in their sparse mode (run_sparse: the pass reads the logits and
-writes nothing), against one read of the logits timed in the same rounds. scripts/profile_sparse_step.py showed
+writes nothing), against one read of the logits timed in the same rounds. lab/scripts/profile_sparse_step.py showed
 the pass at about 1.6x the read with the dense mode's configuration (1,024-logit blocks, 4 warps: a million
 4 KB programs at 4096 rows); CONFIGS tries other blocks, warps, tiles and group counts. (The logs in
 results/published/verify-step-h200-sparse before tune_groups_sparse.log timed the earlier design, a sampled
@@ -16,7 +16,7 @@ QUEUED_MS (default 0: each call starts on an idle GPU) queues each timed call be
 their rows from the first logit bank harness.micro.bank finds (the committed tests/fixtures/logit_bank).
 Prints a table and writes $OUT/$LOG (default tune_sparse_pass.log). On a CUDA host:
 
-    python scripts/tune_sparse_pass.py [vocabs, comma-separated] [families, comma-separated] [configurations]
+    python lab/scripts/tune_sparse_pass.py [vocabs, comma-separated] [families, comma-separated] [configurations]
 
 (configurations: names of CONFIGS, comma-separated; default all; `base` is always timed first. Each
 overrides topk_fused.launch_config(vocab, sparse=True), the defaults for the vocabulary, which changed between
@@ -30,7 +30,7 @@ from pathlib import Path
 
 import torch
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
 from harness.micro import bank, measure  # noqa: E402
 from harness.micro.families import FAMILIES, make_family  # noqa: E402
 from harness.verify import topk_fused  # noqa: E402
@@ -54,14 +54,14 @@ CONFIGS = {
     "b1024": {"PASS_BLOCK": 1024},
     # the finish beside the pass: rows in CHUNKS slices, each slice's finish on a high-priority side stream once
     # its pass is done; REPLACE: the merge that puts each entering key in place of the top's least (iterations:
-    # the keys that enter, not k minus the ranks kept; scripts/count_merge_steps.py counts both)
+    # the keys that enter, not k minus the ranks kept; lab/scripts/count_merge_steps.py counts both)
     "c2": {"CHUNKS": 2},
     "c4": {"CHUNKS": 4},
     "c8": {"CHUNKS": 8},
     "replace": {"REPLACE": 1},
     "replace_c4": {"REPLACE": 1, "CHUNKS": 4},
     # SUPER: the group pick in two rounds (the k largest super-groups of 8 groups, then the k largest groups among
-    # theirs), 146 instructions a round of k where one round over all groups is 295 (scripts/sass_loops.py)
+    # theirs), 146 instructions a round of k where one round over all groups is 295 (lab/scripts/sass_loops.py)
     "super8": {"SUPER": 8},
     "replace_super8": {"REPLACE": 1, "SUPER": 8},
     "all": {"REPLACE": 1, "SUPER": 8, "CHUNKS": 4},

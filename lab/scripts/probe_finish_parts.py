@@ -10,7 +10,7 @@ read of the logits, for the sparse mode (run_sparse: pass, then a finish kernel)
 in each row's last pass program), 4096 rows, top_k 20, top_p 0.95, T 1, fp32. Writes $OUT/probe_finish_parts.log
 (default: the current folder). From the repository root on a CUDA host:
 
-    python scripts/probe_finish_parts.py [vocabs, comma-separated] [families, comma-separated]
+    python lab/scripts/probe_finish_parts.py [vocabs, comma-separated] [families, comma-separated]
 """
 
 import importlib.util
@@ -22,7 +22,7 @@ from pathlib import Path
 
 import torch
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
 from harness.micro import bank, measure  # noqa: E402
 from harness.micro.families import FAMILIES, make_family  # noqa: E402
 from harness.verify import topk_fused  # noqa: E402

@@ -1,5 +1,5 @@
 """Where topk_fused's host time goes on a CUDA machine (4096 rows, iid logits, top_k 20, top_p 0.95, T 1), the time
-the GPU waits for (scripts/probe_host_wait.py measures that wait):
+the GPU waits for (lab/scripts/probe_host_wait.py measures that wait):
 
 - one call of builders.fused_build, host time by part (medians of 50 calls, each after a synchronisation): the
   per-row parameters (rows.row_params), the preparation in topk_fused._launch before the first kernel, each
@@ -12,7 +12,7 @@ the GPU waits for (scripts/probe_host_wait.py measures that wait):
 
 Writes $OUT/probe_launch_cost.log (default: the current folder). From the repository root on a CUDA host:
 
-    python scripts/probe_launch_cost.py [VOCAB ...]
+    python lab/scripts/probe_launch_cost.py [VOCAB ...]
 """
 
 import os
@@ -25,7 +25,7 @@ import torch
 import triton
 import triton.language as tl
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
 from harness.verify import builders, topk_fused  # noqa: E402
 
 ROWS, CALLS, LAUNCHES = 4096, 50, 1000

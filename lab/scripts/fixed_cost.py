@@ -12,7 +12,7 @@ before the first kernel, the launches the GPU waits for, the finish after the la
 the model's ratio to the floor is slope + fixed / floor, printed beside the measured ratio at each row count.
 Writes $OUT/fixed_cost.log. On a CUDA host, from the repository root:
 
-    python scripts/fixed_cost.py [vocabs, comma-separated; default 32000,49152,128256,248320]
+    python lab/scripts/fixed_cost.py [vocabs, comma-separated; default 32000,49152,128256,248320]
 """
 
 import os
@@ -22,7 +22,7 @@ from pathlib import Path
 
 import torch
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
 from harness.micro import measure  # noqa: E402
 from harness.micro.families import make_family  # noqa: E402
 from harness.verify import fused_build  # noqa: E402

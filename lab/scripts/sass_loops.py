@@ -4,7 +4,7 @@ finish can be compared before a GPU is lent. A loop's count is the work of one i
 row in the sparse mode); it says nothing of memory latency. Triton's wheels carry ptxas and cuobjdump:
 
     python3 -m venv /tmp/t36 && /tmp/t36/bin/pip install triton==3.6.0 torch==2.13.0 numpy
-    /tmp/t36/bin/python scripts/sass_loops.py [vocab, default 248320] [options as JSON, default '[{}, {"REPLACE": 1}]']
+    /tmp/t36/bin/python lab/scripts/sass_loops.py [vocab, default 248320] [options as JSON, default '[{}, {"REPLACE": 1}]']
         [sparse|dense, default sparse: the dense mode's finish runs in its pass kernel (FUSE 1), 4 warps]
 
 On 2026-12-04 (248,320 ids, the sparse mode's defaults): the pick of the k largest of 1,024 group maxima 296
@@ -27,7 +27,7 @@ import triton
 from triton.backends.compiler import GPUTarget
 from triton.compiler import ASTSource
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
 from harness.verify import topk_fused  # noqa: E402
 
 SIGNATURE = {"logits_ptr": "*fp32", "stride_row": "i32", "out_ptr": "*fp32", "ids_ptr": "*i32", "maxes_ptr": "*fp32",

@@ -6,9 +6,9 @@ waited for: RUSAGE_CHILDREN), one JSON line per test appended to $TEST_CPU_LOG (
 pytest-xdist worker appends to the same file. From the repository root:
 
     rm -f /tmp/cpu.jsonl
-    TEST_CPU_LOG=/tmp/cpu.jsonl PYTHONPATH=scripts .venv/bin/python -m pytest -p test_cpu -n 2 --dist loadgroup \\
+    TEST_CPU_LOG=/tmp/cpu.jsonl PYTHONPATH=lab/scripts .venv/bin/python -m pytest -p test_cpu -n 2 --dist loadgroup \\
         -m "not sglang and not slurm and not interpreter"
-    python scripts/test_cpu.py /tmp/cpu.jsonl [--top 20]
+    python lab/scripts/test_cpu.py /tmp/cpu.jsonl [--top 20]
 
 A child that a test leaves running, or that its parent never waits for, is not counted.
 """
@@ -46,7 +46,7 @@ def pytest_runtest_protocol(item: pytest.Item, nextitem: pytest.Item | None) -> 
 def summary(path: Path, top: int) -> str:
     rows = [json.loads(line) for line in path.read_text().splitlines() if line.strip()]
     if not rows:
-        raise SystemExit(f"{path}: no test lines (was the plugin loaded? -p test_cpu with scripts/ on PYTHONPATH)")
+        raise SystemExit(f"{path}: no test lines (was the plugin loaded? -p test_cpu with lab/scripts/ on PYTHONPATH)")
     per_module: dict[str, list[float]] = collections.defaultdict(lambda: [0.0, 0.0, 0.0, 0])
     for r in rows:
         m = per_module[r["id"].split("::")[0]]

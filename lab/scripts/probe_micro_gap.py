@@ -1,10 +1,10 @@
-"""Why the verify-step microbenchmark times sparse_fused 0.1-0.2 ms above scripts/profile_sparse_step.py: per
+"""Why the verify-step microbenchmark times sparse_fused 0.1-0.2 ms above lab/scripts/profile_sparse_step.py: per
 family, the microbenchmark's cell (harness.micro.verify_step.paths, 4096 rows, the same drafts and coins) timed
 three ways in interleaved rounds (median of 15): all paths together (the microbenchmark), sparse_fused with the
 read floor alone, and those two with dense_topk_fused. Prints one line per family and way. On a CUDA host, from
 the repository root:
 
-    PYTHONPATH=. python scripts/probe_micro_gap.py [families, comma-separated] [vocab]
+    PYTHONPATH=. python lab/scripts/probe_micro_gap.py [families, comma-separated] [vocab]
 """
 
 import statistics
@@ -18,7 +18,7 @@ from harness.micro import verify_step as vs
 from harness.micro.inputs import rotated_copies
 
 STEPS, GAMMA = 512, 7
-BANK = Path(__file__).resolve().parents[1] / "tests" / "fixtures" / "logit_bank"
+BANK = Path(__file__).resolve().parents[2] / "tests" / "fixtures" / "logit_bank"
 WAYS = {"all": None, "sparse_fused+read": ["sparse_fused", "read_floor"],
         "with dense_topk_fused": ["sparse_fused", "read_floor", "dense_topk_fused"]}
 

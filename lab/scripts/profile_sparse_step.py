@@ -9,10 +9,10 @@ microbenchmark's default timing, and the trace gives, per call (median of CALLS)
 - total: from entry to whichever ends last (what an idle-GPU timing measures, less the event records);
 - the GPU time of each kernel, summed over the call.
 The same for the builder alone (topk_fused.run_sparse) and one read of the logits (a row maximum). 512 steps x 8
-rows, top_k 20, top_p 0.95, T 1, point-mass drafts, block verification; VARIANTS of scripts/tune_sparse_step.py.
+rows, top_k 20, top_p 0.95, T 1, point-mass drafts, block verification; VARIANTS of lab/scripts/tune_sparse_step.py.
 Writes $OUT/profile_sparse_step.log (default: the current folder). From the repository root on a CUDA host:
 
-    python scripts/profile_sparse_step.py [vocabs] [families] [variants]   (comma-separated)
+    python lab/scripts/profile_sparse_step.py [vocabs] [families] [variants]   (comma-separated)
 """
 
 import json
@@ -26,8 +26,8 @@ from pathlib import Path
 import torch
 from torch.profiler import ProfilerActivity, profile, record_function
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
-from tune_sparse_step import GAMMA, STEPS, TOP_K, VARIANTS  # noqa: E402  (scripts/, this script's folder)
+sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
+from tune_sparse_step import GAMMA, STEPS, TOP_K, VARIANTS  # noqa: E402  (lab/scripts/, this script's folder)
 
 from harness.micro import bank  # noqa: E402
 from harness.micro.families import FAMILIES, make_family  # noqa: E402

@@ -3,14 +3,14 @@
 # That host has torch and CUDA but no network: the harness's dependencies travel as wheels and SmolLM2's GGUF
 # file as an xz stream in two parts (together over one call's 64 MiB), reassembled and checked by SHA-256 here.
 #
-#   scripts/h200_real.sh ab    real_block_vs_token, 40 items x 2 seeds, the server on the GPU
-#   scripts/h200_real.sh perf  real_perf at client.concurrency=1,8,32, 16 items
+#   lab/scripts/h200_real.sh ab    real_block_vs_token, 40 items x 2 seeds, the server on the GPU
+#   lab/scripts/h200_real.sh perf  real_perf at client.concurrency=1,8,32, 16 items
 #
 # Environment: PARTS (folders holding smollm2.xz.part1/part2 and the wheels; default /tmp/rm1 .rm2),
 # OUT (where the campaign tarball goes), DEVICE (default cuda), ITEMS (override the item count), CONC (perf:
 # the concurrencies, default 1,8,32), PY (default python3).
 set -euo pipefail
-mode=${1:?usage: scripts/h200_real.sh ab|perf}
+mode=${1:?usage: lab/scripts/h200_real.sh ab|perf}
 OUT=${OUT:?set OUT to the folder that receives the results}
 DEVICE=${DEVICE:-cuda}
 PY=${PY:-python3}

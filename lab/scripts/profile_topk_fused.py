@@ -8,7 +8,7 @@
 Prints both and writes them to $OUT/profile.log (default: the current folder). From the repository root
 on a CUDA host:
 
-    python scripts/profile_topk_fused.py
+    python lab/scripts/profile_topk_fused.py
 """
 
 import os
@@ -20,7 +20,7 @@ from pathlib import Path
 import torch
 from torch.profiler import ProfilerActivity, profile
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
 from harness import verify  # noqa: E402
 
 VOCAB = 248_320

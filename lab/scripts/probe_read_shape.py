@@ -13,7 +13,7 @@ Per vocabulary and family, 4096 rows fp32, the median ms of 15 interleaved round
   synchronisation: the whole sparse builder).
 Prints a table and writes $OUT/probe_read_shape.log. On a CUDA host, from the repository root:
 
-    python scripts/probe_read_shape.py [vocabs] [families]
+    python lab/scripts/probe_read_shape.py [vocabs] [families]
 """
 
 import os
@@ -25,7 +25,7 @@ import torch
 import triton
 import triton.language as tl
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
 from harness.micro import measure  # noqa: E402
 from harness.micro.families import make_family  # noqa: E402
 from harness.verify import topk_fused  # noqa: E402

@@ -9,7 +9,7 @@ argmax of each position), block verification, the median ms of REPEATS (default 
 compared with the first variant's (a line says DIFFERS otherwise). The real families take their rows from the first
 logit bank harness.micro.bank finds. Prints each cell and writes $OUT/$LOG (default tune_sparse_step.log):
 
-    python scripts/tune_sparse_step.py [vocabs] [families] [variants]   (comma-separated; variants: names of VARIANTS)
+    python lab/scripts/tune_sparse_step.py [vocabs] [families] [variants]   (comma-separated; variants: names of VARIANTS)
 """
 
 import os
@@ -19,7 +19,7 @@ from pathlib import Path
 
 import torch
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
 from harness.micro import bank, measure  # noqa: E402
 from harness.micro.families import FAMILIES, make_family  # noqa: E402
 from harness.verify import topk_fused  # noqa: E402

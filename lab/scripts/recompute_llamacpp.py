@@ -4,7 +4,7 @@ correct drafts per step, output throughput (sum of a run's measured tokens / its
 sum of spans), per-run sums against the manifest's /metrics deltas, and greedy output identity between the arms.
 Compares them with the campaign's summary.json; exit 1 on any difference.
 
-    python scripts/recompute_llamacpp.py results/published/<set>/<campaign> [...]
+    python lab/scripts/recompute_llamacpp.py results/published/<set>/<campaign> [...]
 """
 
 from __future__ import annotations
