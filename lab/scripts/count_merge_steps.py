@@ -6,7 +6,7 @@ order, a tile's merge starting after the running top's ranks that beat every key
 other merge (REPLACE 1: `for _ in range(enter)`, a tile's keys above the running top's least, at most k).
 
 On an H200 the sparse finish kernel took about 100 us plus 2.5 us per merge iteration of a row at 4096 rows x
-248,320 ids (results/published/verify-step-h200-sparse, profile_sparse_fefff33.log): this count says which
+248,320 ids (lab/results/verify-step-h200-sparse/profile_sparse_fefff33.log): this count says which
 families a new finish must handle better. From the repository root:
 
     python lab/scripts/count_merge_steps.py [families, comma-separated; default all ten] [vocab] [top_k]

@@ -33,7 +33,7 @@ from harness.verify import topk_fused  # noqa: E402
 READS = [(1024, 4, 1, 0), (1024, 4, 1, 1), (2048, 4, 1, 0), (4096, 4, 1, 0), (4096, 8, 1, 0), (8192, 8, 1, 0),
          (1024, 4, 4, 0), (1024, 4, 8, 0), (2048, 8, 4, 0)]
 TESTS = [(1024, 4, 1), (2048, 4, 1), (4096, 8, 1), (1024, 4, 4)]
-CONFIGS = {  # (probe_read_shape.log in results/published/verify-step-h200-sparse timed the earlier design's keys)
+CONFIGS = {  # (lab/results/verify-step-h200-sparse/probe_read_shape.log timed the earlier design's keys)
     "base": {},  # the sparse mode's default (2,048-logit blocks, 4 warps, a finish kernel of its own)
     "b1024": {"PASS_BLOCK": 1024},
     "b4096w8": {"PASS_BLOCK": 4096, "PASS_WARPS": 8},

@@ -2,7 +2,7 @@
 writes nothing), against one read of the logits timed in the same rounds. lab/scripts/profile_sparse_step.py showed
 the pass at about 1.6x the read with the dense mode's configuration (1,024-logit blocks, 4 warps: a million
 4 KB programs at 4096 rows); CONFIGS tries other blocks, warps, tiles and group counts. (The logs in
-results/published/verify-step-h200-sparse before tune_groups_sparse.log timed the earlier design, a sampled
+lab/results/verify-step-h200-sparse before tune_groups_sparse.log timed the earlier design, a sampled
 threshold and retries, whose configuration keys were others: SPARSE_APPEND, CHUNK, FIRST_RANK, PIECE, ...;
 tune_stream.log was made with a streaming first pass, no better than its `base`, taken out again.)
 
