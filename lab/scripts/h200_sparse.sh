@@ -2,7 +2,7 @@
 # The sparse verify path on a lent GPU host (README "The sparse verify path"): the GPU tests of the kernels, the
 # verify-step microbenchmark on every logit family, and the embedded A/B of dense vs sparse.
 #
-#   lab/scripts/h200_sparse.sh [tests] [micro] [builders] [profile] [probe] [parts] [tune] [tune_dense] [step_tune]
+#   lab/scripts/h200_sparse.sh [tests] [micro] [builders] [profile] [probe] [tune] [tune_dense] [step_tune]
 #                          [step_profile] [fixed] [ab]                         (default: tests micro ab)
 #
 # That host has torch, Triton and CUDA but no network: what the harness needs beyond its image travels as
@@ -13,8 +13,7 @@
 # profile_sparse_step.py: the step's time per kernel), probe_read_shape.log (lab/scripts/probe_read_shape.py: the
 # pass's grid shape against bare Triton reads), tune_sparse_pass.log (lab/scripts/tune_sparse_pass.py with the
 # configurations TUNE_CONFIGS on TUNE_FAMILIES, into TUNE_LOG; QUEUED_MS=1 times each call queued behind GPU
-# work), probe_finish_parts.log (`parts`: the finish's pick and merge apart, lab/scripts/probe_finish_parts.py),
-# tuning.log (`tune_dense`: the dense builder's variants against the copy floor, lab/scripts/tune_topk_fused.py, at
+# work), tuning.log (`tune_dense`: the dense builder's variants against the copy floor, lab/scripts/tune_topk_fused.py, at
 # DENSE_VOCABS, default the six of the microbenchmark and 98,304; QUEUED_MS as for `tune`), tune_sparse_step_*.log
 # (`step_tune`: the whole step's variants, lab/scripts/tune_sparse_step.py, the large and the small vocabularies
 # apart), profile_sparse_step.log (`step_profile`: the step's host and GPU time from a trace,
@@ -67,10 +66,6 @@ for step in "${steps[@]}"; do
     probe)
       OUT="$OUT" "$PY" lab/scripts/probe_read_shape.py || failed+=(probe)
       ;;
-    parts)
-      OUT="$OUT" "$PY" lab/scripts/probe_finish_parts.py "${VOCABS:-248320,151936,32000}" \
-        "${TUNE_FAMILIES:-iid,clustered,lm_like,smollm2,gemma3}" || failed+=(parts)
-      ;;
     tune_dense)  # `default`: launch_config's table; the others name every key they rely on
       fused='"FUSE": 1, "FINISH_WARPS": 4, "CHUNKS": 1, "HALVING": 0'
       chunks='"FUSE": 0, "CHUNKS": 4, "FINISH_WARPS": 1'
@@ -108,7 +103,7 @@ for step in "${steps[@]}"; do
         2>&1 | tee "$OUT/ab-console.log" || failed+=(ab)
       tar czf "$OUT/ab.tgz" -C /tmp/ab .  # a failed campaign's runs too
       ;;
-    *) echo "unknown step $step (tests, micro, builders, profile, probe, parts, tune, tune_dense, step_tune, step_profile," \
+    *) echo "unknown step $step (tests, micro, builders, profile, probe, tune, tune_dense, step_tune, step_profile," \
          "fixed or ab)" >&2; exit 2 ;;
   esac
 done
