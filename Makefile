@@ -149,8 +149,8 @@ client-bench: $(STAMP) ## client overhead: the project's client vs SGLang's (in 
 	else echo ">> $(SGVENV) not found (make sglang builds it): the project's client alone"; \
 	$(VPY) -m harness.runner.client.overhead --clients ours $(ARGS); fi
 
-lint: $(STAMP) ## ruff on everything, mypy on harness and analysis (pyproject.toml [tool.mypy])
-	$(VPY) -m ruff check harness workloads analysis tests
+lint: $(STAMP) ## ruff on everything (the lab too), mypy on harness and analysis (pyproject.toml [tool.mypy])
+	$(VPY) -m ruff check harness workloads analysis tests scripts lab
 	$(VPY) -m mypy
 
 clean: ## remove the virtual environment and caches (keeps results/)
