@@ -55,7 +55,7 @@ $(SGSTAMP): pyproject.toml requirements/sglang-cpu.txt requirements/sglang-nodep
 	$(SGPY) -W ignore -c '$(WARM), $(SGWARM)'
 	@touch $(SGSTAMP)
 
-.PHONY: llamacpp bench-llamacpp logit-bank help venv sglang test main-suite conformance-suite test-main test-conformance test-fast test-sglang test-slurm bench bench-real perf-real report micro micro-h200 micro-verify perf client-bench lint clean
+.PHONY: docs llamacpp bench-llamacpp logit-bank help venv sglang test main-suite conformance-suite test-main test-conformance test-fast test-sglang test-slurm bench bench-real perf-real report micro micro-h200 micro-verify perf client-bench lint clean
 
 help: ## list the targets
 	@grep -E '^[a-zA-Z0-9_-]+:.*## ' $(MAKEFILE_LIST) | awk -F':.*## ' '{printf "  make %-12s %s\n", $$1, $$2}'
@@ -67,8 +67,11 @@ sglang: $(SGSTAMP) ## create .venv-sglang: SGLang 0.5.23 without kernels, for th
 
 MAIN_TESTS := SPECBENCH_REQUIRE_REAL=1 $(VPY) -m pytest -q $(XDIST) -m "not sglang and not slurm and not interpreter" --durations=10 $(ARGS)
 CONF_TESTS := $(SGENV) $(SGPY) -m pytest -q $(XDIST) -m "sglang or interpreter" --durations=10 $(ARGS)
+# the manual (docs/, mkdocs.yml): strict, so a broken link or anchor, a missing page or one left out of the nav fails
+# (not --quiet: mkdocs 1.6.1 then drops the warnings before --strict counts them, and a broken link passes)
+DOCS       := $(VPY) -m mkdocs build --strict -d build/site
 
-test: ## run the whole test suite, SGLang conformance included (what CI runs)
+test: ## run the whole test suite, SGLang conformance and the docs build included (what CI runs)
 	@echo ">> both environments are built side by side when missing; the .venv suite starts as soon as .venv is ready, the .venv-sglang suite after it (whether or not the first passed); each prints its output when it ends"
 	@rm -f .test-main.failed
 	@$(MAKE) --no-print-directory -k -j2 --output-sync=target main-suite conformance-suite; rc=$$?; \
@@ -79,12 +82,17 @@ test: ## run the whole test suite, SGLang conformance included (what CI runs)
 # (the two suites at once oversubscribe two cores)
 main-suite: $(STAMP) $(REALLM) llamacpp
 	$(MAIN_TESTS) || touch .test-main.failed
+	$(DOCS) || touch .test-main.failed
 
 conformance-suite: $(SGSTAMP) | main-suite
 	$(CONF_TESTS)
 
-test-main: $(STAMP) $(REALLM) llamacpp ## the .venv suite alone (what is not SGLang conformance, SLURM or the Triton interpreter)
+test-main: $(STAMP) $(REALLM) llamacpp ## the .venv suite alone (what is not SGLang conformance, SLURM or the Triton interpreter), then make docs
 	$(MAIN_TESTS)
+	$(DOCS)
+
+docs: $(STAMP) ## build the manual (docs/, mkdocs.yml) strictly into build/site; python -m mkdocs serve to preview
+	$(DOCS)
 
 test-conformance: $(SGSTAMP) ## the .venv-sglang suite alone: SGLang conformance and the Triton-interpreter tests
 	$(CONF_TESTS)
@@ -154,4 +162,4 @@ lint: $(STAMP) ## ruff on everything (the lab too), mypy on harness and analysis
 	$(VPY) -m mypy
 
 clean: ## remove the virtual environment and caches (keeps results/)
-	rm -rf $(VENV) $(SGVENV) .pytest_cache .ruff_cache *.egg-info
+	rm -rf $(VENV) $(SGVENV) .pytest_cache .ruff_cache *.egg-info build/site

@@ -21,6 +21,7 @@ NAMED = re.compile(r"(?<![\w./-])((?:\.\./|[\w.-]+/)*[\w*.-]*[\w*-]\.(?:log|patc
                    r"|(?:\.\./|[\w.-]+/)*[\w*.-]+/)(?![\w/])")
 LAB_POINTER = re.compile(r"((?:\.\./)+lab/results/[\w.-]+/)")
 SCRIPT = re.compile(r"(?<![\w./-])((?:lab/)?scripts/[\w.-]+\.(?:py|sh))")
+TEST_FILE = re.compile(r"(?<![\w./-])(tests/(?:[\w-]+/)*test_\w+\.py)")
 
 
 def files_under(folder: Path) -> list[Path]:
@@ -78,4 +79,14 @@ def documents() -> list[Path]:
 def test_every_script_named_exists():
     dangling = sorted({f"{p.relative_to(ROOT)}: {m}" for p in documents()
                        for m in SCRIPT.findall(p.read_text()) if not (ROOT / m).is_file()})
+    assert not dangling, dangling
+
+
+def test_every_test_file_named_exists():
+    """A test module named by its path (tests/<package>/test_x.py) where people read how to run things exists there.
+    The published sets' READMEs and the lab's logs record the commands of their day and are left as they were."""
+    named = [ROOT / "README.md", ROOT / "Makefile", ROOT / "lab" / "README.md", *(ROOT / "docs").rglob("*.md"),
+             *(ROOT / "configs").rglob("*.yaml"), *(ROOT / "lab" / "scripts").iterdir()]
+    dangling = sorted({f"{p.relative_to(ROOT)}: {m}" for p in named
+                       for m in TEST_FILE.findall(p.read_text()) if not (ROOT / m).is_file()})
     assert not dangling, dangling

@@ -48,8 +48,8 @@ export PYTHONPATH=/tmp/site TVM_FFI_DISABLE_TORCH_C_DLPACK=1 FLASHINFER_DISABLE_
 for step in "${steps[@]}"; do
   case "$step" in
     tests)
-      "$PY" -m pytest -q -p no:cacheprovider -m gpu tests/test_sparse_kernel.py tests/test_topk_fused.py \
-        tests/test_verify_builders.py 2>&1 | tee "$OUT/gpu_tests.log" || failed+=(tests)
+      "$PY" -m pytest -q -p no:cacheprovider -m gpu tests/verify/test_sparse_kernel.py tests/verify/test_topk_fused.py \
+        tests/verify/test_verify_builders.py 2>&1 | tee "$OUT/gpu_tests.log" || failed+=(tests)
       ;;
     micro)
       "$PY" -m harness.micro.verify_step --families "$FAMILIES" --vocabs "${VOCABS:-248320,151936,32000}" \
