@@ -157,8 +157,9 @@ client-bench: $(STAMP) ## client overhead: the project's client vs SGLang's (in 
 	else echo ">> $(SGVENV) not found (make sglang builds it): the project's client alone"; \
 	$(VPY) -m harness.runner.client.overhead --clients ours $(ARGS); fi
 
-lint: $(STAMP) ## ruff on everything (the lab too), mypy on harness and analysis (pyproject.toml [tool.mypy])
+lint: $(STAMP) ## ruff check and ruff format --check on everything (the lab too), mypy on harness and analysis
 	$(VPY) -m ruff check harness workloads analysis tests scripts lab
+	$(VPY) -m ruff format --check harness workloads analysis tests scripts lab
 	$(VPY) -m mypy
 
 clean: ## remove the virtual environment and caches (keeps results/)

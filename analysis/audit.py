@@ -35,9 +35,11 @@ def foreign_load(runs: pd.DataFrame) -> np.ndarray:
     """[runs] True where the manifest's `machine` shows other work on the machine (thresholds above)."""
     with np.errstate(invalid="ignore"):
         during = (runs["cpu_other_frac"].to_numpy(float) > FOREIGN_CPU_FRAC) | (
-            runs["steal_frac"].to_numpy(float) > FOREIGN_STEAL_FRAC)
+            runs["steal_frac"].to_numpy(float) > FOREIGN_STEAL_FRAC
+        )
         around = (runs["cpu_other_before"].to_numpy(float) > FOREIGN_SNAPSHOT_FRAC) | (
-            runs["cpu_other_after"].to_numpy(float) > FOREIGN_SNAPSHOT_FRAC)
+            runs["cpu_other_after"].to_numpy(float) > FOREIGN_SNAPSHOT_FRAC
+        )
     return during | around
 
 
@@ -45,13 +47,16 @@ def foreign_reasons(run: Any) -> list[str]:
     """Why a run (a row of the runs table) counts as taken under foreign load."""
     out = []
     if run.cpu_other_frac > FOREIGN_CPU_FRAC:
-        out.append(f"other processes used {run.cpu_other_frac:.0%} of all CPUs during the run "
-                   f"(> {FOREIGN_CPU_FRAC:.0%})")
+        out.append(
+            f"other processes used {run.cpu_other_frac:.0%} of all CPUs during the run (> {FOREIGN_CPU_FRAC:.0%})"
+        )
     if run.steal_frac > FOREIGN_STEAL_FRAC:
         out.append(f"steal {run.steal_frac:.0%} (> {FOREIGN_STEAL_FRAC:.0%})")
     for when, value in (("before", run.cpu_other_before), ("after", run.cpu_other_after)):
         if value > FOREIGN_SNAPSHOT_FRAC:
-            out.append(f"{value:.0%} of all CPUs busy in other processes just {when} it (> {FOREIGN_SNAPSHOT_FRAC:.0%})")
+            out.append(
+                f"{value:.0%} of all CPUs busy in other processes just {when} it (> {FOREIGN_SNAPSHOT_FRAC:.0%})"
+            )
     return out
 
 
@@ -162,8 +167,10 @@ def coverage(data: Loaded, plan: PlanKeys, sel: Selection, key: np.ndarray) -> d
     }
     arm_codes, arm_names = pd.factorize(runs["arm"], sort=False)
     table = pd.DataFrame(
-        {k: np.bincount(arm_codes[plan.run], weights=v, minlength=len(arm_names)).astype(np.int64)
-         for k, v in counts.items()},
+        {
+            k: np.bincount(arm_codes[plan.run], weights=v, minlength=len(arm_names)).astype(np.int64)
+            for k, v in counts.items()
+        },
         index=pd.Index(arm_names, name="arm"),
     )
     table["unplanned_records"] = np.bincount(arm_codes[rec_run[unplanned]], minlength=len(arm_names))
@@ -172,8 +179,11 @@ def coverage(data: Loaded, plan: PlanKeys, sel: Selection, key: np.ndarray) -> d
     invalid = sel.invalid[:, err].any(axis=0)
     errors = rec["error"].to_numpy()[err].astype(object)
     no_tokens = np.isnan(rec["completion_tokens"].to_numpy()[err])
-    why = np.where(invalid, "invalid values (see 'Record values are valid')",
-                   np.where(no_tokens, "no completion_tokens (see 'Records readable')", "not finished"))
+    why = np.where(
+        invalid,
+        "invalid values (see 'Record values are valid')",
+        np.where(no_tokens, "no completion_tokens (see 'Records readable')", "not finished"),
+    )
     errored = _key_frame(data, rec_run[err], rec["_item"].to_numpy()[err]).assign(
         finish_reason=rec["finish_reason"].to_numpy()[err].astype(object),
         error=np.where(pd.isna(errors), why, errors),  # a null error says why the record counts as errored
@@ -195,22 +205,25 @@ def _flag_per_key(mask: np.ndarray, key: np.ndarray, pk: np.ndarray, size: int) 
 
 def _key_frame(data: Loaded, run: np.ndarray, item: np.ndarray) -> pd.DataFrame:
     runs, items = data.runs, data.items
-    return pd.DataFrame({
-        "campaign": runs["campaign"].to_numpy()[run],
-        "run_id": runs["run_id"].to_numpy()[run],
-        "arm": runs["arm"].to_numpy()[run],
-        "base_seed": runs["base_seed"].to_numpy()[run],
-        "repeat": runs["repeat"].to_numpy()[run],
-        "item_id": items["item_id"].to_numpy()[item] if len(items) else np.array([], dtype=object),
-    })
+    return pd.DataFrame(
+        {
+            "campaign": runs["campaign"].to_numpy()[run],
+            "run_id": runs["run_id"].to_numpy()[run],
+            "arm": runs["arm"].to_numpy()[run],
+            "base_seed": runs["base_seed"].to_numpy()[run],
+            "repeat": runs["repeat"].to_numpy()[run],
+            "item_id": items["item_id"].to_numpy()[item] if len(items) else np.array([], dtype=object),
+        }
+    )
 
 
 # ---------------------------------------------------------------------------------------------
 # the checks
 
 
-def run_audit(data: Loaded, picked: Picked, arms: list[str], baseline: str, mismatches: list[Mismatch],
-              allow_mismatch: bool) -> Audit:
+def run_audit(
+    data: Loaded, picked: Picked, arms: list[str], baseline: str, mismatches: list[Mismatch], allow_mismatch: bool
+) -> Audit:
     plan, sel, key = picked.plan, picked.selection, picked.key
     cov = coverage(data, plan, sel, key)
     arm_diffs = compare_arms(data, arms, baseline)
@@ -241,8 +254,14 @@ def run_audit(data: Loaded, picked: Picked, arms: list[str], baseline: str, mism
     ]
     order = [a for a in arms if a in cov["table"].index] + [a for a in cov["table"].index if a not in arms]
     return Audit(
-        checks=checks, coverage=cov["table"].reindex(order), missing=cov["missing"], duplicated=cov["duplicated"],
-        errored=cov["errored"], arm_diffs=arm_diffs, variants=variants, mismatches=mismatches,
+        checks=checks,
+        coverage=cov["table"].reindex(order),
+        missing=cov["missing"],
+        duplicated=cov["duplicated"],
+        errored=cov["errored"],
+        arm_diffs=arm_diffs,
+        variants=variants,
+        mismatches=mismatches,
         picked=picked,
     )
 
@@ -257,8 +276,12 @@ def check_parsing(data: Loaded) -> Check:
         details.insert(0, f"{wrong} record(s) without their campaign's schema_version")
     n = len(data.records)
     if data.bad_lines or wrong:
-        return Check("Records readable", FAIL, f"{len(data.bad_lines)} bad line(s), {wrong} wrong schema version "
-                     f"among {n} records", tuple(details))
+        return Check(
+            "Records readable",
+            FAIL,
+            f"{len(data.bad_lines)} bad line(s), {wrong} wrong schema version among {n} records",
+            tuple(details),
+        )
     note = f"; {len(data.slow_files)} file(s) read by the line-by-line reader" if data.slow_files else ""
     shown = ", ".join(str(v) for v in sorted({c.schema_version for c in data.campaigns}))
     return Check("Records readable", OK, f"{n} records, schema version {shown}{note}")
@@ -276,8 +299,9 @@ def check_coverage(cov: dict[str, pd.DataFrame]) -> Check:
     details = [f"missing: {_req(r)}" for r in cov["missing"].itertuples()]
     details += [f"duplicated ({r.records} records): {_req(r)}" for r in cov["duplicated"].itertuples()]
     details += [f"errored ({r.finish_reason}; {r.error}): {_req(r)}" for r in cov["errored"].itertuples()]
-    return Check("Coverage (each planned request once, finished, outside warmup)", FAIL if bad else OK, summary,
-                 tuple(details))
+    return Check(
+        "Coverage (each planned request once, finished, outside warmup)", FAIL if bad else OK, summary, tuple(details)
+    )
 
 
 def _req(r: Any) -> str:
@@ -286,13 +310,20 @@ def _req(r: Any) -> str:
 
 def check_runs(data: Loaded) -> Check:
     runs = data.runs
-    details = [f"{r.campaign}/{r.run_id} ({r.arm}): " + (f"runs/{r.run_id}/manifest.json is missing"
-                                                         if r.status == NO_MANIFEST else f"status {r.status}")
-               for r in runs.itertuples() if r.planned and r.status != "finished"]
-    details += [f"{r.campaign}/{r.run_id}: on disk but not in the plan (ignored)" for r in runs.itertuples()
-                if not r.planned]
-    details += [f"{r.campaign}/{r.run_id} ({r.arm}): server log checks failed" for r in runs.itertuples()
-                if r.planned and r.log_checks_passed is False]
+    details = [
+        f"{r.campaign}/{r.run_id} ({r.arm}): "
+        + (f"runs/{r.run_id}/manifest.json is missing" if r.status == NO_MANIFEST else f"status {r.status}")
+        for r in runs.itertuples()
+        if r.planned and r.status != "finished"
+    ]
+    details += [
+        f"{r.campaign}/{r.run_id}: on disk but not in the plan (ignored)" for r in runs.itertuples() if not r.planned
+    ]
+    details += [
+        f"{r.campaign}/{r.run_id} ({r.arm}): server log checks failed"
+        for r in runs.itertuples()
+        if r.planned and r.log_checks_passed is False
+    ]
     n_ok = int(((runs["status"] == "finished") & runs["planned"]).sum())
     summary = f"{n_ok}/{int(runs['planned'].sum())} planned runs finished"
     return Check("Runs finished, log checks passed", FAIL if details else OK, summary, tuple(details))
@@ -311,16 +342,20 @@ def check_identity(data: Loaded, sel: Selection) -> Check:
         bad |= got != runs[col].to_numpy(dtype="float64", na_value=np.nan)[run]
     details = _rows(data, bad, lambda i: "campaign_id/run_id/arm/base_seed/repeat differ from the run's plan")
     status: Status = FAIL if bad.any() else OK
-    return Check("Record identity matches its run", status, f"{int(bad.sum())} record(s) with another identity",
-                 tuple(details))
+    return Check(
+        "Record identity matches its run", status, f"{int(bad.sum())} record(s) with another identity", tuple(details)
+    )
 
 
 def check_seeds(data: Loaded, sel: Selection, plan: PlanKeys) -> Check:
     rec, runs, items = data.records, data.runs, data.items
     run, item = rec["_run"].to_numpy(), np.maximum(rec["_item"].to_numpy(), 0)
     seeded = np.array([_seeded(data, c) for c in runs["campaign"]], dtype=bool)[run]
-    offset = (items["seed_offset"].to_numpy(dtype="float64", na_value=np.nan)[item] if len(items)
-              else np.full(len(item), np.nan))
+    offset = (
+        items["seed_offset"].to_numpy(dtype="float64", na_value=np.nan)[item]
+        if len(items)
+        else np.full(len(item), np.nan)
+    )
     base = runs["base_seed"].to_numpy(dtype="float64", na_value=np.nan)[run]
     stream = runs["seed_stream"].to_numpy(dtype="float64")[run] * SEED_STREAM_STRIDE  # exact below 2**53
     planned = np.where(seeded, base + offset + stream, np.nan)
@@ -328,13 +363,27 @@ def check_seeds(data: Loaded, sel: Selection, plan: PlanKeys) -> Check:
     rec_offset = rec["seed_offset"].to_numpy(dtype="float64", na_value=np.nan)
     same = (got == planned) | (np.isnan(got) & np.isnan(planned))
     bad = sel.chosen & (~same | (rec_offset != offset))
-    details = _rows(data, bad, lambda i: f"request_seed {_int(got[i])}, planned {_int(planned[i])} "
-                    f"(seed_offset {_int(rec_offset[i])}, planned {_int(offset[i])})")
+    details = _rows(
+        data,
+        bad,
+        lambda i: (
+            f"request_seed {_int(got[i])}, planned {_int(planned[i])} "
+            f"(seed_offset {_int(rec_offset[i])}, planned {_int(offset[i])})"
+        ),
+    )
     n = int(sel.chosen.sum())
-    what = "planned seeds (base seed + item seed_offset" + (
-        " + seed_stream x 2^32)" if (runs["seed_stream"] != 0).any() else ")") if seeded.all() else "planned seeds"
-    return Check("Request seeds equal the plan", FAIL if bad.any() else OK,
-                 f"{n - int(bad.sum())}/{n} requests carry their {what}", tuple(details))
+    what = (
+        "planned seeds (base seed + item seed_offset"
+        + (" + seed_stream x 2^32)" if (runs["seed_stream"] != 0).any() else ")")
+        if seeded.all()
+        else "planned seeds"
+    )
+    return Check(
+        "Request seeds equal the plan",
+        FAIL if bad.any() else OK,
+        f"{n - int(bad.sum())}/{n} requests carry their {what}",
+        tuple(details),
+    )
 
 
 def _int(x: float) -> str:
@@ -350,21 +399,31 @@ def check_seeds_honoured(data: Loaded) -> Check:
     if not any(_seeded(data, c.label) for c in data.campaigns):
         return Check("Seeds honoured by the server", INFO, "requests are not seeded (experiment.seeded_requests=false)")
     honoured = runs["seeds_honoured"].map(lambda v: v is True)
-    details = [f"{r.campaign}/{r.run_id} ({r.arm}): seeds_honoured={r.seeds_honoured}" for r in runs[~honoured].itertuples()]
+    details = [
+        f"{r.campaign}/{r.run_id} ({r.arm}): seeds_honoured={r.seeds_honoured}" for r in runs[~honoured].itertuples()
+    ]
     contradict = runs[honoured & (runs["deterministic_flag"].map(lambda v: v is False))]
-    details += [f"{r.campaign}/{r.run_id}: manifest says seeds honoured but server_info has "
-                f"enable_deterministic_inference=false" for r in contradict.itertuples()]
+    details += [
+        f"{r.campaign}/{r.run_id}: manifest says seeds honoured but server_info has "
+        f"enable_deterministic_inference=false"
+        for r in contradict.itertuples()
+    ]
     summary = f"{int(honoured.sum())}/{len(runs)} runs honour sampling seeds"
     if not contradict.empty:
         return Check("Seeds honoured by the server", FAIL, summary, tuple(details))
     if not honoured.all():
-        return Check("Seeds honoured by the server", WARN, summary + ": the server ignored sampling_seed in the "
-                     "others, so their outputs are not reproducible", tuple(details))
+        return Check(
+            "Seeds honoured by the server",
+            WARN,
+            summary + ": the server ignored sampling_seed in the others, so their outputs are not reproducible",
+            tuple(details),
+        )
     return Check("Seeds honoured by the server", OK, summary)
 
 
-def check_commands(arm_diffs: list[ArmDiff], variants: list[RunVariant], aa: bool = False,
-                   alike: dict[str, bool] | None = None) -> Check:
+def check_commands(
+    arm_diffs: list[ArmDiff], variants: list[RunVariant], aa: bool = False, alike: dict[str, bool] | None = None
+) -> Check:
     """The arms' commands and environments differ from the baseline's only as declared; and an arm that resolved
     alike (`alike`: the same command, environment and code) is a comparison only where the experiment declares an
     A/A (`aa`), which in turn needs every arm alike."""
@@ -372,33 +431,52 @@ def check_commands(arm_diffs: list[ArmDiff], variants: list[RunVariant], aa: boo
     details: list[str] = []
     for d in arm_diffs:
         if alike.get(d.arm) and not aa:
-            details.append(f"{d.arm} vs {d.baseline}: the same command, environment and code: the comparison "
-                           "compares a thing with itself, though the experiment declares a difference (an intended "
-                           "A/A says experiment.aa=true)")
+            details.append(
+                f"{d.arm} vs {d.baseline}: the same command, environment and code: the comparison "
+                "compares a thing with itself, though the experiment declares a difference (an intended "
+                "A/A says experiment.aa=true)"
+            )
         if aa and not alike.get(d.arm) and d.pairs:
-            details.append(f"{d.arm} vs {d.baseline}: the experiment declares an A/A (experiment.aa=true), but the "
-                           f"arms differ: {'; '.join([*map(str, d.hunks), *map(str, d.env)]) or 'in their code'}")
+            details.append(
+                f"{d.arm} vs {d.baseline}: the experiment declares an A/A (experiment.aa=true), but the "
+                f"arms differ: {'; '.join([*map(str, d.hunks), *map(str, d.env)]) or 'in their code'}"
+            )
     for d in arm_diffs:
         if d.note:
             details.append(f"{d.arm}: {d.note}")
         if d.undeclared_removed or d.undeclared_added:
-            details.append(f"{d.arm} vs {d.baseline}: undeclared command tokens: "
-                           f"removed {list(d.undeclared_removed)}, added {list(d.undeclared_added)}; "
-                           f"differences: {'; '.join(map(str, d.hunks))}")
+            details.append(
+                f"{d.arm} vs {d.baseline}: undeclared command tokens: "
+                f"removed {list(d.undeclared_removed)}, added {list(d.undeclared_added)}; "
+                f"differences: {'; '.join(map(str, d.hunks))}"
+            )
         details += [f"{d.arm} vs {d.baseline}: undeclared env difference {e}" for e in d.undeclared_env]
-    variant_lines = [f"{v.arm}: run {v.run_id} differs from run {v.first_run_id}: "
-                     f"{'; '.join([*map(str, v.hunks), *map(str, v.env)])}" for v in variants]
+    variant_lines = [
+        f"{v.arm}: run {v.run_id} differs from run {v.first_run_id}: "
+        f"{'; '.join([*map(str, v.hunks), *map(str, v.env)])}"
+        for v in variants
+    ]
     bad = any(not d.clean or bool(alike.get(d.arm)) != aa for d in arm_diffs if d.pairs)
     unknown = any(d.note for d in arm_diffs)
     summary = "; ".join(
-        f"{d.arm}: " + (("identical to the baseline (A/A, declared)" if aa else "IDENTICAL to the baseline, though a "
-                         "difference is declared") if alike.get(d.arm) else
-                        d.note if d.note else "only the declared difference" if d.clean else "UNDECLARED differences")
+        f"{d.arm}: "
+        + (
+            (
+                "identical to the baseline (A/A, declared)"
+                if aa
+                else "IDENTICAL to the baseline, though a difference is declared"
+            )
+            if alike.get(d.arm)
+            else d.note
+            if d.note
+            else "only the declared difference"
+            if d.clean
+            else "UNDECLARED differences"
+        )
         for d in arm_diffs
     )
     status: Status = FAIL if bad else WARN if variants or unknown else OK
-    return Check("Commands and environments differ only as declared", status, summary,
-                 tuple(details + variant_lines))
+    return Check("Commands and environments differ only as declared", status, summary, tuple(details + variant_lines))
 
 
 def arms_alike(data: Loaded, arm_diffs: list[ArmDiff]) -> dict[str, bool]:
@@ -410,8 +488,9 @@ def arms_alike(data: Loaded, arm_diffs: list[ArmDiff]) -> dict[str, bool]:
     for d in arm_diffs:
         a, b = codes.get(d.baseline), codes.get(d.arm)
         same_code = a is None or b is None or fingerprint(a) == fingerprint(b)
-        out[d.arm] = d.pairs > 0 and same_code and (d.identical or (interpreter_only(d) and a is not None and
-                                                                     b is not None))
+        out[d.arm] = (
+            d.pairs > 0 and same_code and (d.identical or (interpreter_only(d) and a is not None and b is not None))
+        )
     return out
 
 
@@ -421,8 +500,12 @@ def check_values(data: Loaded, sel: Selection) -> Check:
     in_scope = sel.chosen | sel.measured
     bad = in_scope & masks.any(axis=0)
     details = _rows(data, bad, lambda i: "; ".join(r for r, m in zip(INVALID_REASONS, masks[:, i], strict=True) if m))
-    summary = (f"{int(bad.sum())} measured record(s) with impossible counts or times (counted as errored, "
-               f"left out of every figure)" if bad.any() else f"{int(in_scope.sum())} measured records checked")
+    summary = (
+        f"{int(bad.sum())} measured record(s) with impossible counts or times (counted as errored, "
+        f"left out of every figure)"
+        if bad.any()
+        else f"{int(in_scope.sum())} measured records checked"
+    )
     return Check("Record values are valid (counts, times)", FAIL if bad.any() else OK, summary, tuple(details))
 
 
@@ -435,12 +518,18 @@ def check_server_fields(data: Loaded, sel: Selection) -> Check:
         mine = ct / vct
     have = sel.chosen & ~np.isnan(server) & (vct > 0) & ~np.isnan(ct)  # (no completion_tokens: errored already)
     bad = have & ~np.isclose(server, mine, rtol=_RTOL, atol=0)
-    details = _rows(data, bad, lambda i: f"server spec_accept_length {server[i]:.6g} vs "
-                    f"completion_tokens/spec_verify_ct {mine[i]:.6g}")
-    summary = (f"{int(have.sum())} requests report spec_accept_length; {int(bad.sum())} differ from "
-               f"completion_tokens/spec_verify_ct")
-    return Check("Server's spec_accept_length matches the recomputed one", FAIL if bad.any() else OK, summary,
-                 tuple(details))
+    details = _rows(
+        data,
+        bad,
+        lambda i: f"server spec_accept_length {server[i]:.6g} vs completion_tokens/spec_verify_ct {mine[i]:.6g}",
+    )
+    summary = (
+        f"{int(have.sum())} requests report spec_accept_length; {int(bad.sum())} differ from "
+        f"completion_tokens/spec_verify_ct"
+    )
+    return Check(
+        "Server's spec_accept_length matches the recomputed one", FAIL if bad.any() else OK, summary, tuple(details)
+    )
 
 
 def check_verify_counts(data: Loaded, sel: Selection) -> Check:
@@ -455,13 +544,19 @@ def check_verify_counts(data: Loaded, sel: Selection) -> Check:
     rec = data.records
     run = rec["_run"].to_numpy()
     missing = sel.used & speculative[run] & np.isnan(rec["spec_verify_ct"].to_numpy(float))
-    details = _rows(data, missing, lambda i: f"--speculative-algorithm {algo[run[i]]}, but meta_info carries no "
-                                             "spec_verify_ct")
+    details = _rows(
+        data, missing, lambda i: f"--speculative-algorithm {algo[run[i]]}, but meta_info carries no spec_verify_ct"
+    )
     checked = int((sel.used & speculative[run]).sum())
     if missing.any():
-        return Check(name, FAIL, f"{int(missing.sum())} of {checked} requests of speculative runs carry no "
-                                 "spec_verify_ct: the server did not report what it verified, so acceptance length "
-                                 "and drafts per step are not measured", tuple(details))
+        return Check(
+            name,
+            FAIL,
+            f"{int(missing.sum())} of {checked} requests of speculative runs carry no "
+            "spec_verify_ct: the server did not report what it verified, so acceptance length "
+            "and drafts per step are not measured",
+            tuple(details),
+        )
     return Check(name, OK, f"{checked} requests of speculative runs carry spec_verify_ct")
 
 
@@ -488,13 +583,16 @@ def check_proposed_drafts(data: Loaded, sel: Selection) -> Check:
     for arm in checked:
         mine = scope & (arms == arm)
         if none[mine].all():
-            details.append(f"arm {arm}: its {int(mine.sum())} used request(s) of speculative runs all report "
-                           "spec_num_proposed_drafts 0 and an all-zero acceptance histogram: the arm proposed no "
-                           "drafts, so its acceptance length and per-position rates measure nothing (check that "
-                           "the draft model ran: the server's log, --speculative-* flags)")
+            details.append(
+                f"arm {arm}: its {int(mine.sum())} used request(s) of speculative runs all report "
+                "spec_num_proposed_drafts 0 and an all-zero acceptance histogram: the arm proposed no "
+                "drafts, so its acceptance length and per-position rates measure nothing (check that "
+                "the draft model ran: the server's log, --speculative-* flags)"
+            )
     if details:
-        return Check(name, FAIL, f"{len(details)} of {len(checked)} speculative arm(s) proposed no drafts",
-                     tuple(details))
+        return Check(
+            name, FAIL, f"{len(details)} of {len(checked)} speculative arm(s) proposed no drafts", tuple(details)
+        )
     if not checked:
         return Check(name, INFO, "no used request of a speculative run reports its proposed drafts")
     return Check(name, OK, f"{len(checked)} speculative arm(s) proposed drafts")
@@ -509,12 +607,15 @@ def _rows(data: Loaded, mask: np.ndarray, say: Callable[[int], str], limit: int 
     for r in np.unique(run):
         path = runs["records_path"].iat[r]
         rows = [int(x) for x in row[run == r]]
-        line.update(zip(((int(r), x) for x in rows),
-                        line_numbers(Path(path), rows, path in data.slow_files), strict=True))
+        line.update(
+            zip(((int(r), x) for x in rows), line_numbers(Path(path), rows, path in data.slow_files), strict=True)
+        )
     out = []
     for i, r, x in zip(idx[:limit], run, row, strict=True):
-        out.append(f"{runs['campaign'].iat[r]}/{runs['run_id'].iat[r]} line {line[int(r), int(x)]} "
-                   f"(item {rec['item_id'].iat[i]}): {say(i)}")
+        out.append(
+            f"{runs['campaign'].iat[r]}/{runs['run_id'].iat[r]} line {line[int(r), int(x)]} "
+            f"(item {rec['item_id'].iat[i]}): {say(i)}"
+        )
     if len(idx) > limit:
         out.append(f"... and {len(idx) - limit} more records")
     return out
@@ -530,8 +631,14 @@ def check_histograms(data: Loaded, sel: Selection) -> Check:
     drafts = hist.dense @ np.arange(hist.dense.shape[1])
     vct, ncd = rec["spec_verify_ct"].to_numpy(), rec["spec_num_correct_drafts"].to_numpy()
     bad = sel.chosen & hist.present & (((~np.isnan(vct)) & (steps != vct)) | ((~np.isnan(ncd)) & (drafts != ncd)))
-    details = _rows(data, bad, lambda i: f"histogram sums to {steps[i]} steps / {drafts[i]} correct drafts, "
-                    f"record says {_int(vct[i])} / {_int(ncd[i])}")
+    details = _rows(
+        data,
+        bad,
+        lambda i: (
+            f"histogram sums to {steps[i]} steps / {drafts[i]} correct drafts, "
+            f"record says {_int(vct[i])} / {_int(ncd[i])}"
+        ),
+    )
     summary = f"{int((hist.present & sel.chosen).sum())} requests carry a histogram; {int(bad.sum())} inconsistent"
     return Check(name, WARN if bad.any() else OK, summary, tuple(details))
 
@@ -542,8 +649,12 @@ def check_hit_cap(data: Loaded, sel: Selection) -> Check:
     recorded = rec["hit_cap"].to_numpy(dtype=bool)
     bad = sel.chosen & (recomputed != recorded)
     details = _rows(data, bad, lambda i: f"hit_cap={bool(recorded[i])} but recomputed {bool(recomputed[i])}")
-    return Check("hit_cap agrees with finish_reason and max_new_tokens", WARN if bad.any() else OK,
-                 f"{int(bad.sum())} disagreement(s); the report uses the recomputed value", tuple(details))
+    return Check(
+        "hit_cap agrees with finish_reason and max_new_tokens",
+        WARN if bad.any() else OK,
+        f"{int(bad.sum())} disagreement(s); the report uses the recomputed value",
+        tuple(details),
+    )
 
 
 def recompute_hit_cap(rec: pd.DataFrame) -> np.ndarray:
@@ -571,9 +682,11 @@ def check_quiet_machine(data: Loaded) -> Check:
     flagged = recorded[foreign_load(recorded)]
     details = [f"{r.campaign}/{r.run_id} ({r.arm}): " + "; ".join(foreign_reasons(r)) for r in flagged.itertuples()]
     unrecorded = len(runs) - len(recorded)
-    summary = (f"{len(flagged)} of {len(recorded)} runs taken under foreign load (other processes > "
-               f"{FOREIGN_CPU_FRAC:.0%} of all CPUs during the run, steal > {FOREIGN_STEAL_FRAC:.0%}, or > "
-               f"{FOREIGN_SNAPSHOT_FRAC:.0%} just before or after)")
+    summary = (
+        f"{len(flagged)} of {len(recorded)} runs taken under foreign load (other processes > "
+        f"{FOREIGN_CPU_FRAC:.0%} of all CPUs during the run, steal > {FOREIGN_STEAL_FRAC:.0%}, or > "
+        f"{FOREIGN_SNAPSHOT_FRAC:.0%} just before or after)"
+    )
     if unrecorded:
         summary += f"; {unrecorded} run(s) without a machine record"
     if len(flagged):
@@ -596,11 +709,13 @@ def check_nodes(data: Loaded) -> Check:
             details.append(f"{camp}: the pair (seed {seed}, repeat {repeat}) was split across nodes: {where}")
     types = runs.groupby("node_type", dropna=False, sort=True)["run_id"].apply(list)
     if len(types) > 1:
-        details += [f"mixed hardware: {t if isinstance(t, str) else 'unknown'}: {_few(list(ids))}"
-                    for t, ids in types.items()]
+        details += [
+            f"mixed hardware: {t if isinstance(t, str) else 'unknown'}: {_few(list(ids))}" for t, ids in types.items()
+        ]
     hosts = sorted(runs["hostname"].unique())
-    summary = (f"{len(runs)} runs on {len(hosts)} node(s) ({_few(hosts)}); "
-               + (f"{len(types)} node types" if len(types) > 1 else f"node type: {types.index[0]}"))
+    summary = f"{len(runs)} runs on {len(hosts)} node(s) ({_few(hosts)}); " + (
+        f"{len(types)} node types" if len(types) > 1 else f"node type: {types.index[0]}"
+    )
     return Check(name, FAIL if details else OK, summary, tuple(details))
 
 
@@ -613,9 +728,12 @@ def check_placement(data: Loaded) -> Check:
     placed = runs[runs["gpu"].notna()]
     if placed.empty:
         return Check(name, OK, "no GPU placement planned (sequential runs share the visible GPUs)")
-    details = [f"{r.campaign}/{r.run_id} ({r.arm}): planned GPU {r.gpu}, manifest gpu {r.manifest_gpu}, "
-               f"CUDA_VISIBLE_DEVICES={r.gpu_env}" for r in placed.itertuples()
-               if r.manifest_gpu != r.gpu or r.gpu_env != str(int(r.gpu))]
+    details = [
+        f"{r.campaign}/{r.run_id} ({r.arm}): planned GPU {r.gpu}, manifest gpu {r.manifest_gpu}, "
+        f"CUDA_VISIBLE_DEVICES={r.gpu_env}"
+        for r in placed.itertuples()
+        if r.manifest_gpu != r.gpu or r.gpu_env != str(int(r.gpu))
+    ]
     summary = f"{len(placed) - len(details)}/{len(placed)} runs on their planned GPU"
     return Check(name, FAIL if details else OK, summary, tuple(details))
 
@@ -627,21 +745,32 @@ def check_scores(data: Loaded, sel: Selection) -> Check:
     if runs.empty:
         return Check(name, INFO, "schema 1: answers were scored in the client's event loop (the record's `correct`)")
     missing = runs[(runs["scores_path"] == "") & (runs["records_path"] != "")]
-    details = [f"{r.campaign}/{r.run_id} ({r.arm}): records but no scores.jsonl; its score column is n/a"
-               for r in missing.itertuples()]
+    details = [
+        f"{r.campaign}/{r.run_id} ({r.arm}): records but no scores.jsonl; its score column is n/a"
+        for r in missing.itertuples()
+    ]
     lines = data.records["_score_lines"].to_numpy()
     with np.errstate(invalid="ignore"):  # NaN: the run has no scores file (above)
         none, twice = sel.used & (lines == 0), sel.used & (lines > 1)
-    lost = _rows(data, none, lambda i: "no line in its run's scores.jsonl: its score is unknown, and the score "
-                 "column counts it as not correct")
-    lost += _rows(data, twice, lambda i: f"scored on {int(lines[i])} lines of its run's scores.jsonl (the first counts)")
+    lost = _rows(
+        data,
+        none,
+        lambda i: (
+            "no line in its run's scores.jsonl: its score is unknown, and the score column counts it as not correct"
+        ),
+    )
+    lost += _rows(
+        data, twice, lambda i: f"scored on {int(lines[i])} lines of its run's scores.jsonl (the first counts)"
+    )
     nulls = int((sel.used & (lines == 1) & np.isnan(data.records["correct"].to_numpy())).sum())
     if nulls:
         details.append(f"{nulls} used request(s) with a null score (no reference answer, or scoring off)")
     summary = f"{len(runs) - len(missing)}/{len(runs)} finished runs have scores.jsonl"
     if lost:
-        summary += (f"; {int(none.sum())} used request(s) without a score line, {int(twice.sum())} scored twice: "
-                    "the file was edited or cut short (restore it, or rerun the runs)")
+        summary += (
+            f"; {int(none.sum())} used request(s) without a score line, {int(twice.sum())} scored twice: "
+            "the file was edited or cut short (restore it, or rerun the runs)"
+        )
         return Check(name, FAIL, summary, tuple(lost + details))
     return Check(name, WARN if len(missing) else OK, summary, tuple(details))
 
@@ -682,9 +811,11 @@ def check_chunks(data: Loaded, sel: Selection) -> Check:
 # a server's own counters (manifest server_counters: llama-server's /metrics over the measured window)
 
 # (record column, /metrics counter): the per-request counts of a run's measured requests must add up to its delta
-COUNTER_SUMS = (("completion_tokens", "tokens_predicted_total"),
-                ("meta_spec_num_proposed_drafts", "spec_decode_num_draft_tokens_total"),
-                ("spec_num_correct_drafts", "spec_decode_num_accepted_tokens_total"))
+COUNTER_SUMS = (
+    ("completion_tokens", "tokens_predicted_total"),
+    ("meta_spec_num_proposed_drafts", "spec_decode_num_draft_tokens_total"),
+    ("spec_num_correct_drafts", "spec_decode_num_accepted_tokens_total"),
+)
 LLAMA_DRAFT_MODEL_FLAGS = ("--spec-draft-model", "-md", "--model-draft")
 
 
@@ -711,13 +842,16 @@ def check_counter_sums(data: Loaded, sel: Selection) -> Check:
     details = []
     for run, label, man in runs:
         mine = sel.measured & (run_of == run)
-        delta = (man["server_counters"].get("delta") or {})
+        delta = man["server_counters"].get("delta") or {}
         sums = [(col, counter, float(np.nansum(rec[col].to_numpy(float)[mine]))) for col, counter in COUNTER_SUMS]
         if man.get("concurrency") == 1:
             steps = float(np.nansum(rec["spec_verify_ct"].to_numpy(float)[mine])) + int(mine.sum())
             sums.append(("spec_verify_ct + 1 per request", "n_decode_total", steps))
-        details += [f"{label}: records sum {col} to {got:g}, the server's {counter} grew by {delta.get(counter)}"
-                    for col, counter, got in sums if delta.get(counter) != got]
+        details += [
+            f"{label}: records sum {col} to {got:g}, the server's {counter} grew by {delta.get(counter)}"
+            for col, counter, got in sums
+            if delta.get(counter) != got
+        ]
     summary = f"{len(runs)} run(s) checked against their /metrics deltas; {len(details)} mismatch(es)"
     return Check(name, FAIL if details else OK, summary, tuple(details))
 
@@ -748,13 +882,19 @@ def check_drafting(data: Loaded, sel: Selection) -> Check:
         if _asks_speculation(man.get("command")):
             asking += 1
             if not speculates:
-                details.append(f"{label}: its command asks for speculation, but its /slots say no slot speculates "
-                               "(llama-server serves a draft model without --spec-type without speculation)")
+                details.append(
+                    f"{label}: its command asks for speculation, but its /slots say no slot speculates "
+                    "(llama-server serves a draft model without --spec-type without speculation)"
+                )
             if not drafted:
-                details.append(f"{label}: its command asks for speculation, but it drafted nothing in the measured "
-                               "window: its acceptance is not measured")
+                details.append(
+                    f"{label}: its command asks for speculation, but it drafted nothing in the measured "
+                    "window: its acceptance is not measured"
+                )
         elif drafted or speculates or in_records:
-            details.append(f"{label}: its command asks for no speculation, but it drafted {drafted:g} token(s) "
-                           f"(records: {in_records:g}; a slot speculates: {speculates})")
+            details.append(
+                f"{label}: its command asks for no speculation, but it drafted {drafted:g} token(s) "
+                f"(records: {in_records:g}; a slot speculates: {speculates})"
+            )
     summary = f"{asking} of {len(runs)} run(s) ask for speculation; {len(details)} problem(s)"
     return Check(name, FAIL if details else OK, summary, tuple(details))

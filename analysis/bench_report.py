@@ -38,27 +38,56 @@ def _pvals(arm: int, category: int) -> np.ndarray:
 
 
 def _campaign_json(n_items: int, seeds: list[int], repeats: int, max_new: int) -> dict:
-    items = [{"item_id": f"item-{i}", "seed_offset": i, "category": f"cat{i % 8}", "answer": str(i % 1000)}
-             for i in range(n_items)]
+    items = [
+        {"item_id": f"item-{i}", "seed_offset": i, "category": f"cat{i % 8}", "answer": str(i % 1000)}
+        for i in range(n_items)
+    ]
     plan, index = [], 0
     for s_i, seed in enumerate(seeds):
         for rep in range(repeats):
             order = ARMS if (s_i + rep) % 2 == 0 else ARMS[::-1]
             for arm in order:
-                plan.append({"run_id": f"r{index:03d}-{arm}-s{seed}-r{rep}", "arm": arm, "base_seed": seed,
-                             "repeat": rep, "index": index, "gpu": None})
+                plan.append(
+                    {
+                        "run_id": f"r{index:03d}-{arm}-s{seed}-r{rep}",
+                        "arm": arm,
+                        "base_seed": seed,
+                        "repeat": rep,
+                        "index": index,
+                        "gpu": None,
+                    }
+                )
                 index += 1
     return {
-        "schema_version": 2, "campaign_id": "bench", "experiment": "bench_report", "created": "2026-01-01T00:00:00Z",
+        "schema_version": 2,
+        "campaign_id": "bench",
+        "experiment": "bench_report",
+        "created": "2026-01-01T00:00:00Z",
         "config": {"experiment": {"seeded_requests": True, "base_seeds": seeds, "repeats": repeats}},
-        "arms": [{"name": "token", "args": [], "env": {}, "python": None, "seed_stream": 0},
-                 {"name": "block", "args": ["--speculative-use-block-verification"], "env": {}, "python": None,
-                  "seed_stream": 0}],
-        "baseline": "token", "declared_difference": "--speculative-use-block-verification",
-        "concurrency": 8, "request_rate": None, "max_new_tokens": max_new,
-        "workload": {"name": "synthetic", "dataset_id": "synthetic", "revision": None, "sha256": "0" * 64,
-                     "items": items},
-        "plan": plan, "order_run": [],
+        "arms": [
+            {"name": "token", "args": [], "env": {}, "python": None, "seed_stream": 0},
+            {
+                "name": "block",
+                "args": ["--speculative-use-block-verification"],
+                "env": {},
+                "python": None,
+                "seed_stream": 0,
+            },
+        ],
+        "baseline": "token",
+        "declared_difference": "--speculative-use-block-verification",
+        "concurrency": 8,
+        "request_rate": None,
+        "max_new_tokens": max_new,
+        "workload": {
+            "name": "synthetic",
+            "dataset_id": "synthetic",
+            "revision": None,
+            "sha256": "0" * 64,
+            "items": items,
+        },
+        "plan": plan,
+        "order_run": [],
     }
 
 
@@ -69,20 +98,56 @@ def _snapshot(t: float) -> dict:
 def _manifest(run: dict, port: int) -> dict:
     extra = ["--speculative-use-block-verification"] if run["arm"] == "block" else []
     return {
-        "schema_version": 2, "campaign_id": "bench", "run_id": run["run_id"], "arm": run["arm"],
-        "base_seed": run["base_seed"], "repeat": run["repeat"], "gpu": None, "status": "finished", "error": None,
-        "command": ["python", "-m", "harness.engine", "--model-path", "tiny", "--port", str(port),
-                    "--speculative-algorithm", "DFLASH", *extra, "--enable-deterministic-inference"],
-        "env": {}, "env_full_sha256": "x", "server_info": {"internal_states": [{"avg_spec_accept_length": 3.0}]},
-        "model_info": {"model_path": "tiny"}, "seeds_honoured": True,
+        "schema_version": 2,
+        "campaign_id": "bench",
+        "run_id": run["run_id"],
+        "arm": run["arm"],
+        "base_seed": run["base_seed"],
+        "repeat": run["repeat"],
+        "gpu": None,
+        "status": "finished",
+        "error": None,
+        "command": [
+            "python",
+            "-m",
+            "harness.engine",
+            "--model-path",
+            "tiny",
+            "--port",
+            str(port),
+            "--speculative-algorithm",
+            "DFLASH",
+            *extra,
+            "--enable-deterministic-inference",
+        ],
+        "env": {},
+        "env_full_sha256": "x",
+        "server_info": {"internal_states": [{"avg_spec_accept_length": 3.0}]},
+        "model_info": {"model_path": "tiny"},
+        "seeds_honoured": True,
         "versions": {"harness": {"version": "0.1.0", "git_sha": "abc", "dirty": False}, "python": "3.11"},
-        "gpu_info": None, "host": {"hostname": "h", "cores": 2}, "dataset": {"id": "synthetic", "sha256": "0" * 64},
-        "model_path": "tiny", "log_checks": {"passed": True}, "concurrency": 8, "request_rate": None,
-        "max_new_tokens": 4096, "client": {"stream_mode": "incremental", "arrival": "closed", "cpus": None},
-        "scorer": {"name": "boxed+math-verify", "version": "0.8.0"}, "scoring": {"scored": 0, "seconds": 0.0},
-        "machine": {"before": _snapshot(0.0), "after": _snapshot(1.0),
-                    "during": {"wall_s": 1.0, "cpu_total_s": 1.0, "cpu_ours_s": 1.0, "cpu_other_frac": 0.01,
-                               "steal_frac": None}},
+        "gpu_info": None,
+        "host": {"hostname": "h", "cores": 2},
+        "dataset": {"id": "synthetic", "sha256": "0" * 64},
+        "model_path": "tiny",
+        "log_checks": {"passed": True},
+        "concurrency": 8,
+        "request_rate": None,
+        "max_new_tokens": 4096,
+        "client": {"stream_mode": "incremental", "arrival": "closed", "cpus": None},
+        "scorer": {"name": "boxed+math-verify", "version": "0.8.0"},
+        "scoring": {"scored": 0, "seconds": 0.0},
+        "machine": {
+            "before": _snapshot(0.0),
+            "after": _snapshot(1.0),
+            "during": {
+                "wall_s": 1.0,
+                "cpu_total_s": 1.0,
+                "cpu_ours_s": 1.0,
+                "cpu_other_frac": 0.01,
+                "steal_frac": None,
+            },
+        },
     }
 
 
@@ -101,8 +166,10 @@ _LINE = (
 )
 
 
-_SCORE = ('{"request_index": %d, "item_id": "item-%d", "warmup": %s, "answer": "%d", "correct": %s, '
-          '"score_fallback": false, "scorer": "boxed+math-verify 0.8.0"}\n')
+_SCORE = (
+    '{"request_index": %d, "item_id": "item-%d", "warmup": %s, "answer": "%d", "correct": %s, '
+    '"score_fallback": false, "scorer": "boxed+math-verify 0.8.0"}\n'
+)
 
 
 def _chunks(steps: np.ndarray, ttft: float, dur: float) -> tuple[str, str]:
@@ -114,8 +181,9 @@ def _chunks(steps: np.ndarray, ttft: float, dur: float) -> tuple[str, str]:
     return ",".join(map(str, us)), ",".join(map(str, tokens))
 
 
-def _run_lines(run: dict, n_items: int, max_new: int, rng: np.random.Generator,
-               warmup: int) -> tuple[list[str], list[str]]:
+def _run_lines(
+    run: dict, n_items: int, max_new: int, rng: np.random.Generator, warmup: int
+) -> tuple[list[str], list[str]]:
     arm = ARMS.index(run["arm"])
     items = np.concatenate([np.arange(warmup), np.arange(n_items)])
     is_warm = np.arange(len(items)) < warmup
@@ -139,12 +207,46 @@ def _run_lines(run: dict, n_items: int, max_new: int, rng: np.random.Generator,
         step_tokens = np.repeat(np.arange(N_DRAFT + 1) + 1, hist[i])
         rng.shuffle(step_tokens)
         us, tokens = _chunks(step_tokens, ttft[i], dur[i])
-        lines.append(_LINE % (
-            run["run_id"], run["arm"], i, run["base_seed"], run["repeat"], it, it, run["base_seed"] + it, it % 8,
-            warm, c, v, n, max_new, reason, "true" if reason == "length" else "false",
-            t_sent[i] - 0.001, t_sent[i], t_sent[i] + ttft[i], t_sent[i] + dur[i], v, us, tokens, TEXT, it % 1000,
-            it % 1000, i, reason, c, v, c / v, n, v * N_DRAFT, ", ".join(map(str, hist[i])), dur[i],
-        ))
+        lines.append(
+            _LINE
+            % (
+                run["run_id"],
+                run["arm"],
+                i,
+                run["base_seed"],
+                run["repeat"],
+                it,
+                it,
+                run["base_seed"] + it,
+                it % 8,
+                warm,
+                c,
+                v,
+                n,
+                max_new,
+                reason,
+                "true" if reason == "length" else "false",
+                t_sent[i] - 0.001,
+                t_sent[i],
+                t_sent[i] + ttft[i],
+                t_sent[i] + dur[i],
+                v,
+                us,
+                tokens,
+                TEXT,
+                it % 1000,
+                it % 1000,
+                i,
+                reason,
+                c,
+                v,
+                c / v,
+                n,
+                v * N_DRAFT,
+                ", ".join(map(str, hist[i])),
+                dur[i],
+            )
+        )
         scores.append(_SCORE % (i, it, warm, it % 1000, correct))
     return lines, scores
 
@@ -221,14 +323,18 @@ def main(argv: list[str] | None = None) -> int:
             runs.append(_time_report(camp, root / "out", args.bootstrap))
     walls = sorted(r[0] for r in runs)
     cpu = float(np.median([r[1] for r in runs]))
-    print(f"{n} record lines ({size / n:.0f} bytes each); full report (read, audit, metrics, {args.bootstrap} "
-          f"bootstrap resamples, markdown, figures): median {float(np.median(walls)):.2f} s wall "
-          f"(min {walls[0]:.2f}, max {walls[-1]:.2f}), {cpu:.2f} s CPU, on {_cores()} core(s) "
-          f"({platform.processor() or platform.machine()}); exit status {runs[-1][2]}")
+    print(
+        f"{n} record lines ({size / n:.0f} bytes each); full report (read, audit, metrics, {args.bootstrap} "
+        f"bootstrap resamples, markdown, figures): median {float(np.median(walls)):.2f} s wall "
+        f"(min {walls[0]:.2f}, max {walls[-1]:.2f}), {cpu:.2f} s CPU, on {_cores()} core(s) "
+        f"({platform.processor() or platform.machine()}); exit status {runs[-1][2]}"
+    )
     floor, default = float(np.median(bare)), float(np.median(bare_default))
-    print(f"bare pyarrow.json.read_json of the same files, in the same run, with the report's memory settings "
-          f"(analysis.memory): median {floor:.2f} s; the report takes {float(np.median(walls)) / floor:.2f}x that "
-          f"(with Arrow's and numpy's defaults: {default:.2f} s, {float(np.median(walls)) / default:.2f}x)")
+    print(
+        f"bare pyarrow.json.read_json of the same files, in the same run, with the report's memory settings "
+        f"(analysis.memory): median {floor:.2f} s; the report takes {float(np.median(walls)) / floor:.2f}x that "
+        f"(with Arrow's and numpy's defaults: {default:.2f} s, {float(np.median(walls)) / default:.2f}x)"
+    )
     print(f"load average {os.getloadavg()[0]:.2f} (other processes on the machine inflate the wall time)")
     return 0 if all(r[2] == 0 for r in runs) else 1
 

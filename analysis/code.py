@@ -51,9 +51,18 @@ def run_codes(data: Loaded) -> list[RunCode]:
         decl = next((a for a in camp.arms if str(a.get("name")) == r.arm), {})
         exp = (camp.meta.get("config") or {}).get("experiment") or {}
         binary = man.get("server_binary")
-        out.append(RunCode(r.campaign, r.run_id, str(r.arm), man.get("server_code"), decl.get("source"),
-                           frozenset(norm(p) for p in exp.get("packages_may_differ") or []),
-                           bool(exp.get("dirty_declared")), binary if isinstance(binary, dict) else None))
+        out.append(
+            RunCode(
+                r.campaign,
+                r.run_id,
+                str(r.arm),
+                man.get("server_code"),
+                decl.get("source"),
+                frozenset(norm(p) for p in exp.get("packages_may_differ") or []),
+                bool(exp.get("dirty_declared")),
+                binary if isinstance(binary, dict) else None,
+            )
+        )
     return out
 
 
@@ -87,18 +96,24 @@ def source_problems(run: RunCode) -> list[str]:
     home = Path(str(src.get("snapshot"))) / str(src.get("package_dir") or ".")
     out = []
     if not inside(code.get("module_origin"), home):
-        out.append(f"{run.run_id}: the server imported {code.get('module')} from {code.get('module_origin')}, outside "
-                   f"its arm's source {home}")
+        out.append(
+            f"{run.run_id}: the server imported {code.get('module')} from {code.get('module_origin')}, outside "
+            f"its arm's source {home}"
+        )
     where = code.get("checkout") or {}
     commit = where.get("commit")
     if commit != src.get("commit"):
-        out.append(f"{run.run_id}: the server's code is at commit {commit}, but arm {run.arm}'s source "
-                   f"{src.get('ref')!r} resolved to {src.get('commit')}")
+        out.append(
+            f"{run.run_id}: the server's code is at commit {commit}, but arm {run.arm}'s source "
+            f"{src.get('ref')!r} resolved to {src.get('commit')}"
+        )
     want, got = src.get("content_sha256"), where.get("content_sha256")
     if want and where.get("kind") == "snapshot" and got != want:
-        out.append(f"{run.run_id}: the snapshot {where.get('root')} held other files than commit {src.get('commit')} "
-                   f"when its server started (content sha256 {got}, the commit's {want}): it was edited after it "
-                   "was made")
+        out.append(
+            f"{run.run_id}: the snapshot {where.get('root')} held other files than commit {src.get('commit')} "
+            f"when its server started (content sha256 {got}, the commit's {want}): it was edited after it "
+            "was made"
+        )
     return out
 
 
@@ -139,16 +154,25 @@ def check_code(data: Loaded) -> tuple[Status, str, tuple[str, ...]]:
     may_differ = frozenset().union(*(r.may_differ for r in recorded))
     diffs = package_differences(firsts(recorded))
     undeclared = [(n, v) for n, v in diffs if n not in may_differ]
-    details += [f"package {n} differs between the arms' interpreters: "
-                + ", ".join(f"{a} {ver}" for a, ver in v.items())
-                + " (not in experiment.packages_may_differ)" for n, v in undeclared]
+    details += [
+        f"package {n} differs between the arms' interpreters: "
+        + ", ".join(f"{a} {ver}" for a, ver in v.items())
+        + " (not in experiment.packages_may_differ)"
+        for n, v in undeclared
+    ]
     dirty = [r for r in recorded if ((r.code or {}).get("checkout") or {}).get("dirty")]
-    dirty_lines = [f"{r.run_id}: ran from a dirty checkout {(r.code or {})['checkout'].get('root')} (diff sha256 "
-                   f"{(r.code or {})['checkout'].get('diff_sha256')}, {len((r.code or {})['checkout'].get('untracked') or [])} "
-                   "untracked file(s))" for r in dirty if not r.dirty_declared]
+    dirty_lines = [
+        f"{r.run_id}: ran from a dirty checkout {(r.code or {})['checkout'].get('root')} (diff sha256 "
+        f"{(r.code or {})['checkout'].get('diff_sha256')}, {len((r.code or {})['checkout'].get('untracked') or [])} "
+        "untracked file(s))"
+        for r in dirty
+        if not r.dirty_declared
+    ]
     sources = sum(1 for r in recorded if r.source)
-    summary = (f"{len(recorded)} of {len(codes)} runs recorded their server's code; {sources} from an arm's source; "
-               f"{len(diffs)} package(s) differ between arms ({len(diffs) - len(undeclared)} declared)")
+    summary = (
+        f"{len(recorded)} of {len(codes)} runs recorded their server's code; {sources} from an arm's source; "
+        f"{len(diffs)} package(s) differ between arms ({len(diffs) - len(undeclared)} declared)"
+    )
     if details:
         return FAIL, summary, tuple(details + dirty_lines)
     if dirty_lines:
@@ -164,19 +188,29 @@ def arm_changes(recorded: list[RunCode]) -> list[str]:
     for run in recorded:
         ref = first.setdefault(run.arm, run)
         if fingerprint(run.code or {}) != fingerprint(ref.code or {}):
-            out.append(f"{run.campaign}/{run.run_id}: arm {run.arm} ran other code than in {ref.campaign}/"
-                       f"{ref.run_id}: {code_difference(ref.code or {}, run.code or {})}")
+            out.append(
+                f"{run.campaign}/{run.run_id}: arm {run.arm} ran other code than in {ref.campaign}/"
+                f"{ref.run_id}: {code_difference(ref.code or {}, run.code or {})}"
+            )
     return out
 
 
 def code_difference(a: dict[str, Any], b: dict[str, Any]) -> str:
     """What differs between two server_code records, in words: origin, commit, diff, and the packages."""
     wa, wb = a.get("checkout") or {}, b.get("checkout") or {}
-    parts = [f"{what} {x} -> {y}" for what, x, y in (
-        ("module origin", a.get("module_origin"), b.get("module_origin")), ("commit", wa.get("commit"), wb.get("commit")),
-        ("diff sha256", wa.get("diff_sha256"), wb.get("diff_sha256"))) if x != y]
+    parts = [
+        f"{what} {x} -> {y}"
+        for what, x, y in (
+            ("module origin", a.get("module_origin"), b.get("module_origin")),
+            ("commit", wa.get("commit"), wb.get("commit")),
+            ("diff sha256", wa.get("diff_sha256"), wb.get("diff_sha256")),
+        )
+        if x != y
+    ]
     pa, pb = a.get("packages") or {}, b.get("packages") or {}
-    changed = [f"+{n} {pb[n]}" for n in sorted(set(pb) - set(pa))] + [f"-{n} {pa[n]}" for n in sorted(set(pa) - set(pb))]
+    changed = [f"+{n} {pb[n]}" for n in sorted(set(pb) - set(pa))] + [
+        f"-{n} {pa[n]}" for n in sorted(set(pa) - set(pb))
+    ]
     changed += [f"{n} {pa[n]} -> {pb[n]}" for n in sorted(set(pa) & set(pb)) if pa[n] != pb[n]]
     if changed:
         shown = ", ".join(changed[:12]) + (f", and {len(changed) - 12} more" if len(changed) > 12 else "")
@@ -190,19 +224,28 @@ def check_binaries(codes: list[RunCode]) -> tuple[Status, str, tuple[str, ...]]:
     details = [f"{r.run_id}: no server_binary in its manifest" for r in codes if not r.binary]
     shas = {str((r.binary or {}).get("sha256")): r for r in codes if r.binary}
     if len(shas) > 1:
-        details += [f"{r.run_id} (arm {r.arm}) ran binary {sha[:16]} ({(r.binary or {}).get('path')})"
-                    for sha, r in shas.items()]
-    built = {f"{b.get('package')} {b.get('package_version')}" if b.get("package") else "an unknown build"
-             for b in (r.binary or {} for r in codes if r.binary)}
-    summary = (f"{sum(1 for r in codes if r.binary)} of {len(codes)} runs recorded their server binary; "
-               f"{len(shas)} distinct binary(ies) ({', '.join(sorted(built))})")
+        details += [
+            f"{r.run_id} (arm {r.arm}) ran binary {sha[:16]} ({(r.binary or {}).get('path')})"
+            for sha, r in shas.items()
+        ]
+    built = {
+        f"{b.get('package')} {b.get('package_version')}" if b.get("package") else "an unknown build"
+        for b in (r.binary or {} for r in codes if r.binary)
+    }
+    summary = (
+        f"{sum(1 for r in codes if r.binary)} of {len(codes)} runs recorded their server binary; "
+        f"{len(shas)} distinct binary(ies) ({', '.join(sorted(built))})"
+    )
     return (FAIL if details else OK), summary, tuple(details)
 
 
 def describe_binary(binary: dict[str, Any]) -> str:
     """A native server binary (manifest server_binary), in a table cell."""
-    built = (f"built from {binary.get('package')} {binary.get('package_version')}" if binary.get("package") else
-             "build unknown")
+    built = (
+        f"built from {binary.get('package')} {binary.get('package_version')}"
+        if binary.get("package")
+        else "build unknown"
+    )
     return f"`{Path(str(binary.get('path'))).name}` sha256 `{str(binary.get('sha256'))[:12]}` ({built})"
 
 

@@ -93,8 +93,12 @@ class RunVariant:
 def interpreter_only(d: ArmDiff) -> bool:
     """The arm's commands differ from the baseline's only in their first token (the interpreter's path), its
     environment not at all."""
-    return (not d.env and len(d.hunks) == 1 and d.hunks[0].after is None
-            and len(d.hunks[0].removed) == len(d.hunks[0].added) == 1)
+    return (
+        not d.env
+        and len(d.hunks) == 1
+        and d.hunks[0].after is None
+        and len(d.hunks[0].removed) == len(d.hunks[0].added) == 1
+    )
 
 
 def _show(value: str | None) -> str:
@@ -214,8 +218,13 @@ def _compare_arm(data: Loaded, arm_runs: pd.DataFrame, base_runs: pd.DataFrame, 
         und_removed |= pair[2]
         und_added |= pair[3]
     return ArmDiff(
-        arm, baseline, len(arm_runs), tuple(hunks.values()), tuple(envs.values()),
-        tuple(sorted(und_removed.elements())), tuple(sorted(und_added.elements())),
+        arm,
+        baseline,
+        len(arm_runs),
+        tuple(hunks.values()),
+        tuple(envs.values()),
+        tuple(sorted(und_removed.elements())),
+        tuple(sorted(und_added.elements())),
     )
 
 

@@ -51,8 +51,11 @@ RUN_METRICS = {
     "decode_rate_mean": ("decode_rate_mean", None),
     **{f"{f}_p{p}": (f"{f}_p{p}", None) for f in LATENCIES for p in PERCENTILES},
 }
-POWER_METRICS = {"throughput": ("tokens", "window_s"), "decode_tps": ("decode_tokens", "decode_span_s"),
-                 "acceptance_length": ("acceptance_length", None)}
+POWER_METRICS = {
+    "throughput": ("tokens", "window_s"),
+    "decode_tps": ("decode_tokens", "decode_span_s"),
+    "acceptance_length": ("acceptance_length", None),
+}
 POWER_CHANGES = (0.01, 0.02, 0.05)
 PAIR_KEYS = ["campaign_id", "base_seed", "repeat"]
 
@@ -68,8 +71,7 @@ class ChangeSet:
 
     def frame(self) -> pd.DataFrame:
         rows = [
-            {"partition": k[0], "group": k[1], "metric": k[2], "arm": k[3], **asdict(c),
-             "significant": c.significant}
+            {"partition": k[0], "group": k[1], "metric": k[2], "arm": k[3], **asdict(c), "significant": c.significant}
             for k, c in self.changes.items()
         ]
         return pd.DataFrame(rows)
@@ -125,8 +127,11 @@ def item_matrix(m: RequestTables) -> tuple[np.ndarray, dict[str, _Layout], np.nd
         cells = part.size * n_arms
         flat = item[ok] * cells + part.code(run, item)[ok] * n_arms + arm[ok]
         block = np.stack(
-            [np.bincount(flat, weights=weights[q][ok], minlength=n_items * cells).reshape(n_items, cells)
-             for q in quantities], axis=2,
+            [
+                np.bincount(flat, weights=weights[q][ok], minlength=n_items * cells).reshape(n_items, cells)
+                for q in quantities
+            ],
+            axis=2,
         ).reshape(n_items, cells * len(quantities))
         blocks.append(block)
         layouts[name] = _Layout(offset, quantities, n_arms)
@@ -135,8 +140,9 @@ def item_matrix(m: RequestTables) -> tuple[np.ndarray, dict[str, _Layout], np.nd
     return matrix, layouts, item
 
 
-def item_changes(m: RequestTables, matrix: np.ndarray, layouts: dict[str, _Layout], n_boot: int,
-                 rng: np.random.Generator) -> dict[ChangeKey, Change]:
+def item_changes(
+    m: RequestTables, matrix: np.ndarray, layouts: dict[str, _Layout], n_boot: int, rng: np.random.Generator
+) -> dict[ChangeKey, Change]:
     """The ratio metrics' changes of every partition but the categories, from one bootstrap over items (`matrix`,
     `layouts`: item_matrix's)."""
     if matrix.size == 0:
@@ -167,8 +173,9 @@ def _items_in_group(matrix: np.ndarray, lay: _Layout, group: int, quantity: str)
     return int(np.count_nonzero(matrix[:, cols].sum(axis=1)))
 
 
-def category_changes(m: RequestTables, matrix: np.ndarray, layouts: dict[str, _Layout], n_boot: int,
-                     seed: int) -> dict[ChangeKey, Change]:
+def category_changes(
+    m: RequestTables, matrix: np.ndarray, layouts: dict[str, _Layout], n_boot: int, seed: int
+) -> dict[ChangeKey, Change]:
     """Per-category changes, each from a bootstrap over the category's own items (stratified; `matrix`,
     `layouts`: item_matrix's)."""
     if "category" not in m.partitions:
@@ -209,10 +216,14 @@ def run_pairs(runs: pd.DataFrame, arm: str, baseline: str) -> pd.DataFrame:
 
 def _pair_array(pairs: pd.DataFrame, num: str, den: str | None) -> np.ndarray:
     ones = np.ones(len(pairs))
-    return np.column_stack([
-        pairs[f"{num}_b"].to_numpy(float), pairs[f"{den}_b"].to_numpy(float) if den else ones,
-        pairs[f"{num}_a"].to_numpy(float), pairs[f"{den}_a"].to_numpy(float) if den else ones,
-    ])
+    return np.column_stack(
+        [
+            pairs[f"{num}_b"].to_numpy(float),
+            pairs[f"{den}_b"].to_numpy(float) if den else ones,
+            pairs[f"{num}_a"].to_numpy(float),
+            pairs[f"{den}_a"].to_numpy(float) if den else ones,
+        ]
+    )
 
 
 def _pair_flagged(pairs: pd.DataFrame) -> np.ndarray:
@@ -230,12 +241,14 @@ def run_changes(m: Metrics, seed: int) -> dict[ChangeKey, Change]:
         for metric, (num, den) in RUN_METRICS.items():
             stream += 1
             out[("pooled", "all", metric, arm)] = paired_change(
-                _pair_array(pairs, num, den), np.random.default_rng([seed, 1, stream]), flagged)
+                _pair_array(pairs, num, den), np.random.default_rng([seed, 1, stream]), flagged
+            )
         for label in m.partitions["seed"].labels:
             stream += 1
             sub = pairs[pairs["base_seed"] == label]
             out[("seed", label, "throughput", arm)] = paired_change(
-                _pair_array(sub, "tokens", "window_s"), np.random.default_rng([seed, 1, stream]), _pair_flagged(sub))
+                _pair_array(sub, "tokens", "window_s"), np.random.default_rng([seed, 1, stream]), _pair_flagged(sub)
+            )
     return out
 
 
@@ -277,11 +290,19 @@ def power_table(m: Metrics) -> pd.DataFrame:
                 row[f"{key}_lo"] = pairs_needed(change, sd_lo) if known else None
                 row[f"{key}_hi"] = pairs_needed(change, sd_hi) if known else None
             rows.append(row)
-    columns = ["arm", "metric", "pairs", "sd_log_ratio", "sd_lo", "sd_hi",
-               *[f"pairs_for_{round(c * 100)}pct{tail}" for c in POWER_CHANGES for tail in ("", "_lo", "_hi")]]
+    columns = [
+        "arm",
+        "metric",
+        "pairs",
+        "sd_log_ratio",
+        "sd_lo",
+        "sd_hi",
+        *[f"pairs_for_{round(c * 100)}pct{tail}" for c in POWER_CHANGES for tail in ("", "_lo", "_hi")],
+    ]
     return pd.DataFrame(rows, columns=columns)
 
 
-POWER_NOTE = (f"paired t-test on per-pair log ratios, two-sided alpha {ALPHA}, power {POWER:.0%}, "
-              f"never fewer than {MIN_PAIRS} pairs")
-
+POWER_NOTE = (
+    f"paired t-test on per-pair log ratios, two-sided alpha {ALPHA}, power {POWER:.0%}, "
+    f"never fewer than {MIN_PAIRS} pairs"
+)

@@ -73,7 +73,9 @@ class Reader:
             return None
         meta = pa.StructArray.from_arrays(
             [one_array(table.column(f"_m_{n}")) for n in f.meta_floats] + meta_lists,
-            names=[*f.meta_floats, *f.meta_lists], mask=one_array(table.column("_m_null")))
+            names=[*f.meta_floats, *f.meta_lists],
+            mask=one_array(table.column("_m_null")),
+        )
         out = table.select(list(self.columns))
         for name in f.lists:
             out = out.set_column(out.schema.get_field_index(name), name, lists[name])
@@ -117,7 +119,7 @@ def _integral(x: np.ndarray) -> bool:
     """Every element of the float64 array `x` an integer of magnitude below EXACT (NaN is not)."""
     buffer = np.empty(min(len(x), _BLOCK))
     for start in range(0, len(x), _BLOCK):
-        block = x[start:start + _BLOCK]
+        block = x[start : start + _BLOCK]
         work = buffer[: len(block)]
         np.trunc(block, out=work)
         if not np.array_equal(work, block):
@@ -142,8 +144,10 @@ def _query(f: Fields) -> tuple[str, tuple[str, ...]]:
         as_int = f"TRY_CAST({text} AS BIGINT)"
         select.append(f"{as_int} AS {_q(name)}")
         # DuckDB rounds '1.5' to 2: the integer must be the number the text is
-        doubts.append(f"({text} IS NOT NULL AND ({as_int} IS NULL OR TRY_CAST({text} AS DOUBLE) IS DISTINCT FROM "
-                      f"{as_int}::DOUBLE))")
+        doubts.append(
+            f"({text} IS NOT NULL AND ({as_int} IS NULL OR TRY_CAST({text} AS DOUBLE) IS DISTINCT FROM "
+            f"{as_int}::DOUBLE))"
+        )
     for name in f.floats:
         types[name] = "JSON"
         _number(_q(name), _q(name), select, doubts)
@@ -155,8 +159,11 @@ def _query(f: Fields) -> tuple[str, tuple[str, ...]]:
     for name in f.lists:
         types[name] = "DOUBLE[]"
         select.append(_q(name))
-    types["meta_info"] = "STRUCT(" + ", ".join(
-        [f"{_q(n)} JSON" for n in f.meta_floats] + [f"{_q(n)} DOUBLE[]" for n in f.meta_lists]) + ")"
+    types["meta_info"] = (
+        "STRUCT("
+        + ", ".join([f"{_q(n)} JSON" for n in f.meta_floats] + [f"{_q(n)} DOUBLE[]" for n in f.meta_lists])
+        + ")"
+    )
     for name in f.meta_floats:
         _number(f"meta_info.{_q(name)}", _q(f"_m_{name}"), select, doubts, finite=True)
     for name in f.meta_lists:
@@ -165,8 +172,10 @@ def _query(f: Fields) -> tuple[str, tuple[str, ...]]:
     # a line that is not an object reads as a row of nulls (as {} does: both left to the line-by-line reader)
     doubts.append("(" + " AND ".join(f"{_q(n)} IS NULL" for n in types) + ")")
     spec = "{" + ", ".join(f"'{n}': '{t}'" for n, t in types.items()) + "}"
-    query = (f"SELECT {', '.join(select)}, ({' OR '.join(doubts)}) AS _doubt FROM read_json(?, "
-             f"format='newline_delimited', records=true, columns={spec})")
+    query = (
+        f"SELECT {', '.join(select)}, ({' OR '.join(doubts)}) AS _doubt FROM read_json(?, "
+        f"format='newline_delimited', records=true, columns={spec})"
+    )
     return query, tuple(n for n in types if n != "meta_info")
 
 
@@ -175,8 +184,9 @@ def _number(expr: str, alias: str, select: list[str], doubts: list[str], finite:
     (then they are doubts: the meta_info fields, which load does not check)."""
     value = f"TRY_CAST({expr}::VARCHAR AS DOUBLE)"
     select.append(f"{value} AS {alias}")
-    doubts.append(f"({expr} IS NOT NULL AND " + (f"NOT coalesce(isfinite({value}), false))" if finite else
-                                                  f"{value} IS NULL)"))
+    doubts.append(
+        f"({expr} IS NOT NULL AND " + (f"NOT coalesce(isfinite({value}), false))" if finite else f"{value} IS NULL)")
+    )
 
 
 def _q(name: str) -> str:

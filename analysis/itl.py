@@ -61,8 +61,15 @@ def _itl_blocks(chunks: Chunks, rows: np.ndarray, run_of_row: np.ndarray) -> Ite
         yield _itl_block(chunks, tok, lengths, selected, run_of_record, int(a), int(b))
 
 
-def _itl_block(chunks: Chunks, tok: np.ndarray, lengths: np.ndarray, selected: np.ndarray,
-               run_of_record: np.ndarray, r0: int, r1: int) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+def _itl_block(
+    chunks: Chunks,
+    tok: np.ndarray,
+    lengths: np.ndarray,
+    selected: np.ndarray,
+    run_of_record: np.ndarray,
+    r0: int,
+    r1: int,
+) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
     """(run, gap_us, tokens) of records r0..r1-1."""
     base, end = chunks.us_offsets[r0], chunks.us_offsets[r1]
     us, tk, ln = chunks.us[base:end], tok[base:end], lengths[r0:r1]
@@ -87,7 +94,7 @@ def itl_by_run(chunks: Chunks, rows: np.ndarray, run_of_row: np.ndarray, n_runs:
     counts, weights = np.zeros(n_runs, dtype=np.int64), np.zeros(n_runs, dtype=np.int64)
     filled = 0
     for run, gap, tokens in _itl_blocks(chunks, rows, run_of_row):
-        if _packed(gap, tokens, keys[filled:filled + len(gap)]) is None:  # a value that does not pack
+        if _packed(gap, tokens, keys[filled : filled + len(gap)]) is None:  # a value that does not pack
             return group_by_run(itl_values(chunks, rows, run_of_row), n_runs)
         filled += len(gap)
         edges, sums = _run_sums(run, tokens, n_runs)  # the block's values come run by run
@@ -105,15 +112,17 @@ class ItlSummary:
     pooled: list[tuple[list[float], int]]
 
 
-def itl_summary(chunks: Chunks, rows: np.ndarray, run_of_row: np.ndarray, arm_of_run: np.ndarray,
-                n_arms: int) -> ItlSummary:
+def itl_summary(
+    chunks: Chunks, rows: np.ndarray, run_of_row: np.ndarray, arm_of_run: np.ndarray, n_arms: int
+) -> ItlSummary:
     """ITL percentiles of the used records `rows` (run_of_row: their runs), per run and pooled per arm."""
     n_runs = len(arm_of_run)
     itl = itl_by_run(chunks, rows, run_of_row, n_runs)
     per_run = np.array([itl.run_percentiles(r, PERCENTILES) for r in range(n_runs)]).reshape(n_runs, len(PERCENTILES))
     arm_of_row = arm_of_run[run_of_row]
-    return ItlSummary(per_run, [itl.pooled(np.unique(run_of_row[arm_of_row == a]).tolist(), PERCENTILES)
-                                for a in range(n_arms)])
+    return ItlSummary(
+        per_run, [itl.pooled(np.unique(run_of_row[arm_of_row == a]).tolist(), PERCENTILES) for a in range(n_arms)]
+    )
 
 
 def _tokens_per_chunk(chunks: Chunks, selected: np.ndarray, lengths: np.ndarray) -> np.ndarray:
@@ -123,12 +132,13 @@ def _tokens_per_chunk(chunks: Chunks, selected: np.ndarray, lengths: np.ndarray)
     tok = np.zeros(len(chunks.us), dtype=np.int64)
     for r in np.flatnonzero(selected & (lengths > 0)):  # rare: some records lack chunk_tokens
         a, b = chunks.us_offsets[r], chunks.us_offsets[r + 1]
-        tok[a:b] = chunks.tok[chunks.tok_offsets[r]:chunks.tok_offsets[r] + (b - a)]
+        tok[a:b] = chunks.tok[chunks.tok_offsets[r] : chunks.tok_offsets[r] + (b - a)]
     return tok
 
 
-def weighted_percentiles(values: np.ndarray, weights: np.ndarray, qs: tuple[float, ...],
-                         presorted: bool = False) -> list[float]:
+def weighted_percentiles(
+    values: np.ndarray, weights: np.ndarray, qs: tuple[float, ...], presorted: bool = False
+) -> list[float]:
     """np.percentile(np.repeat(values, weights), q) for each q (linear interpolation; integer weights),
     without repeating anything: one sort, then the repeated positions are found in the cumulative weights.
     presorted: values are sorted, finite, and their weights positive."""
@@ -222,8 +232,9 @@ def key_percentiles(parts: list[np.ndarray], total: int, qs: tuple[float, ...]) 
     spots = _spots(total, qs)
     at = select_keys(parts, np.array([k for _, lo, hi in spots for k in (lo, hi)], dtype=np.int64))
     seconds = (at >> _W_BITS) / 1e9
-    return [float(seconds[2 * i] + (h - lo) * (seconds[2 * i + 1] - seconds[2 * i]))
-            for i, (h, lo, _) in enumerate(spots)]
+    return [
+        float(seconds[2 * i] + (h - lo) * (seconds[2 * i + 1] - seconds[2 * i])) for i, (h, lo, _) in enumerate(spots)
+    ]
 
 
 _SMALL = 1 << 12  # a selection sorts what is left once it has narrowed to this many keys
@@ -262,8 +273,9 @@ def _select(parts: list[np.ndarray], positions: np.ndarray, lo: int, hi: int) ->
             out[mine] = first
             continue
         inside = [q for q in (p[bucket == b] for p, bucket in zip(parts, buckets, strict=True)) if len(q)]
-        out[mine] = _select(inside, positions[mine] - (cum[b - 1] if b else 0), first,
-                            min(hi, first + (1 << shift) - 1))
+        out[mine] = _select(
+            inside, positions[mine] - (cum[b - 1] if b else 0), first, min(hi, first + (1 << shift) - 1)
+        )
     return out
 
 
@@ -275,12 +287,12 @@ def _packed(gap: np.ndarray, tokens: np.ndarray, keys: np.ndarray | None = None)
     keys = np.empty(len(gap), dtype=np.int64) if keys is None else keys
     limit = 2.0 ** (62 - _W_BITS)
     for a in range(0, len(gap), _BLOCK):  # in blocks: the float temporaries are reused
-        ns = gap[a:a + _BLOCK] * 1000.0
-        ns /= tokens[a:a + _BLOCK]
+        ns = gap[a : a + _BLOCK] * 1000.0
+        ns /= tokens[a : a + _BLOCK]
         np.rint(ns, out=ns)
         if len(ns) and not (ns.max() < limit and ns.min() > -limit):  # NaN fails both
             return None
-        keys[a:a + _BLOCK] = ns
+        keys[a : a + _BLOCK] = ns
     keys <<= _W_BITS
     keys += tokens
     return keys
@@ -309,5 +321,3 @@ def group_by_run(itl: Itl, n_runs: int) -> ItlByRun:
         order = np.argsort(values[a:b])
         values[a:b], weights[a:b] = values[a:b][order], weights[a:b][order]
     return ItlByRun(bounds, None, values, weights)
-
-

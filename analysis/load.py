@@ -267,8 +267,10 @@ def check_types(path: Path, doc: Any, types: dict[str, tuple[type, ...]], where:
         problem = _type_problem(doc.get(key), kinds)
         if problem:
             expected = " or ".join(k.__name__ for k in kinds)
-            raise InputError(f"{path}: {where}{key}={doc.get(key)!r} is {problem}; expected {expected} or null. "
-                             "The file was edited or corrupted: restore it, or rerun the run it describes")
+            raise InputError(
+                f"{path}: {where}{key}={doc.get(key)!r} is {problem}; expected {expected} or null. "
+                "The file was edited or corrupted: restore it, or rerun the run it describes"
+            )
 
 
 def check_doc(path: Path, doc: Any, cls: type, where: str = "") -> None:
@@ -369,22 +371,26 @@ def load(paths: list[str | Path], force_slow: bool = False) -> Loaded:
     # the reads finish (the pool's exit waits for them) before the reader closes; DuckDB and pyarrow release the GIL.
     # force_slow reads line by line only: no DuckDB database is opened for it
     fast: contextlib.AbstractContextManager[duck_records.Reader | None] = (
-        contextlib.nullcontext() if force_slow else duck_records.Reader(DUCK_FIELDS))
+        contextlib.nullcontext() if force_slow else duck_records.Reader(DUCK_FIELDS)
+    )
     with fast as reader, ThreadPoolExecutor(max_workers=os.cpu_count() or 1) as pool:
         record_jobs = [pool.submit(read_records_file, path, force_slow, reader, False) for _, path in todo]
         score_jobs = [pool.submit(read_scores_file, Path(runs["scores_path"].iat[r])) for r in scored]
         results = [job.result() for job in record_jobs]
         scores = {r: job.result() for r, job in zip(scored, score_jobs, strict=True)}
     tables = [_tag(table, run) for (run, _), (table, _, _) in zip(todo, results, strict=True)] or [
-        _tag(RECORD_SCHEMA.empty_table(), 0)]
+        _tag(RECORD_SCHEMA.empty_table(), 0)
+    ]
     bad = [b for _, lines, _ in results for b in lines]
     slow = [str(path) for (_, path), (_, _, was_slow) in zip(todo, results, strict=True) if was_slow]
     # the chunk lists (list<double> from the fast reader, list<int64> from the slow one) are flattened apart from
     # the other columns, in threads beside the tables: that is mostly the kernel giving out fresh pages
     table = pa.concat_tables([t.drop_columns(list(LIST_FIELDS)) for t in tables])
     with ThreadPoolExecutor(max_workers=2) as pool:
-        us, tok = (pool.submit(_list_parts, [t.column(name) for t in tables], table.num_rows)
-                   for name in ("chunk_us", "chunk_tokens"))
+        us, tok = (
+            pool.submit(_list_parts, [t.column(name) for t in tables], table.num_rows)
+            for name in ("chunk_us", "chunk_tokens")
+        )
         records = _records_frame(table, items)
         bad += _apply_scores(records, runs, scores)
         histograms = _histograms(table)
@@ -414,13 +420,48 @@ def _runs_table(campaigns: list[CampaignDir]) -> pd.DataFrame:
 
 NOT_RUN, NO_MANIFEST = "not run", "no manifest"  # statuses of runs without a manifest
 _RUN_COLUMNS = (
-    "campaign_id", "campaign", "run_id", "arm", "base_seed", "repeat", "order", "gpu", "planned", "found",
-    "records_path", "status", "concurrency", "request_rate", "max_new_tokens", "seeds_honoured",
-    "server_accept_length", "deterministic_flag", "gpu_name", "model_path", "dataset_sha256",
-    "harness_version", "harness_git_sha", "harness_dirty", "log_checks_passed",
-    "schema_version", "seed_stream", "open_loop", "scores_path", "scorer",
-    "machine_recorded", "cpu_other_frac", "steal_frac", "cpu_other_before", "cpu_other_after",
-    "hostname", "node_type", "manifest_gpu", "gpu_env", "spec_algorithm", "window_start", "window_end",
+    "campaign_id",
+    "campaign",
+    "run_id",
+    "arm",
+    "base_seed",
+    "repeat",
+    "order",
+    "gpu",
+    "planned",
+    "found",
+    "records_path",
+    "status",
+    "concurrency",
+    "request_rate",
+    "max_new_tokens",
+    "seeds_honoured",
+    "server_accept_length",
+    "deterministic_flag",
+    "gpu_name",
+    "model_path",
+    "dataset_sha256",
+    "harness_version",
+    "harness_git_sha",
+    "harness_dirty",
+    "log_checks_passed",
+    "schema_version",
+    "seed_stream",
+    "open_loop",
+    "scores_path",
+    "scorer",
+    "machine_recorded",
+    "cpu_other_frac",
+    "steal_frac",
+    "cpu_other_before",
+    "cpu_other_after",
+    "hostname",
+    "node_type",
+    "manifest_gpu",
+    "gpu_env",
+    "spec_algorithm",
+    "window_start",
+    "window_end",
 )
 
 
@@ -498,7 +539,7 @@ def flag_value(argv: Any, flag: str) -> str | None:
         if token == flag and i + 1 < len(tokens):
             value = tokens[i + 1]
         elif token.startswith(flag + "="):
-            value = token[len(flag) + 1:]
+            value = token[len(flag) + 1 :]
     return value
 
 
@@ -568,7 +609,9 @@ def _deterministic_flag(server_info: Any) -> bool | None:
 def _items_table(campaigns: list[CampaignDir]) -> pd.DataFrame:
     """Distinct items over all campaigns (the first campaign's seed_offset and category win)."""
     frames = [pd.DataFrame(c.items, columns=["item_id", "seed_offset", "category"]) for c in campaigns]
-    frame = pd.concat(frames, ignore_index=True) if frames else pd.DataFrame(columns=["item_id", "seed_offset", "category"])
+    frame = (
+        pd.concat(frames, ignore_index=True) if frames else pd.DataFrame(columns=["item_id", "seed_offset", "category"])
+    )
     frame["item_id"] = frame["item_id"].astype(str)
     frame = frame.drop_duplicates("item_id", keep="first").reset_index(drop=True)
     frame["seed_offset"] = pd.to_numeric(frame["seed_offset"], errors="coerce").astype("Int64")
@@ -621,7 +664,9 @@ def _histograms(table: pa.Table) -> Histograms:
         valid = lists.is_valid().to_numpy(zero_copy_only=False) & ~present
         if valid.any():
             offsets = lists.offsets.to_numpy()
-            parts.append((valid, offsets, lists.values.to_numpy(zero_copy_only=False), np.where(valid, np.diff(offsets), 0)))
+            parts.append(
+                (valid, offsets, lists.values.to_numpy(zero_copy_only=False), np.where(valid, np.diff(offsets), 0))
+            )
             present |= valid
     width = max((int(p[3].max()) for p in parts), default=0)
     dense = np.zeros((n, width), dtype=np.int64)
@@ -629,7 +674,7 @@ def _histograms(table: pa.Table) -> Histograms:
         seen = np.flatnonzero(np.bincount(lengths))
         seen = seen[seen > 0]
         if len(seen) == 1 and np.array_equal(np.diff(offsets), lengths):  # one length, contiguous: a reshape
-            dense[valid, : seen[0]] = values[offsets[0]:offsets[-1]].reshape(-1, seen[0])
+            dense[valid, : seen[0]] = values[offsets[0] : offsets[-1]].reshape(-1, seen[0])
             continue
         for length in seen:
             rows = np.flatnonzero(lengths == length)  # lists of one length gather as one block
@@ -658,10 +703,10 @@ def _list_parts(columns: list[pa.ChunkedArray], n: int) -> tuple[np.ndarray, np.
     values = np.empty(total, np.int64)
     at = 0
     for chunk, (raw, valid, lengths) in zip(chunks, spans, strict=True):
-        flat = chunk.values.to_numpy(zero_copy_only=False)[raw[0]:raw[-1]]
+        flat = chunk.values.to_numpy(zero_copy_only=False)[raw[0] : raw[-1]]
         if not np.array_equal(np.diff(raw), lengths):
             flat = flat[np.repeat(valid, np.diff(raw))]  # null lists with stale child values: drop them
-        values[at:at + len(flat)] = flat
+        values[at : at + len(flat)] = flat
         at += len(flat)
     return np.concatenate(offsets), values, np.concatenate(present)
 
@@ -676,8 +721,9 @@ def _scored_runs(runs: pd.DataFrame) -> list[int]:
     return [int(r) for r in np.flatnonzero(v2 & (runs["scores_path"] != "").to_numpy())]
 
 
-def _apply_scores(records: pd.DataFrame, runs: pd.DataFrame,
-                  scores: dict[int, tuple[pa.Table, list[BadLine]]]) -> list[BadLine]:
+def _apply_scores(
+    records: pd.DataFrame, runs: pd.DataFrame, scores: dict[int, tuple[pa.Table, list[BadLine]]]
+) -> list[BadLine]:
     """Schema-2 runs: `correct` of each record from its run's scores.jsonl (`scores`: read_scores_file's
     result by row of `runs`, for the _scored_runs rows), joined on request_index (NaN when the run has no scores file or the record
     no score), and `_score_lines`, the number of score lines the record's request_index has (NaN in runs without a

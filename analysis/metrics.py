@@ -95,21 +95,24 @@ def report_arm_order(data: Loaded, baseline: str) -> list[str]:
     return [a for a in ordered if a]
 
 
-def start(data: Loaded, picked: Picked, arms: list[str], baseline: str,
-          pool: Executor) -> tuple[RequestTables, Future[Metrics]]:
+def start(
+    data: Loaded, picked: Picked, arms: list[str], baseline: str, pool: Executor
+) -> tuple[RequestTables, Future[Metrics]]:
     """The metrics in two jobs on `pool` (give it two workers for them: numpy's and pandas' loops release the
     GIL): the ITL, queued first, and the rest once this thread has made the request tables; -> (the tables, the
     metrics to come). Work that needs only the tables can run in this thread meanwhile."""
     arm_of_run = pd.Index(arms).get_indexer(data.runs["arm"]).astype(np.int64)
     used = picked.selection.used
-    itl_job = pool.submit(itl_summary, data.chunks, np.flatnonzero(used), data.records["_run"].to_numpy()[used],
-                          arm_of_run, len(arms))
+    itl_job = pool.submit(
+        itl_summary, data.chunks, np.flatnonzero(used), data.records["_run"].to_numpy()[used], arm_of_run, len(arms)
+    )
     tables = RequestTables(arms, baseline, request_frame(data, picked, arm_of_run), partitions(data))
     return tables, pool.submit(_finish, data, picked, tables, arm_of_run, itl_job)
 
 
-def _finish(data: Loaded, picked: Picked, tables: RequestTables, arm_of_run: np.ndarray,
-            itl_job: Future[ItlSummary]) -> Metrics:
+def _finish(
+    data: Loaded, picked: Picked, tables: RequestTables, arm_of_run: np.ndarray, itl_job: Future[ItlSummary]
+) -> Metrics:
     arms, req, parts = tables.arms, tables.requests, tables.partitions
     ratios = ratio_table(req, parts, arms)
     outcomes = outcome_table(data, picked, req, parts, arms, arm_of_run)
@@ -186,27 +189,29 @@ def request_frame(data: Loaded, picked: Picked, arm_of_run: np.ndarray) -> pd.Da
         al = np.where(spec, ct / vct, np.nan)
         rate = np.where((decode_tokens > 0) & (d1 > d0), decode_tokens / (d1 - d0), np.nan)
         tpot = np.where((ct >= 2) & (t_end >= t_first), (t_end - t_first) / (ct - 1), np.nan)
-    return pd.DataFrame({
-        "run": run,
-        "item": rec["_item"].to_numpy()[used],
-        "arm": arm_of_run[run],
-        "spec": spec,
-        "ct": ct,
-        "vct": np.where(spec, vct, 0.0),
-        "ncd": np.where(spec, np.nan_to_num(rec["spec_num_correct_drafts"].to_numpy()[used]), 0.0),
-        "al": al,
-        "correct": rec["correct"].to_numpy()[used],
-        "hit_cap": recompute_hit_cap(rec)[used],
-        "ttft": t_first - t_start,
-        "e2e": t_end - t_start,
-        "queue": np.where(open_loop, t_sent - t_sched, np.nan),
-        "tpot": tpot,
-        "decode_tokens": decode_tokens,
-        "decode_start": d0,
-        "decode_end": d1,
-        "decode_rate": rate,
-        "chunked": chunked,
-    })
+    return pd.DataFrame(
+        {
+            "run": run,
+            "item": rec["_item"].to_numpy()[used],
+            "arm": arm_of_run[run],
+            "spec": spec,
+            "ct": ct,
+            "vct": np.where(spec, vct, 0.0),
+            "ncd": np.where(spec, np.nan_to_num(rec["spec_num_correct_drafts"].to_numpy()[used]), 0.0),
+            "al": al,
+            "correct": rec["correct"].to_numpy()[used],
+            "hit_cap": recompute_hit_cap(rec)[used],
+            "ttft": t_first - t_start,
+            "e2e": t_end - t_start,
+            "queue": np.where(open_loop, t_sent - t_sched, np.nan),
+            "tpot": tpot,
+            "decode_tokens": decode_tokens,
+            "decode_start": d0,
+            "decode_end": d1,
+            "decode_rate": rate,
+            "chunked": chunked,
+        }
+    )
 
 
 def _percentile(values: np.ndarray, q: float) -> float:
@@ -214,7 +219,9 @@ def _percentile(values: np.ndarray, q: float) -> float:
     return float(np.percentile(finite, q)) if finite.size else float("nan")
 
 
-def pooled_latency(req: pd.DataFrame, itl: ItlSummary, n_arms: int, arms: list[str]) -> tuple[pd.DataFrame, pd.DataFrame]:
+def pooled_latency(
+    req: pd.DataFrame, itl: ItlSummary, n_arms: int, arms: list[str]
+) -> tuple[pd.DataFrame, pd.DataFrame]:
     """Percentiles pooled over all used requests (ITL: tokens) of each arm, and how many values each has."""
     arm = req["arm"].to_numpy()
     values: dict[str, list[float]] = {}
@@ -251,11 +258,13 @@ def _group_sums(code: np.ndarray, arm: np.ndarray, n_groups: int, n_arms: int, w
 
 def _long(part: Partition, arms: list[str], columns: dict[str, np.ndarray]) -> pd.DataFrame:
     g, a = np.meshgrid(np.arange(part.size), np.arange(len(arms)), indexing="ij")
-    frame = pd.DataFrame({
-        "partition": part.name,
-        "group": [part.labels[i] for i in g.ravel()],
-        "arm": [arms[i] for i in a.ravel()],
-    })
+    frame = pd.DataFrame(
+        {
+            "partition": part.name,
+            "group": [part.labels[i] for i in g.ravel()],
+            "arm": [arms[i] for i in a.ravel()],
+        }
+    )
     for name, values in columns.items():
         frame[name] = values.ravel()
     return frame
@@ -285,7 +294,11 @@ def ratio_table(req: pd.DataFrame, parts: dict[str, Partition], arms: list[str])
 
 
 def outcome_table(
-    data: Loaded, picked: Picked, req: pd.DataFrame, parts: dict[str, Partition], arms: list[str],
+    data: Loaded,
+    picked: Picked,
+    req: pd.DataFrame,
+    parts: dict[str, Partition],
+    arms: list[str],
     arm_of_run: np.ndarray,
 ) -> pd.DataFrame:
     plan = picked.plan
@@ -299,8 +312,7 @@ def outcome_table(
         code = part.code(run, item)
         n, a = part.size, len(arms)
         cols = {
-            "planned": _group_sums(part.code(plan.run, plan.item), arm_of_run[plan.run], n, a,
-                                   np.ones(len(plan.run))),
+            "planned": _group_sums(part.code(plan.run, plan.item), arm_of_run[plan.run], n, a, np.ones(len(plan.run))),
             "used": _group_sums(code, arm, n, a, np.ones(len(run))),
             "correct": _group_sums(code, arm, n, a, (correct == 1).astype(float)),
             "scored": _group_sums(code, arm, n, a, (~np.isnan(correct)).astype(float)),
@@ -313,8 +325,9 @@ def outcome_table(
     return out
 
 
-def run_table(data: Loaded, picked: Picked, req: pd.DataFrame, itl: Callable[[], ItlSummary],
-              arm_of_run: np.ndarray) -> pd.DataFrame:
+def run_table(
+    data: Loaded, picked: Picked, req: pd.DataFrame, itl: Callable[[], ItlSummary], arm_of_run: np.ndarray
+) -> pd.DataFrame:
     """One row per planned finished run. itl: gives the ITL summary; called once every other column is made."""
     runs = data.runs
     rec = data.records
@@ -325,9 +338,25 @@ def run_table(data: Loaded, picked: Picked, req: pd.DataFrame, itl: Callable[[],
     t0 = _group_extreme(m_run, rec["t_sent"].to_numpy()[meas], n, np.minimum, np.inf)
     t1 = _group_extreme(m_run, rec["t_end"].to_numpy()[meas], n, np.maximum, -np.inf)
     window = np.where(np.isfinite(t0) & np.isfinite(t1) & (t1 > t0), t1 - t0, np.nan)
-    out = runs[["run", "campaign", "campaign_id", "run_id", "arm", "base_seed", "repeat", "order", "status",
-                "server_accept_length", "machine_recorded", "cpu_other_frac", "steal_frac", "cpu_other_before",
-                "cpu_other_after"]].copy()
+    out = runs[
+        [
+            "run",
+            "campaign",
+            "campaign_id",
+            "run_id",
+            "arm",
+            "base_seed",
+            "repeat",
+            "order",
+            "status",
+            "server_accept_length",
+            "machine_recorded",
+            "cpu_other_frac",
+            "steal_frac",
+            "cpu_other_before",
+            "cpu_other_after",
+        ]
+    ].copy()
     out["foreign_load"] = foreign_load(runs)
     out["measured"] = np.bincount(m_run, minlength=n)
     out["tokens"] = tokens
@@ -365,17 +394,22 @@ def _per_run_request_stats(req: pd.DataFrame, itl: Callable[[], ItlSummary], n_r
     order = np.argsort(run, kind="stable")
     bounds = np.searchsorted(run[order], np.arange(n_runs + 1))
     spec = req["spec"].to_numpy()
-    sums = {k: np.bincount(run, weights=req[k].to_numpy() if k != "n" else None, minlength=n_runs)
-            for k in ("ct", "vct", "n")}
+    sums = {
+        k: np.bincount(run, weights=req[k].to_numpy() if k != "n" else None, minlength=n_runs)
+        for k in ("ct", "vct", "n")
+    }
     rows = {"used": sums["n"], "acceptance_length": np.full(n_runs, np.nan)}
     ct_spec = np.bincount(run, weights=np.where(spec, req["ct"].to_numpy(), 0.0), minlength=n_runs)
     with np.errstate(divide="ignore", invalid="ignore"):
         rows["acceptance_length"] = np.where(sums["vct"] > 0, ct_spec / sums["vct"], np.nan)
     rows["decode_tokens"] = np.bincount(run, weights=np.nan_to_num(req["decode_tokens"].to_numpy()), minlength=n_runs)
     cols = {k: req[k].to_numpy()[order] for k in ("decode_rate", "ttft", "e2e", "tpot", "decode_start", "decode_end")}
-    rows["decode_span_s"] = np.array([union_length(cols["decode_start"][bounds[i]:bounds[i + 1]],
-                                                   cols["decode_end"][bounds[i]:bounds[i + 1]])
-                                      for i in range(n_runs)])
+    rows["decode_span_s"] = np.array(
+        [
+            union_length(cols["decode_start"][bounds[i] : bounds[i + 1]], cols["decode_end"][bounds[i] : bounds[i + 1]])
+            for i in range(n_runs)
+        ]
+    )
     rows["decode_rate_mean"] = _slice_stat(cols["decode_rate"], bounds, np.nanmean)
     for family in ("ttft", "e2e", "tpot"):
         for p in PERCENTILES:
@@ -389,7 +423,7 @@ def _per_run_request_stats(req: pd.DataFrame, itl: Callable[[], ItlSummary], n_r
 def _slice_stat(values: np.ndarray, bounds: np.ndarray, fn) -> np.ndarray:
     out = np.full(len(bounds) - 1, np.nan)
     for i in range(len(bounds) - 1):
-        chunk = values[bounds[i]:bounds[i + 1]]
+        chunk = values[bounds[i] : bounds[i + 1]]
         if chunk.size and not np.all(np.isnan(chunk)):
             out[i] = fn(chunk)
     return out
@@ -398,8 +432,13 @@ def _slice_stat(values: np.ndarray, bounds: np.ndarray, fn) -> np.ndarray:
 def seed_run_table(runs: pd.DataFrame) -> pd.DataFrame:
     ok = runs[np.isfinite(runs["window_s"])]
     grouped = ok.groupby(["base_seed", "arm"], sort=True)
-    out = grouped.agg(tokens=("tokens", "sum"), window_s=("window_s", "sum"), runs=("run", "count"),
-                      decode_tokens=("decode_tokens", "sum"), decode_span_s=("decode_span_s", "sum"))
+    out = grouped.agg(
+        tokens=("tokens", "sum"),
+        window_s=("window_s", "sum"),
+        runs=("run", "count"),
+        decode_tokens=("decode_tokens", "sum"),
+        decode_span_s=("decode_span_s", "sum"),
+    )
     out["throughput"] = out["tokens"] / out["window_s"]
     with np.errstate(divide="ignore", invalid="ignore"):
         out["decode_tps"] = out["decode_tokens"] / out["decode_span_s"].where(out["decode_span_s"] > 0)

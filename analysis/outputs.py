@@ -25,11 +25,15 @@ from analysis.load import Loaded
 LISTED = 10  # differing requests named per arm pair
 _EMPTY = pd.DataFrame(columns=["filename", "item_id", "text_md5", "ids_md5"])
 _COLUMNS = "{item_id: 'VARCHAR', warmup: 'BOOLEAN', output_text: 'VARCHAR', output_ids: 'BIGINT[]'}"
-_HASHES = ("SELECT filename, item_id, md5(output_text) AS text_md5, md5(CAST(output_ids AS VARCHAR)) AS ids_md5 FROM "
-           f"read_json(?, format='newline_delimited', records=true, filename=true, columns={_COLUMNS}) "
-           "WHERE NOT coalesce(warmup, false)")
-_FULL = (f"SELECT item_id, output_text, output_ids FROM read_json(?, format='newline_delimited', records=true, "
-         f"columns={_COLUMNS}) WHERE NOT coalesce(warmup, false)")
+_HASHES = (
+    "SELECT filename, item_id, md5(output_text) AS text_md5, md5(CAST(output_ids AS VARCHAR)) AS ids_md5 FROM "
+    f"read_json(?, format='newline_delimited', records=true, filename=true, columns={_COLUMNS}) "
+    "WHERE NOT coalesce(warmup, false)"
+)
+_FULL = (
+    f"SELECT item_id, output_text, output_ids FROM read_json(?, format='newline_delimited', records=true, "
+    f"columns={_COLUMNS}) WHERE NOT coalesce(warmup, false)"
+)
 
 
 @dataclass(frozen=True)
@@ -75,11 +79,26 @@ class Identity:
 
     def doc(self) -> dict[str, object]:
         """For summary.json."""
-        return {"arm": self.arm, "baseline": self.baseline, "pairs": self.pairs, "identical": self.identical,
-                "compared": self.compared, "pairs_with_token_ids": self.with_ids, "pairs_without_text": self.unrecorded,
-                "differing": [{"campaign": d.campaign, "base_seed": d.base_seed, "repeat": d.repeat,
-                               "item_id": d.item_id, "first_difference": d.where} for d in self.differing],
-                "unreadable_files": list(self.unreadable)}
+        return {
+            "arm": self.arm,
+            "baseline": self.baseline,
+            "pairs": self.pairs,
+            "identical": self.identical,
+            "compared": self.compared,
+            "pairs_with_token_ids": self.with_ids,
+            "pairs_without_text": self.unrecorded,
+            "differing": [
+                {
+                    "campaign": d.campaign,
+                    "base_seed": d.base_seed,
+                    "repeat": d.repeat,
+                    "item_id": d.item_id,
+                    "first_difference": d.where,
+                }
+                for d in self.differing
+            ],
+            "unreadable_files": list(self.unreadable),
+        }
 
     def line(self) -> str:
         if not self.pairs:
@@ -147,12 +166,16 @@ def compare_outputs(data: Loaded, used: np.ndarray, arms: list[str], baseline: s
 def _identity(arm: str, baseline: str, pairs: pd.DataFrame, unreadable: tuple[str, ...]) -> Identity:
     recorded = pairs["text_md5_b"].notna() & pairs["text_md5_a"].notna()
     with_ids = recorded & pairs["ids_md5_b"].notna() & pairs["ids_md5_a"].notna()
-    same = recorded & (pairs["text_md5_b"] == pairs["text_md5_a"]) & (
-        ~with_ids | (pairs["ids_md5_b"] == pairs["ids_md5_a"]))
+    same = (
+        recorded
+        & (pairs["text_md5_b"] == pairs["text_md5_a"])
+        & (~with_ids | (pairs["ids_md5_b"] == pairs["ids_md5_a"]))
+    )
     differing = pairs[recorded & ~same].head(LISTED)
     listed = tuple(_where(row) for row in differing.itertuples(index=False))
-    return Identity(arm, baseline, len(pairs), int(same.sum()), int(with_ids.sum()), int((~recorded).sum()), listed,
-                    unreadable)
+    return Identity(
+        arm, baseline, len(pairs), int(same.sum()), int(with_ids.sum()), int((~recorded).sum()), listed, unreadable
+    )
 
 
 def _full(path: str, item_id: str) -> tuple[str | None, list[int] | None]:
@@ -179,7 +202,6 @@ def _where(row: object) -> Differing:
     else:
         where = first_difference(text_b or "", text_a or "", "character")
     return Differing(str(row.campaign), int(row.base_seed), int(row.repeat), str(row.item_id), where)  # type: ignore[attr-defined]
-
 
 
 CHECK_NAME = "Outputs identical across arms, as the experiment expects"

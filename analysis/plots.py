@@ -60,8 +60,10 @@ def _grouped_bars(ax, groups: list[str], series: dict[str, np.ndarray], ylabel: 
 def _per_seed(m: Metrics) -> Figure:
     seeds = list(m.partitions["seed"].labels)
     ratios = m.ratios[m.ratios["partition"] == "seed"]
-    al = {a: ratios[ratios["arm"] == a].set_index("group")["acceptance_length"].reindex(seeds).to_numpy(float)
-          for a in m.arms}
+    al = {
+        a: ratios[ratios["arm"] == a].set_index("group")["acceptance_length"].reindex(seeds).to_numpy(float)
+        for a in m.arms
+    }
     sr = m.seed_runs
     tput = {a: sr[sr["arm"] == a].set_index("base_seed")["throughput"].reindex(seeds).to_numpy(float) for a in m.arms}
     fig = Figure(figsize=(10, 3.8))

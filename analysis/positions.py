@@ -94,18 +94,32 @@ def compute(data: Loaded, used: np.ndarray, m: RequestTables, n_boot: int, seed:
         draft[name] = accepted / (s * gamma)
         mean[name] = accepted / s
         finite = al[mine][np.isfinite(al[mine])]
-        dist[name] = {"mean": float(finite.mean()) if finite.size else float("nan"),
-                      **{k: float(np.percentile(finite, q)) if finite.size else float("nan")
-                         for k, q in REQUEST_QUANTILES.items()}}
+        dist[name] = {
+            "mean": float(finite.mean()) if finite.size else float("nan"),
+            **{
+                k: float(np.percentile(finite, q)) if finite.size else float("nan")
+                for k, q in REQUEST_QUANTILES.items()
+            },
+        }
         count[name] = int(mine.sum())
     group = m.partitions["seed"].code(run, item) if "seed" in m.partitions else np.zeros(len(run), dtype=np.int64)
     changes, seeds = _changes(ge, steps, arm, item, group, m, n_boot, seed, set(rates))
-    return Acceptance(gamma, out_hist, rates, draft, mean, dist, count, int((~present).sum()), changes, seeds,
-                      tuple(no_drafts))
+    return Acceptance(
+        gamma, out_hist, rates, draft, mean, dist, count, int((~present).sum()), changes, seeds, tuple(no_drafts)
+    )
 
 
-def _changes(ge: np.ndarray, steps: np.ndarray, arm: np.ndarray, item: np.ndarray, group: np.ndarray, m: RequestTables,
-             n_boot: int, seed: int, drafted: set[str]) -> tuple[dict[str, list[Change]], pd.DataFrame]:
+def _changes(
+    ge: np.ndarray,
+    steps: np.ndarray,
+    arm: np.ndarray,
+    item: np.ndarray,
+    group: np.ndarray,
+    m: RequestTables,
+    n_boot: int,
+    seed: int,
+    drafted: set[str],
+) -> tuple[dict[str, list[Change]], pd.DataFrame]:
     """Paired item-bootstrap changes of each position's rate: pooled (column block 0) and per seed (1..), for
     the `drafted` arms (those with verify steps) against the baseline when it is one of them."""
     n_arms, gamma = len(m.arms), ge.shape[1]
@@ -121,8 +135,9 @@ def _changes(ge: np.ndarray, steps: np.ndarray, arm: np.ndarray, item: np.ndarra
         blocks.append((1, len(labels), group * (n_arms * n_items) + cell, (group >= 0) & (group < len(labels))))
     for first, groups, key, sel in blocks:
         for q in range(width):
-            sums[first:first + groups, ..., q] = np.bincount(
-                key[sel], weights=values[sel, q], minlength=groups * n_arms * n_items).reshape(groups, n_arms, n_items)
+            sums[first : first + groups, ..., q] = np.bincount(
+                key[sel], weights=values[sel, q], minlength=groups * n_arms * n_items
+            ).reshape(groups, n_arms, n_items)
     matrix = sums.transpose(2, 0, 1, 3).reshape(n_items, n_groups * n_arms * width)  # column (g, arm, q)
     point = matrix.sum(axis=0)
     boot = bootstrap_sums(matrix, n_boot, np.random.default_rng([seed, 5]))
@@ -136,8 +151,11 @@ def _changes(ge: np.ndarray, steps: np.ndarray, arm: np.ndarray, item: np.ndarra
         return item_change(point, boot, (col(g, a, i), col(g, a, 0), col(g, b, i), col(g, b, 0)), items)
 
     paired = m.baseline in drafted
-    pooled = {name: [change(0, a, i) for i in range(1, gamma + 1)] for a, name in enumerate(m.arms)
-              if a != b and name in drafted and paired}
+    pooled = {
+        name: [change(0, a, i) for i in range(1, gamma + 1)]
+        for a, name in enumerate(m.arms)
+        if a != b and name in drafted and paired
+    }
     rows = []
     for s, label in enumerate(labels):
         for a, name in enumerate(m.arms):
@@ -145,7 +163,13 @@ def _changes(ge: np.ndarray, steps: np.ndarray, arm: np.ndarray, item: np.ndarra
                 continue
             for i in range(1, gamma + 1):
                 den = point[col(s + 1, a, 0)]
-                rows.append({"base_seed": label, "arm": name, "position": i,
-                             "rate": point[col(s + 1, a, i)] / den if den else float("nan"),
-                             "change": change(s + 1, a, i) if a != b and paired else None})
+                rows.append(
+                    {
+                        "base_seed": label,
+                        "arm": name,
+                        "position": i,
+                        "rate": point[col(s + 1, a, i)] / den if den else float("nan"),
+                        "change": change(s + 1, a, i) if a != b and paired else None,
+                    }
+                )
     return pooled, pd.DataFrame(rows, columns=["base_seed", "arm", "position", "rate", "change"])

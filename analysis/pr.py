@@ -40,11 +40,28 @@ METRIC_LINES = (
 
 
 def render(report: Report) -> str:
-    lines = [_title(report), "", _audit_line(report), "", *_compared(report), *_outputs(report), *_pooled(report), "",
-             *_per_seed(report), "",
-             *_positions(report),
-             "### Setup", "", *_setup(report), "", "### Protocol", "", *_protocol(report), "",
-             "Full report (audit details, per run, latency, acceptance per position, figures): [report.md](report.md)"]
+    lines = [
+        _title(report),
+        "",
+        _audit_line(report),
+        "",
+        *_compared(report),
+        *_outputs(report),
+        *_pooled(report),
+        "",
+        *_per_seed(report),
+        "",
+        *_positions(report),
+        "### Setup",
+        "",
+        *_setup(report),
+        "",
+        "### Protocol",
+        "",
+        *_protocol(report),
+        "",
+        "Full report (audit details, per run, latency, acceptance per position, figures): [report.md](report.md)",
+    ]
     return "\n".join(_wrap(lines)).rstrip() + "\n"
 
 
@@ -105,23 +122,39 @@ def _compared(report: Report) -> list[str]:
         src = d.get("source") or {}
         where = code.get("checkout") or {}
         if src:
-            uncommitted = " (the checkout's files as they were, uncommitted ones included)" if src.get("ref") == "WORKTREE" else ""
-            out.append(f"- `{arm}`: `{src.get('repo')}` ref `{src.get('ref')}` = commit `{src.get('commit')}`{uncommitted}")
+            uncommitted = (
+                " (the checkout's files as they were, uncommitted ones included)"
+                if src.get("ref") == "WORKTREE"
+                else ""
+            )
+            out.append(
+                f"- `{arm}`: `{src.get('repo')}` ref `{src.get('ref')}` = commit `{src.get('commit')}`{uncommitted}"
+            )
         else:
-            dirty = (f", dirty checkout (diff sha256 `{str(where.get('diff_sha256'))[:12]}`)" if where.get("dirty") else
-                     ", clean checkout" if where else "")
+            dirty = (
+                f", dirty checkout (diff sha256 `{str(where.get('diff_sha256'))[:12]}`)"
+                if where.get("dirty")
+                else ", clean checkout"
+                if where
+                else ""
+            )
             python = d.get("python") or code.get("executable") or "the harness's own"
-            out.append(f"- `{arm}`: interpreter `{python}`, "
-                       f"{describe(code or None)}{dirty}")
+            out.append(f"- `{arm}`: interpreter `{python}`, {describe(code or None)}{dirty}")
     for arm, stat in (report.data.campaigns[0].meta.get("source_diff_stat") or {}).items():
         lines = str(stat).splitlines()
-        shown = lines if len(lines) <= STAT_LINES + 1 else [*lines[:STAT_LINES], f" ... {len(lines) - 1 - STAT_LINES} "
-                                                                                  "more files", lines[-1]]
+        shown = (
+            lines
+            if len(lines) <= STAT_LINES + 1
+            else [*lines[:STAT_LINES], f" ... {len(lines) - 1 - STAT_LINES} more files", lines[-1]]
+        )
         out += ["", f"`git diff --stat` from `{report.baseline}`'s commit to `{arm}`'s:", "", "```", *shown, "```"]
     differ = package_differences(codes)
     if differ:
-        out += ["", "Packages that differ between the arms' interpreters: " + "; ".join(
-            f"{n} " + ", ".join(f"`{a}` {v}" for a, v in versions.items()) for n, versions in differ)]
+        out += [
+            "",
+            "Packages that differ between the arms' interpreters: "
+            + "; ".join(f"{n} " + ", ".join(f"`{a}` {v}" for a, v in versions.items()) for n, versions in differ),
+        ]
     return [*out, ""]
 
 
@@ -157,8 +190,9 @@ def headline(report: Report) -> pd.DataFrame:
     rows = []
     for metric, label in {**POOLED_ROWS, **COUNT_ROWS}.items():
         values = shown.loc[names[metric]].tolist()[: len(report.arms)]  # the report's own cells
-        cells = [_change(report.comparison.get("pooled", "all", metric, a)) if metric in POOLED_ROWS else ""
-                 for a in others]
+        cells = [
+            _change(report.comparison.get("pooled", "all", metric, a)) if metric in POOLED_ROWS else "" for a in others
+        ]
         rows.append([label, *values, *cells])
     cols = ["Metric", *report.arms, *[f"{a} vs {report.baseline} [95% CI]" for a in others]]
     return pd.DataFrame(rows, columns=cols)
@@ -168,15 +202,23 @@ def _pooled(report: Report) -> list[str]:
     others = [a for a in report.arms if a != report.baseline]
     out = table(headline(report)).rstrip("\n").split("\n")
     changes = {a: report.comparison.get("pooled", "all", "throughput", a) for a in others}
-    flagged = [f"{c.flagged} of {c.n} `{a}` vs `{report.baseline}` run pairs" for a, c in changes.items() if c and c.flagged]
+    flagged = [
+        f"{c.flagged} of {c.n} `{a}` vs `{report.baseline}` run pairs" for a, c in changes.items() if c and c.flagged
+    ]
     model = str(first_manifest(report, report.baseline)[1].get("model_path") or "")
     if model.startswith("embedded:"):  # (a preset: exact integer weights and a made-up vocabulary)
-        out += ["", f"Boxed score: `{model}` is the embedded server's synthetic model; its tokens are drawn from a made-up "
-                "distribution, so it cannot answer: a score of 0 is expected and says nothing about accuracy (a real "
-                "model: `make bench-real`)."]
+        out += [
+            "",
+            f"Boxed score: `{model}` is the embedded server's synthetic model; its tokens are drawn from a made-up "
+            "distribution, so it cannot answer: a score of 0 is expected and says nothing about accuracy (a real "
+            "model: `make bench-real`).",
+        ]
     if flagged:
-        out += ["", f"**Foreign load** in {'; '.join(flagged)} (report.md, 'Runs taken on a quiet machine'): "
-                "their throughput changes may measure other work."]
+        out += [
+            "",
+            f"**Foreign load** in {'; '.join(flagged)} (report.md, 'Runs taken on a quiet machine'): "
+            "their throughput changes may measure other work.",
+        ]
     return out
 
 
@@ -189,8 +231,12 @@ def _per_seed(report: Report) -> list[str]:
     shown = report.tables.per_seed_display
     if shown.empty:
         return ["(no per-seed table: no base seeds)"]
-    keep = ["Seed", *[f"{a} AL" for a in report.arms], *[f"{a} tok/s" for a in report.arms],
-            *[f"{a} correct" for a in report.arms]]
+    keep = [
+        "Seed",
+        *[f"{a} AL" for a in report.arms],
+        *[f"{a} tok/s" for a in report.arms],
+        *[f"{a} correct" for a in report.arms],
+    ]
     return table(shown[keep]).rstrip("\n").split("\n")
 
 
@@ -204,8 +250,10 @@ def _positions(report: Report) -> list[str]:
     if not shown:
         return []
     others = [a for a in shown if a in acc.changes]
-    rows = [[str(i + 1), *(fmt_num(acc.rates[a][i], 4) for a in shown), *(fmt_change(acc.changes[a][i]) for a in others)]
-            for i in range(acc.gamma)]
+    rows = [
+        [str(i + 1), *(fmt_num(acc.rates[a][i], 4) for a in shown), *(fmt_change(acc.changes[a][i]) for a in others)]
+        for i in range(acc.gamma)
+    ]
     cols = ["Draft position", *shown, *[f"{a} vs {report.baseline} [95% CI]" for a in others]]
     head = "Acceptance per draft position (verify steps that accepted at least i drafts / verify steps):"
     tail = [f"({', '.join(f'`{a}`' for a in acc.no_drafts)}: n/a: no drafts)"] if acc.no_drafts else []
@@ -216,19 +264,30 @@ def _setup(report: Report) -> list[str]:
     fields = dict(VERSION_FIELDS)
     hardware = []
     for label in ("GPU", "host CPU", "cores", "platform"):
-        values = sorted({str(fields[label](m)) for a in report.arms for m in arm_manifests(report, a)
-                         if fields[label](m) is not None})
+        values = sorted(
+            {
+                str(fields[label](m))
+                for a in report.arms
+                for m in arm_manifests(report, a)
+                if fields[label](m) is not None
+            }
+        )
         if values:
             hardware.append(f"{label} {', '.join(values)}")
     out = [f"- hardware: {'; '.join(hardware) or 'not recorded'}"]
     run_id, man = first_manifest(report, report.baseline)
     if man:
         out.append(f"- model: `{man.get('model_path')}`")
-        out.append(f"- server (`{report.baseline}`, port and seed masked): `{shell(normalise(man.get('command') or [], run_id, man.get('base_seed')))}`")
+        out.append(
+            f"- server (`{report.baseline}`, port and seed masked): `{shell(normalise(man.get('command') or [], run_id, man.get('base_seed')))}`"
+        )
     sources = {a.get("name"): a.get("source") for c in report.data.campaigns for a in c.arms}
     for d in report.audit.arm_diffs:
-        same = ("the same command; the code differs (below)" if sources.get(d.arm) != sources.get(d.baseline)
-                else "identical (A/A)")
+        same = (
+            "the same command; the code differs (below)"
+            if sources.get(d.arm) != sources.get(d.baseline)
+            else "identical (A/A)"
+        )
         what = "; ".join([str(h) for h in d.hunks] + [f"env {e}" for e in d.env]) or same
         status = "as declared" if d.clean else "UNDECLARED differences"
         out.append(f"- `{d.arm}` vs `{d.baseline}` ({status}): {d.note or what}")
@@ -238,20 +297,28 @@ def _setup(report: Report) -> list[str]:
             out.append(f"- code of `{arm}`: {describe(codes[arm])}")
     differ = package_differences(codes)
     if codes:
-        out.append(f"- packages that differ between the arms' interpreters: {', '.join(n for n, _ in differ) or 'none'}")
+        out.append(
+            f"- packages that differ between the arms' interpreters: {', '.join(n for n, _ in differ) or 'none'}"
+        )
     return out
 
 
 def _intervals(report: Report) -> str:
     """How the intervals were made, as they were: the throughputs' t-interval only where there were enough pairs."""
     head = f"intervals: 95%; paired bootstrap over items (AL, drafts per step, positions; none below {MIN_ITEMS} items)"
-    pairs = [c for a in report.arms if a != report.baseline
-             if (c := report.comparison.get("pooled", "all", "throughput", a)) is not None]
+    pairs = [
+        c
+        for a in report.arms
+        if a != report.baseline
+        if (c := report.comparison.get("pooled", "all", "throughput", a)) is not None
+    ]
     if pairs and all(c.has_interval for c in pairs):
         return head + ", t-interval over run pairs (throughputs)"
     n = min((c.n for c in pairs), default=0)
-    return head + (f"; throughputs: no interval ({n} run pair(s); a t-interval needs {MIN_PAIRS}, so their change is "
-                   "the pairs' geometric mean with the range of the pair ratios)")
+    return head + (
+        f"; throughputs: no interval ({n} run pair(s); a t-interval needs {MIN_PAIRS}, so their change is "
+        "the pairs' geometric mean with the range of the pair ratios)"
+    )
 
 
 def _protocol(report: Report) -> list[str]:
@@ -264,11 +331,16 @@ def _protocol(report: Report) -> list[str]:
     if cfg.get("sampling") is not None:
         out.append(f"- sampling `{json.dumps(cfg['sampling'], sort_keys=True)}`")
     order = " (the arms' order alternates by seed)" if exp.get("order") == "alternate" else ""
-    seeds = ("each request seeded: base seed + its item's offset" if exp.get("seeded_requests", True)
-             else "requests not seeded")
+    seeds = (
+        "each request seeded: base seed + its item's offset"
+        if exp.get("seeded_requests", True)
+        else "requests not seeded"
+    )
     flush = ", then the cache flushed" if warm.get("flush_cache") else ""
-    out.append(f"- base seeds {exp.get('base_seeds')}, repeats {exp.get('repeats')}, order `{exp.get('order')}`{order}; "
-               f"{seeds}; concurrency {c.meta.get('concurrency')}; warmup {warm.get('requests')} requests of "
-               f"{warm.get('max_new_tokens')} tokens per run{flush}")
+    out.append(
+        f"- base seeds {exp.get('base_seeds')}, repeats {exp.get('repeats')}, order `{exp.get('order')}`{order}; "
+        f"{seeds}; concurrency {c.meta.get('concurrency')}; warmup {warm.get('requests')} requests of "
+        f"{warm.get('max_new_tokens')} tokens per run{flush}"
+    )
     out += [f"- {line}" for line in (*METRIC_LINES, _intervals(report))]
     return out

@@ -41,10 +41,30 @@ _FLOAT_MAX = sys.float_info.max
 # output_text, reference_answer, category (the campaign's item list is the source of categories), and
 # meta_info but for the keys below.
 PARSED = (
-    "schema_version", "campaign_id", "run_id", "arm", "base_seed", "repeat", "request_index", "item_id",
-    "seed_offset", "request_seed", "warmup", "completion_tokens", "spec_verify_ct", "spec_num_correct_drafts",
-    "max_new_tokens", "finish_reason", "hit_cap", "t_scheduled", "t_sent", "t_first_token", "t_end",
-    "chunk_us", "chunk_tokens", "error",
+    "schema_version",
+    "campaign_id",
+    "run_id",
+    "arm",
+    "base_seed",
+    "repeat",
+    "request_index",
+    "item_id",
+    "seed_offset",
+    "request_seed",
+    "warmup",
+    "completion_tokens",
+    "spec_verify_ct",
+    "spec_num_correct_drafts",
+    "max_new_tokens",
+    "finish_reason",
+    "hit_cap",
+    "t_scheduled",
+    "t_sent",
+    "t_first_token",
+    "t_end",
+    "chunk_us",
+    "chunk_tokens",
+    "error",
 )
 
 
@@ -95,16 +115,22 @@ RECORD_SCHEMA = pa.schema(
 )
 
 
-_DOUBLE_LISTS_SCHEMA = pa.schema([pa.field(f.name, pa.list_(pa.float64())) if f.name in LIST_FIELDS else f
-                                  for f in RECORD_SCHEMA])
+_DOUBLE_LISTS_SCHEMA = pa.schema(
+    [pa.field(f.name, pa.list_(pa.float64())) if f.name in LIST_FIELDS else f for f in RECORD_SCHEMA]
+)
 
 
-DUCK_FIELDS = duck_records.Fields(STR_FIELDS, INT_FIELDS, FLOAT_FIELDS, BOOL_FIELDS, LIST_FIELDS, META_FLOAT_FIELDS,
-                                  META_HIST_FIELDS)
+DUCK_FIELDS = duck_records.Fields(
+    STR_FIELDS, INT_FIELDS, FLOAT_FIELDS, BOOL_FIELDS, LIST_FIELDS, META_FLOAT_FIELDS, META_HIST_FIELDS
+)
 
 
-SCORE_SCHEMA = pa.schema([(name, {int: pa.int64(), bool: pa.bool_()}[base_type(typing.get_type_hints(ScoreLine)[name])])
-                          for name in ("request_index", "correct")])
+SCORE_SCHEMA = pa.schema(
+    [
+        (name, {int: pa.int64(), bool: pa.bool_()}[base_type(typing.get_type_hints(ScoreLine)[name])])
+        for name in ("request_index", "correct")
+    ]
+)
 
 
 @dataclass(frozen=True)
@@ -116,8 +142,9 @@ class BadLine:
     reason: str
 
 
-def read_records_file(path: Path, force_slow: bool = False, reader: duck_records.Reader | None = None,
-                      int_lists: bool = True) -> tuple[pa.Table, list[BadLine], bool]:
+def read_records_file(
+    path: Path, force_slow: bool = False, reader: duck_records.Reader | None = None, int_lists: bool = True
+) -> tuple[pa.Table, list[BadLine], bool]:
     """One records.jsonl as a table of RECORD_SCHEMA; returns (table, bad lines, used the slow path). `reader`: the
     fast reader to use (one is opened for the call when None). `int_lists` False: the fast reader's LIST_FIELDS
     stay list<double> (integers below 2^53, checked: exact), for _list_parts to convert as it flattens them."""
@@ -150,8 +177,12 @@ def _null_nonfinite(table: pa.Table, path: Path) -> tuple[pa.Table, list[BadLine
         if len(rows):
             values = column.to_numpy(zero_copy_only=False)
             numbers = line_numbers(path, [int(r) for r in rows], slow=False)
-            bad += [BadLine(str(path), number, f"{name}={float(values[r])!r} is not finite, or too large "
-                            "for a float (ignored)") for r, number in zip(rows, numbers, strict=True)]
+            bad += [
+                BadLine(
+                    str(path), number, f"{name}={float(values[r])!r} is not finite, or too large for a float (ignored)"
+                )
+                for r, number in zip(rows, numbers, strict=True)
+            ]
             nulls = pa.nulls(len(column), pa.float64())
             table = table.set_column(table.schema.get_field_index(name), name, pc.if_else(mask, nulls, column))
     return table, bad
@@ -298,9 +329,11 @@ def _coerce_meta(meta: Any, problems: list[str]) -> dict[str, Any] | None:
 def read_scores_file(path: Path) -> tuple[pa.Table, list[BadLine]]:
     """scores.jsonl as (request_index, correct); unreadable lines become BadLines."""
     try:
-        table = pj.read_json(path, read_options=pj.ReadOptions(block_size=_BLOCK_BYTES, use_threads=False),
-                             parse_options=pj.ParseOptions(explicit_schema=SCORE_SCHEMA,
-                                                           unexpected_field_behavior="ignore"))
+        table = pj.read_json(
+            path,
+            read_options=pj.ReadOptions(block_size=_BLOCK_BYTES, use_threads=False),
+            parse_options=pj.ParseOptions(explicit_schema=SCORE_SCHEMA, unexpected_field_behavior="ignore"),
+        )
         return table.select(SCORE_SCHEMA.names).cast(SCORE_SCHEMA), []
     except (pa.ArrowInvalid, pa.ArrowNotImplementedError):
         pass
@@ -308,11 +341,13 @@ def read_scores_file(path: Path) -> tuple[pa.Table, list[BadLine]]:
     bad: list[BadLine] = []
     for number, obj in json_lines(path, bad):
         index, correct = (obj.get("request_index"), obj.get("correct")) if isinstance(obj, dict) else (None, None)
-        if (not isinstance(index, int) or isinstance(index, bool) or not INT64_MIN <= index <= INT64_MAX
-                or not (correct is None or isinstance(correct, bool))):
+        if (
+            not isinstance(index, int)
+            or isinstance(index, bool)
+            or not INT64_MIN <= index <= INT64_MAX
+            or not (correct is None or isinstance(correct, bool))
+        ):
             bad.append(BadLine(str(path), number, "not a score line (request_index integer, correct boolean or null)"))
             continue
         rows.append({"request_index": index, "correct": correct})
     return pa.Table.from_pylist(rows, schema=SCORE_SCHEMA), bad
-
-

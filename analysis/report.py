@@ -40,7 +40,8 @@ class MismatchError(Exception):
         self.mismatches = mismatches
         lines = "\n".join(f"  - {m}" for m in mismatches)
         super().__init__(
-            "refusing to compare runs whose checked metadata differ:\n" + lines
+            "refusing to compare runs whose checked metadata differ:\n"
+            + lines
             + "\nRerun with --allow-mismatch to compare them anyway (the report will say so)."
         )
 
@@ -56,7 +57,9 @@ def build_report(
     """Read, audit and analyse the campaigns under `paths` (with report_memory()'s allocation settings). Raises
     InputError or MismatchError."""
     if n_boot < 1 or seed < 0:
-        raise InputError(f"--bootstrap must be >= 1, got {n_boot}" if n_boot < 1 else f"--seed must be >= 0, got {seed}")
+        raise InputError(
+            f"--bootstrap must be >= 1, got {n_boot}" if n_boot < 1 else f"--seed must be >= 0, got {seed}"
+        )
     with report_memory():
         return _build(paths, allow_mismatch, n_boot, seed, force_slow_reader)
 
@@ -85,9 +88,20 @@ def _build(paths: list[str | Path], allow_mismatch: bool, n_boot: int, seed: int
     audit.checks.append(check_outputs(outputs, data.campaigns[0].expect))
     tables = build(metrics, comparison, data.campaigns[0].meta.get("max_new_tokens"), len(data.campaigns) > 1)
     report = Report(
-        inputs=[Path(p) for p in paths], data=data, arms=arms, baseline=baseline, audit=audit,
-        metrics=metrics, comparison=comparison, tables=tables, figures=plots.figure_specs(metrics, by_position),
-        n_boot=n_boot, seed=seed, power=power_table(metrics), acceptance=by_position, outputs=outputs,
+        inputs=[Path(p) for p in paths],
+        data=data,
+        arms=arms,
+        baseline=baseline,
+        audit=audit,
+        metrics=metrics,
+        comparison=comparison,
+        tables=tables,
+        figures=plots.figure_specs(metrics, by_position),
+        n_boot=n_boot,
+        seed=seed,
+        power=power_table(metrics),
+        acceptance=by_position,
+        outputs=outputs,
     )
     report.markdown = markdown.render(report)
     report.pr = pr.render(report)
@@ -131,19 +145,41 @@ def parser() -> argparse.ArgumentParser:
             "The same files always give a byte-identical report."
         ),
     )
-    p.add_argument("results_dirs", nargs="+", metavar="RESULTS_DIR", help="campaign directory, or a directory of campaigns")
-    p.add_argument("--strict", action=argparse.BooleanOptionalAction, default=True,
-                   help="exit with status 1 when any audit check fails (the default); --no-strict: exit 0 once the "
-                        "report is written, whose top still says the audit FAILED")
-    p.add_argument("--allow-mismatch", action="store_true",
-                   help="compare runs even when their checked metadata differ (the audit flags it)")
+    p.add_argument(
+        "results_dirs", nargs="+", metavar="RESULTS_DIR", help="campaign directory, or a directory of campaigns"
+    )
+    p.add_argument(
+        "--strict",
+        action=argparse.BooleanOptionalAction,
+        default=True,
+        help="exit with status 1 when any audit check fails (the default); --no-strict: exit 0 once the "
+        "report is written, whose top still says the audit FAILED",
+    )
+    p.add_argument(
+        "--allow-mismatch",
+        action="store_true",
+        help="compare runs even when their checked metadata differ (the audit flags it)",
+    )
     p.add_argument("--out", metavar="PATH", help="write report.md and figures/ here instead of next to the campaign")
-    p.add_argument("--pr", action="store_true",
-                   help="print pr.md (the short summary a pull request carries) to standard output; write nothing")
-    p.add_argument("--bootstrap", type=int, default=DEFAULT_BOOTSTRAP, metavar="N",
-                   help=f"bootstrap resamples for the 95%% intervals (default {DEFAULT_BOOTSTRAP})")
-    p.add_argument("--seed", type=int, default=DEFAULT_SEED, metavar="S",
-                   help=f"seed of the bootstrap and permutation draws (default {DEFAULT_SEED})")
+    p.add_argument(
+        "--pr",
+        action="store_true",
+        help="print pr.md (the short summary a pull request carries) to standard output; write nothing",
+    )
+    p.add_argument(
+        "--bootstrap",
+        type=int,
+        default=DEFAULT_BOOTSTRAP,
+        metavar="N",
+        help=f"bootstrap resamples for the 95%% intervals (default {DEFAULT_BOOTSTRAP})",
+    )
+    p.add_argument(
+        "--seed",
+        type=int,
+        default=DEFAULT_SEED,
+        metavar="S",
+        help=f"seed of the bootstrap and permutation draws (default {DEFAULT_SEED})",
+    )
     return p
 
 
@@ -156,8 +192,9 @@ def run_cli(argv: list[str] | None = None) -> tuple[int, Report | None]:
     """The CLI's work: (exit status, the report, or None when nothing was written)."""
     args = parser().parse_args(argv)
     try:
-        report = build_report(args.results_dirs, allow_mismatch=args.allow_mismatch, n_boot=args.bootstrap,
-                              seed=args.seed)
+        report = build_report(
+            args.results_dirs, allow_mismatch=args.allow_mismatch, n_boot=args.bootstrap, seed=args.seed
+        )
     except (InputError, MismatchError) as err:
         print(f"analysis.report: {err}", file=sys.stderr)
         return EXIT_REFUSED, None
@@ -169,8 +206,11 @@ def run_cli(argv: list[str] | None = None) -> tuple[int, Report | None]:
     try:
         written = write_report(report, out_dir)
     except OSError as err:
-        print(f"analysis.report: cannot write the report to {out_dir} ({err.strerror or err}); "
-              "give a writable folder with --out PATH", file=sys.stderr)
+        print(
+            f"analysis.report: cannot write the report to {out_dir} ({err.strerror or err}); "
+            "give a writable folder with --out PATH",
+            file=sys.stderr,
+        )
         return EXIT_REFUSED, None
     figures = [p for p in written if p.suffix == ".png"]
     print(f"wrote {written[0]}" + (f" and {len(figures)} figure(s) in {figures[0].parent}" if figures else ""))
@@ -179,8 +219,11 @@ def run_cli(argv: list[str] | None = None) -> tuple[int, Report | None]:
         print("audit: passed")
         return EXIT_OK, report
     names = "; ".join(c.name for c in report.audit.failed)
-    print(f"AUDIT FAILED: {names} (details at the top of {written[0]})" + ("" if args.strict else
-          "; exit 0 (--no-strict)"), file=sys.stderr)
+    print(
+        f"AUDIT FAILED: {names} (details at the top of {written[0]})"
+        + ("" if args.strict else "; exit 0 (--no-strict)"),
+        file=sys.stderr,
+    )
     return (EXIT_AUDIT_FAILED if args.strict else EXIT_OK), report
 
 

@@ -116,8 +116,9 @@ def invalid_values(rec: pd.DataFrame, runs: pd.DataFrame) -> np.ndarray:
 
     Such a record is counted as errored (never in a figure) and fails the audit.
     """
-    ct, vct, ncd, cap = (rec[c].to_numpy() for c in ("completion_tokens", "spec_verify_ct", "spec_num_correct_drafts",
-                                                    "max_new_tokens"))
+    ct, vct, ncd, cap = (
+        rec[c].to_numpy() for c in ("completion_tokens", "spec_verify_ct", "spec_num_correct_drafts", "max_new_tokens")
+    )
     t_sent, t_first, t_end = (rec[c].to_numpy() for c in ("t_sent", "t_first_token", "t_end"))
     run = rec["_run"].to_numpy()
     start, end = (runs[c].to_numpy(dtype=float)[run] for c in ("window_start", "window_end"))
@@ -128,9 +129,17 @@ def invalid_values(rec: pd.DataFrame, runs: pd.DataFrame) -> np.ndarray:
 
     with np.errstate(invalid="ignore"):  # NaN (null) compares False: a missing value is not invalid, except
         # t_sent and t_end of a request that did not fail (t_first_token stays null when no chunk carried output)
-        masks = (bad_count(ct), bad_count(vct), bad_count(ncd), ct > cap, (vct == 0) & (ct > 1), t_end < t_sent,
-                 (t_first < t_sent) | (t_first > t_end), ~errored_mask(rec) & (np.isnan(t_sent) | np.isnan(t_end)),
-                 (t_sent < start - slack) | (t_end > end + slack))
+        masks = (
+            bad_count(ct),
+            bad_count(vct),
+            bad_count(ncd),
+            ct > cap,
+            (vct == 0) & (ct > 1),
+            t_end < t_sent,
+            (t_first < t_sent) | (t_first > t_end),
+            ~errored_mask(rec) & (np.isnan(t_sent) | np.isnan(t_end)),
+            (t_sent < start - slack) | (t_end > end + slack),
+        )
     return np.vstack(masks) if len(rec) else np.zeros((len(INVALID_REASONS), 0), dtype=bool)
 
 
@@ -139,5 +148,3 @@ def pick(data: Loaded) -> Picked:
     plan = plan_keys(data)
     selection, key = select(data, plan)
     return Picked(plan, selection, key)
-
-

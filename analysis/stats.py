@@ -132,7 +132,7 @@ def bootstrap_sums(matrix: np.ndarray, n_boot: int, rng: np.random.Generator) ->
                 pending = pool.submit(draw, k + 1)
             for r in range(len(idx)):  # row by row: the count array stays in cache
                 counts[r] = np.bincount(idx[r], minlength=n)
-            out[start:start + len(idx)] = counts[: len(idx)] @ weights
+            out[start : start + len(idx)] = counts[: len(idx)] @ weights
     return out
 
 
@@ -142,8 +142,9 @@ def ratio_change(num_b: np.ndarray, den_b: np.ndarray, num_a: np.ndarray, den_a:
         return (np.asarray(num_b) / den_b) / (np.asarray(num_a) / den_a) - 1
 
 
-def item_change(point: np.ndarray, boot: np.ndarray, cols: tuple[int, int, int, int], n_items: int,
-                min_items: int = MIN_ITEMS) -> Change:
+def item_change(
+    point: np.ndarray, boot: np.ndarray, cols: tuple[int, int, int, int], n_items: int, min_items: int = MIN_ITEMS
+) -> Change:
     """Change from the summed columns (num_b, den_b, num_a, den_a) of a bootstrap over items."""
     nb, db, na, da = cols
     estimate = float(ratio_change(point[nb], point[db], point[na], point[da]))
@@ -181,8 +182,9 @@ def t_interval(d: np.ndarray, level: float = LEVEL) -> tuple[float, float]:
     return math.expm1(mean - half), math.expm1(mean + half)
 
 
-def paired_change(pairs: np.ndarray, rng: np.random.Generator, flagged: np.ndarray | None = None,
-                  min_pairs: int = MIN_PAIRS) -> Change:
+def paired_change(
+    pairs: np.ndarray, rng: np.random.Generator, flagged: np.ndarray | None = None, min_pairs: int = MIN_PAIRS
+) -> Change:
     """Change over run pairs. pairs: [n, 4] = (num_b, den_b, num_a, den_a) per pair (den = 1 for a plain
     value); flagged: [n] pairs with a run under foreign load. Pairs with a missing or non-positive value
     are left out."""
@@ -196,8 +198,19 @@ def paired_change(pairs: np.ndarray, rng: np.random.Generator, flagged: np.ndarr
     estimate = math.expm1(float(np.mean(d)))
     lo, hi = t_interval(d) if n >= min_pairs else (math.nan, math.nan)
     p, exact = sign_flip_pvalue(d, rng)
-    return Change(estimate, lo, hi, n, "run pairs", p_value=p, exact=exact, range_lo=math.expm1(float(d.min())),
-                  range_hi=math.expm1(float(d.max())), min_n=min_pairs, flagged=n_flagged)
+    return Change(
+        estimate,
+        lo,
+        hi,
+        n,
+        "run pairs",
+        p_value=p,
+        exact=exact,
+        range_lo=math.expm1(float(d.min())),
+        range_hi=math.expm1(float(d.max())),
+        min_n=min_pairs,
+        flagged=n_flagged,
+    )
 
 
 def sign_flip_pvalue(d: np.ndarray, rng: np.random.Generator) -> tuple[float, bool]:
@@ -245,8 +258,14 @@ def sd_interval(sd: float, n: int, level: float = LEVEL) -> tuple[float, float]:
     return sd * math.sqrt(dof / chi2_quantile(1 - tail, dof)), sd * math.sqrt(dof / chi2_quantile(tail, dof))
 
 
-def pairs_needed(change: float, sd: float, power: float = POWER, alpha: float = ALPHA,
-                 floor: int = MIN_PAIRS, cap: int = MAX_PAIRS_SHOWN) -> int | None:
+def pairs_needed(
+    change: float,
+    sd: float,
+    power: float = POWER,
+    alpha: float = ALPHA,
+    floor: int = MIN_PAIRS,
+    cap: int = MAX_PAIRS_SHOWN,
+) -> int | None:
     """The fewest run pairs (never below `floor`) at which a paired t-test on log ratios detects a
     relative change `change` (0.02 = 2%) with the given power; None beyond `cap` or when sd is unknown."""
     if not math.isfinite(sd) or sd < 0:

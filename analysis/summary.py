@@ -30,8 +30,16 @@ def change_doc(c: Change | None) -> dict[str, Any] | None:
     """A change B/A - 1 with its interval, as the report computed it."""
     if c is None:
         return None
-    return {"estimate": number(c.estimate), "lo": number(c.lo), "hi": number(c.hi), "n": int(c.n), "unit": c.unit,
-            "p_value": number(c.p_value), "significant": bool(c.significant), "has_interval": bool(c.has_interval)}
+    return {
+        "estimate": number(c.estimate),
+        "lo": number(c.lo),
+        "hi": number(c.hi),
+        "n": int(c.n),
+        "unit": c.unit,
+        "p_value": number(c.p_value),
+        "significant": bool(c.significant),
+        "has_interval": bool(c.has_interval),
+    }
 
 
 def summary(report: Report) -> dict[str, Any]:
@@ -41,17 +49,21 @@ def summary(report: Report) -> dict[str, Any]:
     return {
         "schema": SCHEMA,
         "experiment": first.experiment,
-        "campaigns": [{"label": c.label, "campaign_id": c.campaign_id, "planned_runs": len(c.plan)}
-                      for c in report.data.campaigns],
+        "campaigns": [
+            {"label": c.label, "campaign_id": c.campaign_id, "planned_runs": len(c.plan)} for c in report.data.campaigns
+        ],
         "arms": list(report.arms),
         "baseline": report.baseline,
         "declared_difference": first.meta.get("declared_difference") or None,
         "aa": first.aa,
         "expect": first.expect,
         "output_identity": [i.doc() for i in report.outputs],
-        "audit": {"passed": bool(audit.passed), "checks": len(audit.checks),
-                  "failed": [c.name for c in audit.failed],
-                  "warned": [c.name for c in audit.checks if c.status == "warn"]},
+        "audit": {
+            "passed": bool(audit.passed),
+            "checks": len(audit.checks),
+            "failed": [c.name for c in audit.failed],
+            "warned": [c.name for c in audit.checks if c.status == "warn"],
+        },
         "intervals": {"level": 0.95, "bootstrap_resamples": report.n_boot, "seed": report.seed},
         "pooled": pooled(report),
         "counts": counts(report),
@@ -68,10 +80,16 @@ def pooled(report: Report) -> dict[str, Any]:
     for metric in frame.index:
         if metric not in names or metric in COUNTS:
             continue
-        changes = {a: change_doc(report.comparison.get("pooled", "all", metric, a))
-                   for a in report.arms if a != report.baseline}
-        out[str(metric)] = {"label": names[metric], "values": {a: number(frame.at[metric, a]) for a in report.arms},
-                            "changes": changes}
+        changes = {
+            a: change_doc(report.comparison.get("pooled", "all", metric, a))
+            for a in report.arms
+            if a != report.baseline
+        }
+        out[str(metric)] = {
+            "label": names[metric],
+            "values": {a: number(frame.at[metric, a]) for a in report.arms},
+            "changes": changes,
+        }
     return out
 
 
@@ -92,8 +110,9 @@ def per_seed(report: Report) -> list[dict[str, Any]]:
         seed = int(r.base_seed)
         row: dict[str, Any] = {"base_seed": seed, "arm": r.arm, "runs": number(r.runs)}
         row.update({k: number(getattr(r, k)) for k in SEED_METRICS})
-        row.update({"correct": int(r.correct), "scored": int(r.scored), "cap_hits": int(r.cap_hits),
-                    "planned": int(r.planned)})
+        row.update(
+            {"correct": int(r.correct), "scored": int(r.scored), "cap_hits": int(r.cap_hits), "planned": int(r.planned)}
+        )
         if r.arm != report.baseline:
             row["changes"] = {k: change_doc(report.comparison.get("seed", seed, k, r.arm)) for k in SEED_METRICS}
         rows.append(row)
@@ -107,11 +126,16 @@ def positions(report: Report) -> dict[str, Any] | None:
     acc = report.acceptance
     if acc is None:
         return None
-    arms = {a: {"rate_by_position": [number(x) for x in acc.rates[a]],
-                "draft_acceptance_rate": number(acc.draft_rate[a]),
-                "mean_accepted_per_step": number(acc.mean_accepted[a]),
-                "steps_by_accepted": [int(x) for x in acc.histogram[a]],
-                "request_al": {k: number(v) for k, v in acc.request_al[a].items()}}
-            for a in report.arms if a in acc.rates}
+    arms = {
+        a: {
+            "rate_by_position": [number(x) for x in acc.rates[a]],
+            "draft_acceptance_rate": number(acc.draft_rate[a]),
+            "mean_accepted_per_step": number(acc.mean_accepted[a]),
+            "steps_by_accepted": [int(x) for x in acc.histogram[a]],
+            "request_al": {k: number(v) for k, v in acc.request_al[a].items()},
+        }
+        for a in report.arms
+        if a in acc.rates
+    }
     changes = {a: [change_doc(c) for c in acc.changes[a]] for a in report.arms if a in acc.changes}
     return {"positions": acc.gamma, "arms": arms, "changes": changes, "no_drafts": list(acc.no_drafts)}

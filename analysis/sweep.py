@@ -71,6 +71,7 @@ def sweep_table(roots: list[Path]) -> pd.DataFrame:
             return (0, float(value))
         except ValueError:
             return (1, value)
+
     if keys:
         frame = frame.sort_values(keys, key=lambda col: col.map(order)).reset_index(drop=True)
     return frame
@@ -78,11 +79,18 @@ def sweep_table(roots: list[Path]) -> pd.DataFrame:
 
 def sweep_markdown(roots: list[Path]) -> str:
     frame = sweep_table(roots)
-    lines = ["# Sweep", "", f"{len(roots)} campaign(s): " + ", ".join(f"`{r.parent.name}/{r.name}`" for r in roots), "",
-             frame.to_markdown(index=False, disable_numparse=True), "",
-             "tok/s: output tokens over the run's measured window, summed over the arm's runs (each campaign's "
-             "report, 'Output throughput'); AL: completion tokens per verify step, pooled over the arm's "
-             "requests; X / baseline: the ratio of the two pooled throughputs of one campaign.", ""]
+    lines = [
+        "# Sweep",
+        "",
+        f"{len(roots)} campaign(s): " + ", ".join(f"`{r.parent.name}/{r.name}`" for r in roots),
+        "",
+        frame.to_markdown(index=False, disable_numparse=True),
+        "",
+        "tok/s: output tokens over the run's measured window, summed over the arm's runs (each campaign's "
+        "report, 'Output throughput'); AL: completion tokens per verify step, pooled over the arm's "
+        "requests; X / baseline: the ratio of the two pooled throughputs of one campaign.",
+        "",
+    ]
     return "\n".join(lines)
 
 

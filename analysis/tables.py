@@ -21,8 +21,14 @@ from analysis.stats import Change
 
 _MS = ("ttft", "itl", "tpot")  # shown in milliseconds
 DECIMALS = {
-    "acceptance_length": 4, "al_request_mean": 4, "correct_drafts_per_step": 4, "throughput": 2,
-    "decode_tps": 2, "decode_rate_mean": 2, "queue_mean": 1, "queue_p99": 1,
+    "acceptance_length": 4,
+    "al_request_mean": 4,
+    "correct_drafts_per_step": 4,
+    "throughput": 2,
+    "decode_tps": 2,
+    "decode_rate_mean": 2,
+    "queue_mean": 1,
+    "queue_p99": 1,
     **{f"{f}_p{p}": 1 if f == "ttft" else 2 if f in _MS else 3 for f in LATENCIES for p in PERCENTILES},
 }
 SCALE = {**{f"{f}_p{p}": 1000.0 for f in _MS for p in PERCENTILES}, "queue_mean": 1000.0, "queue_p99": 1000.0}
@@ -45,12 +51,14 @@ def labels(max_new_tokens: object) -> dict[str, str]:
     out.update({f"e2e_p{p}": f"End-to-end latency p{p} (s)" for p in PERCENTILES})
     out.update({f"itl_p{p}": f"ITL p{p} (ms)" for p in PERCENTILES})
     out.update({f"tpot_p{p}": f"TPOT p{p} (ms)" for p in PERCENTILES})
-    out.update({
-        "score": "Boxed score over entire response",
-        "cap_hits": f"Responses hitting the {cap}",
-        "errors": "Errored requests",
-        "used": "Requests used / planned",
-    })
+    out.update(
+        {
+            "score": "Boxed score over entire response",
+            "cap_hits": f"Responses hitting the {cap}",
+            "errors": "Errored requests",
+            "used": "Requests used / planned",
+        }
+    )
     return out
 
 
@@ -101,7 +109,9 @@ def fmt_change(c: Change | None) -> str:
 def _run_pairs_tail(c: Change) -> str:
     pairs = f"{c.n} pair" + ("s" if c.n != 1 else "")
     if c.has_interval:
-        text = f" [{fmt_pct(c.lo)}, {fmt_pct(c.hi)}] sign-flip p={c.p_value:.3g}" + ("" if c.exact else " (random flips)")
+        text = f" [{fmt_pct(c.lo)}, {fmt_pct(c.hi)}] sign-flip p={c.p_value:.3g}" + (
+            "" if c.exact else " (random flips)"
+        )
         text += "" if c.significant else " not significant"
     elif c.n >= 2:
         text = f" (range of pair ratios [{fmt_pct(c.range_lo)}, {fmt_pct(c.range_hi)}], {pairs}, no interval)"
@@ -115,6 +125,7 @@ def _run_pairs_tail(c: Change) -> str:
 def fmt_pairs(n: Any, lo: Any = None, hi: Any = None) -> str:
     """Run pairs needed, with the range that the SD's own 95% interval gives (an SD from few pairs is
     itself uncertain: from 3 pairs, by a factor of about 0.3 to 40 in pairs)."""
+
     def one(x: Any) -> str:
         return "more than 100,000" if x is None or x != x else f"{int(x):,}"
 
@@ -222,12 +233,15 @@ def pooled_display(m: Metrics, comp: ChangeSet, pooled: pd.DataFrame, names: dic
     rows = []
     for metric in _shown_metrics(m):
         values = [value_cell(m, pooled, metric, a) for a in m.arms]
-        changes = [fmt_change(comp.get("pooled", "all", metric, a)) if metric not in QUEUE_METRICS else "-"
-                   for a in others]
+        changes = [
+            fmt_change(comp.get("pooled", "all", metric, a)) if metric not in QUEUE_METRICS else "-" for a in others
+        ]
         if _family(metric):  # a percentile: the change is over per-run percentiles; show the columns' too
             base = pooled.at[metric, m.baseline]
-            changes = [f"{text}; pooled columns {fmt_pct(pooled.at[metric, a] / base - 1) if base else 'n/a'}"
-                       for text, a in zip(changes, others, strict=True)]
+            changes = [
+                f"{text}; pooled columns {fmt_pct(pooled.at[metric, a] / base - 1) if base else 'n/a'}"
+                for text, a in zip(changes, others, strict=True)
+            ]
         rows.append([names[metric], *values, *changes])
     for key, num in (("score", "correct"), ("cap_hits", "cap_hits"), ("errors", "errors"), ("used", "used")):
         values = [_count_cell(pooled, key, num, a) for a in m.arms]
@@ -251,24 +265,31 @@ def _footnotes(m: Metrics, comp: ChangeSet, pooled: pd.DataFrame) -> list[str]:
         if c is None:
             continue
         if c.n == 0:
-            notes.append(f"{arm} vs {m.baseline}: no run pair has a measured window (no finished run with "
-                         "output in both arms): no per-run change.")
+            notes.append(
+                f"{arm} vs {m.baseline}: no run pair has a measured window (no finished run with "
+                "output in both arms): no per-run change."
+            )
         elif c.n < c.min_n:
             notes.append(
                 f"{arm} vs {m.baseline}: {c.n} run pair(s), fewer than {c.min_n}: per-run changes (throughput, "
                 f"decode throughput, latency percentiles) show the geometric mean and the range of the pair ratios, "
                 f"no interval; an exact sign-flip test over {c.n} pairs cannot give p below {c.min_p:.3g}. "
-                f"More seeds or repeats are needed.")
+                f"More seeds or repeats are needed."
+            )
         elif c.p_value is not None and not c.exact:
             notes.append(f"{arm} vs {m.baseline}: {c.n} run pairs; p-values from random sign flips.")
     flagged = m.runs[m.runs["foreign_load"].to_numpy(bool)]
     if len(flagged):
-        notes.append(f"**{len(flagged)} of {len(m.runs)} runs were taken under foreign load** (see the audit check "
-                     "'Runs taken on a quiet machine' and the per-run 'Foreign CPU' column): the throughput and "
-                     "latency changes of pairs holding them may measure that other work, not the arms.")
+        notes.append(
+            f"**{len(flagged)} of {len(m.runs)} runs were taken under foreign load** (see the audit check "
+            "'Runs taken on a quiet machine' and the per-run 'Foreign CPU' column): the throughput and "
+            "latency changes of pairs holding them may measure that other work, not the arms."
+        )
     if marked_cells(m, pooled):
-        notes.append(f"A percentile marked (n=...) comes from fewer than {MIN_PERCENTILE_VALUES} values and is "
-                     "a rough estimate (a p99 over fewer than 100 values is close to the maximum).")
+        notes.append(
+            f"A percentile marked (n=...) comes from fewer than {MIN_PERCENTILE_VALUES} values and is "
+            "a rough estimate (a p99 over fewer than 100 values is close to the maximum)."
+        )
     return notes
 
 
@@ -311,7 +332,8 @@ def _seed_count(sub: pd.DataFrame, arm: str) -> str:
 
 def per_category_numeric(m: Metrics) -> pd.DataFrame:
     r = m.ratios[m.ratios["partition"] == "category"][
-        ["group", "arm", "requests", "acceptance_length", "correct_drafts_per_step"]]
+        ["group", "arm", "requests", "acceptance_length", "correct_drafts_per_step"]
+    ]
     o = m.outcomes[m.outcomes["partition"] == "category"][["group", "arm", "correct", "scored", "planned"]]
     return r.merge(o, on=["group", "arm"]).rename(columns={"group": "category"}).reset_index(drop=True)
 
@@ -343,22 +365,25 @@ def foreign_cell(r: Any) -> str:
 
 def per_run_display(m: Metrics, multi_campaign: bool) -> pd.DataFrame:
     r = m.runs.sort_values(["campaign", "order", "run_id"], kind="stable")
-    server_al = [fmt_num(x, 4) if x is not None and math.isfinite(x) else "n/a"
-                 for x in r["server_accept_length"].astype(float)]
-    out = pd.DataFrame({
-        **({"Campaign": r["campaign"]} if multi_campaign else {}),
-        "Run": r["run_id"],
-        "Arm": r["arm"],
-        "Seed": r["base_seed"].astype(str),
-        "Repeat": r["repeat"].astype(str),
-        "Requests": r["used"].astype(int).astype(str),
-        "AL (recomputed)": [fmt_num(x, 4) for x in r["acceptance_length"]],
-        "AL (server, lifetime)": server_al,
-        "tok/s": [fmt_num(x, 2) for x in r["throughput"]],
-        "Window (s)": [fmt_num(x, 2) for x in r["window_s"]],
-        "Decode tok/s (measured)": [fmt_num(x, 2) for x in r["decode_tps"]],
-        "TTFT p50 (ms)": [fmt_num(x * 1000, 1) for x in r["ttft_p50"]],
-        "E2E p50 (s)": [fmt_num(x, 3) for x in r["e2e_p50"]],
-        "Foreign CPU": [foreign_cell(x) for x in r.itertuples()],
-    })
+    server_al = [
+        fmt_num(x, 4) if x is not None and math.isfinite(x) else "n/a" for x in r["server_accept_length"].astype(float)
+    ]
+    out = pd.DataFrame(
+        {
+            **({"Campaign": r["campaign"]} if multi_campaign else {}),
+            "Run": r["run_id"],
+            "Arm": r["arm"],
+            "Seed": r["base_seed"].astype(str),
+            "Repeat": r["repeat"].astype(str),
+            "Requests": r["used"].astype(int).astype(str),
+            "AL (recomputed)": [fmt_num(x, 4) for x in r["acceptance_length"]],
+            "AL (server, lifetime)": server_al,
+            "tok/s": [fmt_num(x, 2) for x in r["throughput"]],
+            "Window (s)": [fmt_num(x, 2) for x in r["window_s"]],
+            "Decode tok/s (measured)": [fmt_num(x, 2) for x in r["decode_tps"]],
+            "TTFT p50 (ms)": [fmt_num(x * 1000, 1) for x in r["ttft_p50"]],
+            "E2E p50 (s)": [fmt_num(x, 3) for x in r["e2e_p50"]],
+            "Foreign CPU": [foreign_cell(x) for x in r.itertuples()],
+        }
+    )
     return out.reset_index(drop=True)

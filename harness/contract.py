@@ -30,8 +30,19 @@ SCHEMA_VERSIONS = (1, 2, 3)  # what the analysis reads
 # config keys (dotted) that do not change what is measured: a campaign resumes across them (a campaign folder
 # moved to another results_dir too, a run that failed on a server start too slow for ready_timeout_s), and a table
 # over campaigns does not call them a swept value
-UNMEASURED_KEYS = ("campaign", "shard", "dry_run", "report", "strict_audit", "load_sample_s", "results_dir",
-                  "source_cache", "server.ready_timeout_s", "server.stop_timeout_s", "server.health_timeout_s")
+UNMEASURED_KEYS = (
+    "campaign",
+    "shard",
+    "dry_run",
+    "report",
+    "strict_audit",
+    "load_sample_s",
+    "results_dir",
+    "source_cache",
+    "server.ready_timeout_s",
+    "server.stop_timeout_s",
+    "server.health_timeout_s",
+)
 
 
 def unmeasured(key: str) -> bool:
@@ -462,8 +473,14 @@ def read_json(path: Path) -> Any:
 # ---------------------------------------------------------------------- the JSON types a reader checks
 
 
-_KINDS: dict[Any, tuple[type, ...]] = {float: (int, float), int: (int,), str: (str,), bool: (bool,),
-                                       list: (list,), dict: (dict,)}
+_KINDS: dict[Any, tuple[type, ...]] = {
+    float: (int, float),
+    int: (int,),
+    str: (str,),
+    bool: (bool,),
+    list: (list,),
+    dict: (dict,),
+}
 
 
 def _members(tp: Any) -> list[Any]:

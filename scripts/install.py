@@ -25,8 +25,12 @@ UV = "uv==0.13.9"
 # pip's options that uv does not take (uv never warns about the environment's other packages' requirements)
 PIP_ONLY = {"--no-warn-conflicts"}
 # pip configuration keys (any section: global, install, :env:) -> uv's option; values are space-separated lists
-CONFIG = {"index-url": "--index-url", "extra-index-url": "--extra-index-url", "find-links": "--find-links",
-          "constraint": "--constraint"}
+CONFIG = {
+    "index-url": "--index-url",
+    "extra-index-url": "--extra-index-url",
+    "find-links": "--find-links",
+    "constraint": "--constraint",
+}
 
 
 def pip_config(python: str) -> list[tuple[str, str]]:

@@ -49,8 +49,9 @@ def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item
             item.add_marker(pytest.mark.xdist_group(item.module.__name__ if item.module else item.nodeid))
 
 
-def bench_process(results: Path, *overrides: str, multirun: bool = False,
-                  timeout: float = 400) -> subprocess.CompletedProcess:
+def bench_process(
+    results: Path, *overrides: str, multirun: bool = False, timeout: float = 400
+) -> subprocess.CompletedProcess:
     """`python -m harness.bench [-m] results_dir=RESULTS OVERRIDES...`, captured (`-m` goes first)."""
     cmd = [sys.executable, "-m", "harness.bench", *(["-m"] if multirun else []), f"results_dir={results}", *overrides]
     return subprocess.run(cmd, capture_output=True, text=True, timeout=timeout)
@@ -65,6 +66,8 @@ def clean_campaign(tmp_path: Path) -> Path:
 @pytest.fixture
 def run_bench(tmp_path: Path) -> BenchRunner:
     """run_bench(*overrides, multirun=False, timeout=400): the runner on results_dir=tmp_path."""
+
     def run(*overrides: str, multirun: bool = False, timeout: float = 400) -> subprocess.CompletedProcess:
         return bench_process(tmp_path, *overrides, multirun=multirun, timeout=timeout)
+
     return run

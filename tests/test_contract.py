@@ -25,8 +25,12 @@ def section(title: str) -> str:
 
 
 def test_docs_name_every_declared_field():
-    for cls, title in ((Record, "runs/<run_id>/records.jsonl"), (ScoreLine, "runs/<run_id>/scores.jsonl"),
-                       (Manifest, "runs/<run_id>/manifest.json"), (CampaignDoc, "campaign.json")):
+    for cls, title in (
+        (Record, "runs/<run_id>/records.jsonl"),
+        (ScoreLine, "runs/<run_id>/scores.jsonl"),
+        (Manifest, "runs/<run_id>/manifest.json"),
+        (CampaignDoc, "campaign.json"),
+    ):
         text = section(title)
         missing = sorted(n for n in names(cls) if f"`{n}`" not in text)
         assert not missing, f"docs/records.md, {title}: {missing}"

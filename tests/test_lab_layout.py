@@ -17,8 +17,10 @@ PRODUCT_SCRIPTS = {"install.py", "slurm_local.sh"}  # the Makefile's installs; m
 SET_RECORDS = {"server.log", "console.log", "device.log", "gpu_tests.log"}
 MAX_BYTES = 2 * 1024 * 1024
 # a file or folder name in prose: name.ext, or a folder with its trailing slash (globs allowed)
-NAMED = re.compile(r"(?<![\w./-])((?:\.\./|[\w.-]+/)*[\w*.-]*[\w*-]\.(?:log|patch|txt|md|jsonl|json|png|tgz)"
-                   r"|(?:\.\./|[\w.-]+/)*[\w*.-]+/)(?![\w/])")
+NAMED = re.compile(
+    r"(?<![\w./-])((?:\.\./|[\w.-]+/)*[\w*.-]*[\w*-]\.(?:log|patch|txt|md|jsonl|json|png|tgz)"
+    r"|(?:\.\./|[\w.-]+/)*[\w*.-]+/)(?![\w/])"
+)
 LAB_POINTER = re.compile(r"((?:\.\./)+lab/results/[\w.-]+/)")
 SCRIPT = re.compile(r"(?<![\w./-])((?:lab/)?scripts/[\w.-]+\.(?:py|sh))")
 TEST_FILE = re.compile(r"(?<![\w./-])(tests/(?:[\w-]+/)*test_\w+\.py)")
@@ -35,9 +37,11 @@ def test_scripts_holds_only_what_the_product_runs():
 
 def test_published_sets_hold_no_lab_notebook():
     """No tuning, probe or profile log, no trial patch, no runner lock file under results/published/."""
-    stray = [str(p.relative_to(ROOT)) for p in files_under(PUBLISHED)
-             if p.suffix == ".patch" or p.name.startswith(".lock.")
-             or (p.suffix == ".log" and p.name not in SET_RECORDS)]
+    stray = [
+        str(p.relative_to(ROOT))
+        for p in files_under(PUBLISHED)
+        if p.suffix == ".patch" or p.name.startswith(".lock.") or (p.suffix == ".log" and p.name not in SET_RECORDS)
+    ]
     assert not stray, f"lab files in results/published (move them to lab/results/<set>/): {stray}"
 
 
@@ -70,23 +74,48 @@ def test_every_file_a_set_readme_names_exists(readme):
 def documents() -> list[Path]:
     """Where scripts are named for people to run: the docs, the Makefile, the tests, the lab, the sets' READMEs.
     Recorded files (manifests, logs, patches) name the paths of their day and are left as they were."""
-    found = [ROOT / "README.md", ROOT / "Makefile", *(ROOT / "docs").rglob("*.md"), *(ROOT / "tests").rglob("*.py"),
-             *(ROOT / "scripts").iterdir(), *(ROOT / "lab").rglob("*.py"), *(ROOT / "lab").rglob("*.sh"),
-             *readmes()]
+    found = [
+        ROOT / "README.md",
+        ROOT / "Makefile",
+        *(ROOT / "docs").rglob("*.md"),
+        *(ROOT / "tests").rglob("*.py"),
+        *(ROOT / "scripts").iterdir(),
+        *(ROOT / "lab").rglob("*.py"),
+        *(ROOT / "lab").rglob("*.sh"),
+        *readmes(),
+    ]
     return sorted(p for p in found if p.is_file())
 
 
 def test_every_script_named_exists():
-    dangling = sorted({f"{p.relative_to(ROOT)}: {m}" for p in documents()
-                       for m in SCRIPT.findall(p.read_text()) if not (ROOT / m).is_file()})
+    dangling = sorted(
+        {
+            f"{p.relative_to(ROOT)}: {m}"
+            for p in documents()
+            for m in SCRIPT.findall(p.read_text())
+            if not (ROOT / m).is_file()
+        }
+    )
     assert not dangling, dangling
 
 
 def test_every_test_file_named_exists():
     """A test module named by its path (tests/<package>/test_x.py) where people read how to run things exists there.
     The published sets' READMEs and the lab's logs record the commands of their day and are left as they were."""
-    named = [ROOT / "README.md", ROOT / "Makefile", ROOT / "lab" / "README.md", *(ROOT / "docs").rglob("*.md"),
-             *(ROOT / "configs").rglob("*.yaml"), *(ROOT / "lab" / "scripts").iterdir()]
-    dangling = sorted({f"{p.relative_to(ROOT)}: {m}" for p in named
-                       for m in TEST_FILE.findall(p.read_text()) if not (ROOT / m).is_file()})
+    named = [
+        ROOT / "README.md",
+        ROOT / "Makefile",
+        ROOT / "lab" / "README.md",
+        *(ROOT / "docs").rglob("*.md"),
+        *(ROOT / "configs").rglob("*.yaml"),
+        *(ROOT / "lab" / "scripts").iterdir(),
+    ]
+    dangling = sorted(
+        {
+            f"{p.relative_to(ROOT)}: {m}"
+            for p in named
+            for m in TEST_FILE.findall(p.read_text())
+            if not (ROOT / m).is_file()
+        }
+    )
     assert not dangling, dangling

@@ -92,8 +92,13 @@ def test_no_import_loop_in_the_project():
 
 def test_analysis_reads_only_the_contract_of_harness():
     graph = import_graph()
-    reached = {(name, target) for name, targets in graph.items() if name.startswith("analysis")
-               for target in targets if target.split(".")[0] == "harness"}
+    reached = {
+        (name, target)
+        for name, targets in graph.items()
+        if name.startswith("analysis")
+        for target in targets
+        if target.split(".")[0] == "harness"
+    }
     assert {target for _, target in reached} == {"harness.contract"}, sorted(reached)
 
 
@@ -104,8 +109,11 @@ def test_the_contract_imports_nothing_of_the_project():
 def test_only_the_runners_report_step_imports_the_analysis():
     """The runner calls the analysis through its API in one place (build_report, write_report, the sweep table)."""
     graph = import_graph()
-    importers = {name for name, targets in graph.items() if name.startswith("harness")
-                 and any(t.split(".")[0] == "analysis" for t in targets)}
+    importers = {
+        name
+        for name, targets in graph.items()
+        if name.startswith("harness") and any(t.split(".")[0] == "analysis" for t in targets)
+    }
     assert importers == {"harness.runner.report_step"}
 
 
@@ -149,22 +157,29 @@ def test_the_layout_answers_where_things_are():
 
 def loaded_after(statement: str) -> set[str]:
     """The heavy libraries of interest that a fresh interpreter has imported after `statement`."""
-    probe = ("import sys; " + statement + "; print(' '.join(sorted(m for m in ('hydra', 'omegaconf', 'aiohttp', "
-             "'math_verify', 'sympy', 'matplotlib', 'pandas', 'torch') if m in sys.modules)))")
+    probe = (
+        "import sys; " + statement + "; print(' '.join(sorted(m for m in ('hydra', 'omegaconf', 'aiohttp', "
+        "'math_verify', 'sympy', 'matplotlib', 'pandas', 'torch') if m in sys.modules)))"
+    )
     proc = subprocess.run([sys.executable, "-c", probe], capture_output=True, text=True, cwd=ROOT, timeout=120)
     assert proc.returncode == 0, proc.stderr
     return set(proc.stdout.split())
 
 
-@pytest.mark.parametrize(("statement", "uses"), [
-    ("import harness.engine.server", {"aiohttp", "torch"}),  # the embedded server serves HTTP with aiohttp
-    ("import harness.micro.app, harness.micro.writeup", {"torch"}),  # the microbenchmark proper
-    ("import harness.micro.__main__", {"hydra", "omegaconf", "torch"}),  # its command line composes with Hydra
-    ("import harness.contract", set()),
-    # the runner, its manifests' versions read too: torch's CUDA build comes from torch's version file
-    ("import harness.runner.command; from harness.host import envinfo; envinfo.versions()",
-     {"hydra", "omegaconf", "aiohttp"}),
-])
+@pytest.mark.parametrize(
+    ("statement", "uses"),
+    [
+        ("import harness.engine.server", {"aiohttp", "torch"}),  # the embedded server serves HTTP with aiohttp
+        ("import harness.micro.app, harness.micro.writeup", {"torch"}),  # the microbenchmark proper
+        ("import harness.micro.__main__", {"hydra", "omegaconf", "torch"}),  # its command line composes with Hydra
+        ("import harness.contract", set()),
+        # the runner, its manifests' versions read too: torch's CUDA build comes from torch's version file
+        (
+            "import harness.runner.command; from harness.host import envinfo; envinfo.versions()",
+            {"hydra", "omegaconf", "aiohttp"},
+        ),
+    ],
+)
 def test_entry_points_load_only_what_they_use(statement, uses):
     assert loaded_after(statement) == uses
 

@@ -21,8 +21,14 @@ from harness.hydra_setup import CONFIG_DIR
 pytestmark = pytest.mark.slow
 REPO = Path(__file__).resolve().parents[1]
 SCRIPTS = ("specbench-bench", "specbench-report", "specbench-micro", "specbench-server")
-SMALL = ["server.model_path=embedded:mini", "workload.n_items=4", "sampling.max_new_tokens=16",
-         "experiment.warmup.requests=1", "experiment.base_seeds=[1,2]", "load_sample_s=0.05"]
+SMALL = [
+    "server.model_path=embedded:mini",
+    "workload.n_items=4",
+    "sampling.max_new_tokens=16",
+    "experiment.warmup.requests=1",
+    "experiment.base_seeds=[1,2]",
+    "load_sample_s=0.05",
+]
 
 
 @pytest.fixture(scope="module")
@@ -35,35 +41,64 @@ def installed(tmp_path_factory) -> tuple[Path, dict[str, str]]:
         shutil.copy(REPO / name, src / name)
     for package in ("harness", "analysis", "workloads", "configs"):
         shutil.copytree(REPO / package, src / package, ignore=shutil.ignore_patterns("__pycache__"))
-    build = subprocess.run([sys.executable, "-m", "pip", "wheel", "-q", "--no-deps", "--no-build-isolation",
-                            "-w", str(tmp / "dist"), str(src)], capture_output=True, text=True, timeout=300)
+    build = subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "pip",
+            "wheel",
+            "-q",
+            "--no-deps",
+            "--no-build-isolation",
+            "-w",
+            str(tmp / "dist"),
+            str(src),
+        ],
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
     assert build.returncode == 0, build.stderr
     wheel = next((tmp / "dist").glob("specbench-*.whl"))
     names = zipfile.ZipFile(wheel).namelist()
     shipped = {n for n in names if n.startswith("harness/configs/")}  # the top-level configs/, inside the package
     assert {f"harness/configs/{p.relative_to(CONFIG_DIR)}" for p in CONFIG_DIR.rglob("*.yaml")} == shipped
     target = tmp / "site"
-    inst = subprocess.run([sys.executable, "-m", "pip", "install", "-q", "--no-deps", "--target", str(target),
-                           str(wheel)], capture_output=True, text=True, timeout=300)
+    inst = subprocess.run(
+        [sys.executable, "-m", "pip", "install", "-q", "--no-deps", "--target", str(target), str(wheel)],
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
     assert inst.returncode == 0, inst.stderr
     env = {**os.environ, "PYTHONPATH": str(target)}
-    where = subprocess.run([sys.executable, "-c", "import harness, analysis, workloads; "
-                            "print(harness.__file__, analysis.__file__, workloads.__file__)"],
-                           env=env, capture_output=True, text=True, cwd=tmp)
+    where = subprocess.run(
+        [
+            sys.executable,
+            "-c",
+            "import harness, analysis, workloads; print(harness.__file__, analysis.__file__, workloads.__file__)",
+        ],
+        env=env,
+        capture_output=True,
+        text=True,
+        cwd=tmp,
+    )
     assert all(p.startswith(str(target)) for p in where.stdout.split()), where.stdout
     return target, env
 
 
 def script(installed, name: str, *args: str, cwd: Path, timeout: float = 300) -> subprocess.CompletedProcess:
     target, env = installed
-    return subprocess.run([str(target / "bin" / name), *args], env=env, cwd=cwd, capture_output=True, text=True,
-                          timeout=timeout)
+    return subprocess.run(
+        [str(target / "bin" / name), *args], env=env, cwd=cwd, capture_output=True, text=True, timeout=timeout
+    )
 
 
 def test_every_console_script_answers_help(installed, tmp_path):
     for name in SCRIPTS:
         proc = script(installed, name, "--help", cwd=tmp_path)
         assert proc.returncode == 0, (name, proc.stdout, proc.stderr)
+        assert "usage:" in proc.stdout[:400].lower(), (name, proc.stdout[:400])  # usage first, not a config dump
 
 
 def test_the_default_campaign_and_its_report_run_from_an_empty_folder(installed, tmp_path):
@@ -84,8 +119,16 @@ def test_a_user_experiment_through_config_dir(installed, tmp_path):
     mine = tmp_path / "my_configs" / "experiment"
     mine.mkdir(parents=True)
     mine.joinpath("my_aa.yaml").write_text(
-        (CONFIG_DIR / "experiment" / "embedded_aa.yaml").read_text().replace("name: embedded_aa", "name: my_aa"))
-    proc = script(installed, "specbench-bench", "--config-dir", str(tmp_path / "my_configs"), "experiment=my_aa",
-                  "dry_run=true", cwd=tmp_path)
+        (CONFIG_DIR / "experiment" / "embedded_aa.yaml").read_text().replace("name: embedded_aa", "name: my_aa")
+    )
+    proc = script(
+        installed,
+        "specbench-bench",
+        "--config-dir",
+        str(tmp_path / "my_configs"),
+        "experiment=my_aa",
+        "dry_run=true",
+        cwd=tmp_path,
+    )
     assert proc.returncode == 0, proc.stdout + proc.stderr
     assert "dry run of experiment my_aa" in proc.stdout

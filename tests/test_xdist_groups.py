@@ -15,14 +15,16 @@ def shared() -> list[str]:
     return []
 
 
-def test_a_test_with_a_module_fixture_is_in_its_modules_group(shared: list[str],
-                                                             request: pytest.FixtureRequest) -> None:
+def test_a_test_with_a_module_fixture_is_in_its_modules_group(
+    shared: list[str], request: pytest.FixtureRequest
+) -> None:
     marks = [m.args[0] for m in request.node.iter_markers("xdist_group")]
     assert marks == [__name__]
     if hasattr(request.config, "workerinput") and request.config.getvalue("loadgroup"):
         assert request.node.nodeid.endswith(f"@{__name__}"), (
             f"node id {request.node.nodeid!r} lacks its xdist group: --dist loadgroup does not group tests "
-            "with this pytest / pytest-xdist pair (see pyproject.toml's dev extra)")
+            "with this pytest / pytest-xdist pair (see pyproject.toml's dev extra)"
+        )
 
 
 def test_a_test_without_shared_fixtures_is_in_no_group(request: pytest.FixtureRequest) -> None:

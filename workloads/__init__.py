@@ -47,4 +47,3 @@ def load_workload(cfg: WorkloadConfig) -> Workload:
     if cfg.kind not in table:
         raise WorkloadError(f"workload.kind={cfg.kind!r} is not valid; choose one of: {', '.join(table)}")
     return table[cfg.kind](cfg)
-

@@ -52,8 +52,9 @@ def read_jsonl(cfg: WorkloadConfig, path: Path) -> tuple[SourceRows, list[int]]:
             try:
                 line = raw.decode("utf-8")
             except UnicodeDecodeError as e:
-                raise WorkloadError(f"{where}: not UTF-8 (byte {raw[e.start]:#04x} at column {e.start + 1}); "
-                                    "save the file as UTF-8") from None
+                raise WorkloadError(
+                    f"{where}: not UTF-8 (byte {raw[e.start]:#04x} at column {e.start + 1}); save the file as UTF-8"
+                ) from None
             if line.strip():
                 rows.append(_parse_line(line, where))
                 lines.append(n)
@@ -75,8 +76,9 @@ def _parse_line(line: str, where: str) -> dict[str, Any]:
     try:  # a lone surrogate ("\ud800") parses, but no file or request can carry it
         json.dumps(obj, ensure_ascii=False).encode("utf-8")
     except UnicodeEncodeError:
-        raise WorkloadError(f"{where}: holds text that is not valid Unicode (a lone surrogate such as \\ud800)") \
-            from None
+        raise WorkloadError(
+            f"{where}: holds text that is not valid Unicode (a lone surrogate such as \\ud800)"
+        ) from None
     return obj
 
 
@@ -118,8 +120,10 @@ def validate_row(row: dict[str, Any], where: str) -> None:
     if answer is not None and (isinstance(answer, bool) or not isinstance(answer, str | int)):
         raise WorkloadError(f"{where}: 'answer' must be a string or an integer, got {answer!r}")
     if isinstance(answer, str) and not answer.strip():
-        raise WorkloadError(f"{where}: 'answer' is empty (no response could match it); leave the key out for an "
-                            "item without a reference answer")
+        raise WorkloadError(
+            f"{where}: 'answer' is empty (no response could match it); leave the key out for an "
+            "item without a reference answer"
+        )
     category = row.get("category")
     if category is not None and not isinstance(category, str):
         raise WorkloadError(f"{where}: 'category' must be a string, got {category!r}")

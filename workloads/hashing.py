@@ -34,8 +34,9 @@ def rows_sha256(rows: Iterable[Mapping[str, Any]], what: str = "the rows") -> st
             digest.update(canonical_line(row).encode("utf-8"))
         except (ValueError, UnicodeEncodeError) as exc:  # (ValueError: NaN, infinities, an int past 4,300 digits)
             reason = "text that is not valid Unicode" if isinstance(exc, UnicodeEncodeError) else str(exc)
-            raise WorkloadError(f"{what}: row {i} holds a value with no JSON form ({reason}); fix or drop that row") \
-                from None
+            raise WorkloadError(
+                f"{what}: row {i} holds a value with no JSON form ({reason}); fix or drop that row"
+            ) from None
         digest.update(b"\n")
     return digest.hexdigest()
 
@@ -50,7 +51,10 @@ def check_frozen(cfg: WorkloadConfig, actual: str, what: str, warn_unpinned: boo
         log.log(
             logging.WARNING if warn_unpinned else logging.INFO,
             "workload %s: %s is not frozen; its rows hash to sha256=%s. Pin it with workload.sha256=%s",
-            cfg.kind, what, actual, actual,
+            cfg.kind,
+            what,
+            actual,
+            actual,
         )
         return
     if cfg.sha256 == actual:

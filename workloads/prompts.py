@@ -9,9 +9,7 @@ answer; an integer between 0 and 999). MathArena's own runner puts the instructi
 from __future__ import annotations
 
 MATHARENA_AIME_TEMPLATE = (
-    "{problem}\n\n"
-    "Put your final answer within \\boxed{}.\n"
-    "The answer is an integer between 0 and 999 inclusive."
+    "{problem}\n\nPut your final answer within \\boxed{}.\nThe answer is an integer between 0 and 999 inclusive."
 )
 
 

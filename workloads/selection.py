@@ -34,8 +34,9 @@ class Selection:
     skipped_placeholders: int
 
 
-def select(cfg: WorkloadConfig, candidates: Sequence[Candidate], placeholder_help: str = "",
-           what: str = "the workload") -> Selection:
+def select(
+    cfg: WorkloadConfig, candidates: Sequence[Candidate], placeholder_help: str = "", what: str = "the workload"
+) -> Selection:
     """Apply `workload.categories`, `workload.skip_placeholders` and `workload.subsample` (`what`: the source, as
     errors name it)."""
     check_unique(candidates, what)
@@ -54,8 +55,10 @@ def check_unique(candidates: Sequence[Candidate], what: str = "the workload") ->
         for n, c in enumerate(candidates, start=1):
             value = getattr(c.item, attr)
             if value in seen:
-                raise WorkloadError(f"{what}: rows {seen[value]} and {n} have the same {attr} {value!r} (ids such as "
-                                    "'007' and 7 give one seed_offset); ids must be unique")
+                raise WorkloadError(
+                    f"{what}: rows {seen[value]} and {n} have the same {attr} {value!r} (ids such as "
+                    "'007' and 7 give one seed_offset); ids must be unique"
+                )
             seen[value] = n
 
 
@@ -89,7 +92,9 @@ def drop_placeholders(
     kept = [c for c in candidates if not c.placeholder]
     log.warning(
         "workload %s: skipped %d placeholder rows (workload.skip_placeholders=true); %d rows left",
-        cfg.kind, len(bad), len(kept),
+        cfg.kind,
+        len(bad),
+        len(kept),
     )
     if not kept:
         raise WorkloadError(f"workload {cfg.kind}: every selected row is a placeholder; nothing to run")

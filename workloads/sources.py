@@ -109,10 +109,14 @@ def _read_hub(cfg: WorkloadConfig) -> SourceRows:
     except (OSError, ValueError, StopIteration, datasets.exceptions.DatasetsError) as e:  # (StopIteration: an
         # empty JSON file)
         host, port = hub_address()
-        why = (f"offline by your setting ({setting}): only the local cache was read, and it does not hold it" if setting
-               else f"the hub ({host}:{port}) cannot be reached from this machine (no connection within "
-                    f"{HUB_TIMEOUT_S:g} s), so only the local cache was read, and it does not hold it" if not reachable
-               else f"{type(e).__name__}: {e}")
+        why = (
+            f"offline by your setting ({setting}): only the local cache was read, and it does not hold it"
+            if setting
+            else f"the hub ({host}:{port}) cannot be reached from this machine (no connection within "
+            f"{HUB_TIMEOUT_S:g} s), so only the local cache was read, and it does not hold it"
+            if not reachable
+            else f"{type(e).__name__}: {e}"
+        )
         raise WorkloadError(
             f"workload {cfg.kind}: could not load {label}: {why}. Fetch it once where the hub can be reached "
             f"(`hf download {cfg.hf_id} --repo-type dataset --local-dir DIR`"
@@ -137,8 +141,10 @@ def _read_local(cfg: WorkloadConfig, path: Path) -> SourceRows:
         raise WorkloadError(f"workload {cfg.kind}: {label} holds no rows") from None
     except (OSError, ValueError, datasets.exceptions.DatasetsError) as e:
         cause = f" (cause: {type(e.__cause__).__name__}: {e.__cause__})" if e.__cause__ else ""
-        raise WorkloadError(f"workload {cfg.kind}: could not read {label}: {type(e).__name__}: {e}{cause}; "
-                            "check that every row of the file is valid") from e
+        raise WorkloadError(
+            f"workload {cfg.kind}: could not read {label}: {type(e).__name__}: {e}{cause}; "
+            "check that every row of the file is valid"
+        ) from e
     return SourceRows(ds.to_list(), dataset_id_of(cfg), cfg.revision, f"file:{path.resolve()}", label)
 
 
@@ -157,7 +163,10 @@ def _load_file(cfg: WorkloadConfig, path: Path) -> Any:
             f"use one of {', '.join(_FILE_BUILDERS)} or a dataset directory"
         )
     return datasets.load_dataset(
-        builder, data_files={cfg.split: str(path)}, split=cfg.split, cache_dir=cfg.cache_dir,
+        builder,
+        data_files={cfg.split: str(path)},
+        split=cfg.split,
+        cache_dir=cfg.cache_dir,
         download_mode=_FRESH,
     )
 
@@ -177,7 +186,5 @@ def _pick_split(cfg: WorkloadConfig, loaded: Any) -> Any:
     if not isinstance(loaded, datasets.DatasetDict):
         return loaded
     if cfg.split not in loaded:
-        raise WorkloadError(
-            f"workload.split={cfg.split} is not in {cfg.path}; its splits: {', '.join(loaded)}"
-        )
+        raise WorkloadError(f"workload.split={cfg.split} is not in {cfg.path}; its splits: {', '.join(loaded)}")
     return loaded[cfg.split]

@@ -45,8 +45,9 @@ class IntLinear:
     weight_f32: Tensor | None = None  # [K, N] float32 copy (other devices)
 
     @classmethod
-    def on(cls, weight: Tensor, device: torch.device, max_input: int, signed: bool = True,
-           onednn: bool | None = None) -> IntLinear:
+    def on(
+        cls, weight: Tensor, device: torch.device, max_input: int, signed: bool = True, onednn: bool | None = None
+    ) -> IntLinear:
         """Prepare `weight` [N, K] for `device`, checking that inputs up to max_input stay exact.
 
         onednn: use oneDNN's int8 kernel; None = whenever the device is the CPU and oneDNN has it.
@@ -61,8 +62,15 @@ class IntLinear:
             onednn = device.type == "cpu" and onednn_int8_available()
         if onednn:
             packed = torch.ops.onednn.qlinear_prepack(weight.contiguous(), None)
-            return cls(k, n, max_input, signed, packed=packed, unit_scales=torch.ones(n),
-                       zero_points=torch.zeros(n, dtype=torch.int64))
+            return cls(
+                k,
+                n,
+                max_input,
+                signed,
+                packed=packed,
+                unit_scales=torch.ones(n),
+                zero_points=torch.zeros(n, dtype=torch.int64),
+            )
         return cls(k, n, max_input, signed, weight_f32=weight.to(device).float().t())
 
     def __call__(self, x: Tensor) -> Tensor:
@@ -71,8 +79,9 @@ class IntLinear:
             return x.float() @ self.weight_f32
         zero = self.max_input if self.signed else 0
         u8 = (x.to(torch.int16) + zero).to(torch.uint8) if self.signed else x.contiguous()  # [M, K]
-        return torch.ops.onednn.qlinear_pointwise(u8, 1.0, zero, self.packed, self.unit_scales, self.zero_points,
-                                                  None, 1.0, 0, torch.float32, "none", [], "")
+        return torch.ops.onednn.qlinear_pointwise(
+            u8, 1.0, zero, self.packed, self.unit_scales, self.zero_points, None, 1.0, 0, torch.float32, "none", [], ""
+        )
 
 
 def _max_row_mass(weight: Tensor, rows_per_chunk: int = 4096) -> int:
@@ -81,8 +90,10 @@ def _max_row_mass(weight: Tensor, rows_per_chunk: int = 4096) -> int:
         return 0
     if int(weight.min()) < -127:
         raise ValueError("int8 weights must be in [-127, 127]")
-    return max(int(weight[i:i + rows_per_chunk].abs().sum(dim=1, dtype=torch.int32).max())
-               for i in range(0, weight.shape[0], rows_per_chunk))
+    return max(
+        int(weight[i : i + rows_per_chunk].abs().sum(dim=1, dtype=torch.int32).max())
+        for i in range(0, weight.shape[0], rows_per_chunk)
+    )
 
 
 def quantized_relu(y: Tensor, threshold: Tensor, step: Tensor) -> Tensor:

@@ -80,29 +80,61 @@ def vocabulary(tokenizer: Tokenizer) -> dict[str, int]:
 def tokenizer_json(tokenizer: Tokenizer) -> dict:
     byte_level = {"type": "ByteLevel", "add_prefix_space": False, "trim_offsets": False, "use_regex": False}
     split = {"type": "Split", "pattern": {"Regex": PIECE_PATTERN}, "behavior": "Isolated", "invert": False}
-    eos = {"id": tokenizer.eos_id, "content": EOS_TOKEN, "single_word": False, "lstrip": False, "rstrip": False,
-           "normalized": False, "special": True}
+    eos = {
+        "id": tokenizer.eos_id,
+        "content": EOS_TOKEN,
+        "single_word": False,
+        "lstrip": False,
+        "rstrip": False,
+        "normalized": False,
+        "special": True,
+    }
     model: dict[str, Any] = {
-        "type": "BPE", "dropout": None, "unk_token": None, "continuing_subword_prefix": None,
-        "end_of_word_suffix": None, "fuse_unk": False, "byte_fallback": False, "ignore_merges": True,
-        "vocab": vocabulary(tokenizer), "merges": []}
-    return {"version": "1.0", "truncation": None, "padding": None, "added_tokens": [eos], "normalizer": None,
-            "pre_tokenizer": {"type": "Sequence", "pretokenizers": [split, byte_level]},
-            "post_processor": None, "decoder": byte_level, "model": model}
+        "type": "BPE",
+        "dropout": None,
+        "unk_token": None,
+        "continuing_subword_prefix": None,
+        "end_of_word_suffix": None,
+        "fuse_unk": False,
+        "byte_fallback": False,
+        "ignore_merges": True,
+        "vocab": vocabulary(tokenizer),
+        "merges": [],
+    }
+    return {
+        "version": "1.0",
+        "truncation": None,
+        "padding": None,
+        "added_tokens": [eos],
+        "normalizer": None,
+        "pre_tokenizer": {"type": "Sequence", "pretokenizers": [split, byte_level]},
+        "post_processor": None,
+        "decoder": byte_level,
+        "model": model,
+    }
 
 
 def tokenizer_config(context_length: int) -> dict:
-    return {"tokenizer_class": "PreTrainedTokenizerFast", "eos_token": EOS_TOKEN, "model_max_length": context_length,
-            "split_special_tokens": True, "clean_up_tokenization_spaces": False, "add_bos_token": False,
-            "add_eos_token": False, "chat_template": CHAT_TEMPLATE}
+    return {
+        "tokenizer_class": "PreTrainedTokenizerFast",
+        "eos_token": EOS_TOKEN,
+        "model_max_length": context_length,
+        "split_special_tokens": True,
+        "clean_up_tokenization_spaces": False,
+        "add_bos_token": False,
+        "add_eos_token": False,
+        "chat_template": CHAT_TEMPLATE,
+    }
 
 
 def tokenizer_files(tokenizer: Tokenizer, context_length: int) -> dict[str, bytes] | None:
     """File name -> content of the folder; None when the vocabulary uses the digit encoding."""
     if not tokenizer.byte_level:
         return None
-    return {"tokenizer.json": _dump(tokenizer_json(tokenizer)),
-            "tokenizer_config.json": _dump(tokenizer_config(context_length))}
+    return {
+        "tokenizer.json": _dump(tokenizer_json(tokenizer)),
+        "tokenizer_config.json": _dump(tokenizer_config(context_length)),
+    }
 
 
 def _dump(obj: dict) -> bytes:

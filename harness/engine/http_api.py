@@ -31,8 +31,9 @@ MAX_FLUSH_TIMEOUT_S = 3600.0
 
 
 def error_response(status: int, message: str) -> web.Response:
-    body = {"error": {"message": message, "type": "BadRequestError" if status == 400 else "ServerError",
-                      "code": status}}
+    body = {
+        "error": {"message": message, "type": "BadRequestError" if status == 400 else "ServerError", "code": status}
+    }
     return web.json_response(body, status=status)
 
 
@@ -57,8 +58,10 @@ async def quiet_when_client_gone(request: web.Request, handler: Any) -> web.Stre
     try:
         return await handler(request)
     except ClientGone:
-        log.info(f"{request.method} {request.path}: the client closed the connection before its request body "
-                 "had arrived; nothing was run")
+        log.info(
+            f"{request.method} {request.path}: the client closed the connection before its request body "
+            "had arrived; nothing was run"
+        )
         return web.Response(status=499)
 
 
@@ -121,8 +124,10 @@ async def generate(http: web.Request) -> web.StreamResponse:
         return error_response(503, "the server is starting")
     try:
         parsed = parse_generate(await read_json(http))
-        requests = [service.new_request(await service.prompt_ids_async(p), p.params, stream=parsed.stream, rid=p.rid)
-                    for p in parsed.prompts]
+        requests = [
+            service.new_request(await service.prompt_ids_async(p), p.params, stream=parsed.stream, rid=p.rid)
+            for p in parsed.prompts
+        ]
         service.check_rids(requests)
     except BadRequest as e:
         return error_response(400, str(e))
@@ -187,13 +192,15 @@ async def flush_cache(http: web.Request) -> web.Response:
     except ValueError:
         timeout = math.nan
     if not 0 <= timeout <= MAX_FLUSH_TIMEOUT_S:  # NaN fails too
-        return error_response(400, f"timeout={http.query.get('timeout')!r} must be a number of seconds in "
-                                   f"[0, {MAX_FLUSH_TIMEOUT_S:.0f}]")
+        return error_response(
+            400, f"timeout={http.query.get('timeout')!r} must be a number of seconds in [0, {MAX_FLUSH_TIMEOUT_S:.0f}]"
+        )
     deadline = asyncio.get_running_loop().time() + timeout
     while service.scheduler is None or not service.scheduler.flush():
         if asyncio.get_running_loop().time() >= deadline:
-            return web.Response(status=400, text="Cache not flushed: the server has running or queued requests "
-                                                 "(or is still starting).")
+            return web.Response(
+                status=400, text="Cache not flushed: the server has running or queued requests (or is still starting)."
+            )
         await asyncio.sleep(0.05)
     return web.Response(status=200, text="Cache flushed.")
 

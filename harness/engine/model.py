@@ -143,7 +143,7 @@ class SyntheticLM:
 
     def windows(self, tokens: list[int]) -> list[int]:
         """The last C tokens of a sequence, left-padded with -1."""
-        tail = tokens[-self.context_window:]
+        tail = tokens[-self.context_window :]
         return [-1] * (self.context_window - len(tail)) + tail
 
 
@@ -155,21 +155,25 @@ def generate_weights(p: ModelPreset) -> RawWeights:
     gen = torch.Generator().manual_seed(p.weight_seed)
     features = _feature_hasher(p, gen)
     n_detail = p.hidden - p.draft_hidden
-    mlp, threshold, step = _layer(gen, p, [p.head_active] * p.draft_hidden + [p.detail_active] * n_detail,
-                                  [HEAD_LEVELS] * p.draft_hidden + [DETAIL_LEVELS] * n_detail)
+    mlp, threshold, step = _layer(
+        gen,
+        p,
+        [p.head_active] * p.draft_hidden + [p.detail_active] * n_detail,
+        [HEAD_LEVELS] * p.draft_hidden + [DETAIL_LEVELS] * n_detail,
+    )
     out = _output_weights(p, gen)
     prior = _prior(p, gen)
     noise_gen = torch.Generator().manual_seed(p.weight_seed + 1)
-    noise_mlp, noise_threshold, noise_step = _layer(noise_gen, p, [0.5] * p.noise_rank,
-                                                    [DETAIL_LEVELS] * p.noise_rank)
-    noise_out = (torch.randn(p.vocab_size, p.noise_rank, generator=noise_gen) * NOISE_WEIGHT_STD)
+    noise_mlp, noise_threshold, noise_step = _layer(noise_gen, p, [0.5] * p.noise_rank, [DETAIL_LEVELS] * p.noise_rank)
+    noise_out = torch.randn(p.vocab_size, p.noise_rank, generator=noise_gen) * NOISE_WEIGHT_STD
     noise_out = noise_out.round_().clamp_(-127, 127).to(torch.int8)
     probe = torch.randint(0, p.vocab_size, (2048, p.context_window), generator=noise_gen)  # [n, C]
     cpu = torch.device("cpu")
     g = HiddenLayer.on(noise_mlp, noise_threshold, noise_step, cpu, _max_feature(p))(features(probe))
     noise_std = float(IntLinear.on(noise_out, cpu, LEVELS, signed=False)(g).std())
-    return RawWeights(features, mlp, threshold, step, out, prior, noise_mlp, noise_threshold, noise_step,
-                      noise_out, noise_std)
+    return RawWeights(
+        features, mlp, threshold, step, out, prior, noise_mlp, noise_threshold, noise_step, noise_out, noise_std
+    )
 
 
 def _uniform_ints(gen: torch.Generator, bound: int, shape: tuple[int, ...], dtype=torch.int64) -> Tensor:
@@ -188,14 +192,15 @@ def _feature_hasher(p: ModelPreset, gen: torch.Generator) -> FeatureHasher:
     mult = torch.randint(1, HASH_PRIME, (c + 2, c), generator=gen, dtype=torch.int64)
     mask = torch.zeros(c + 2, c, dtype=torch.int64)
     mask[torch.arange(c), torch.arange(c)] = 1  # unigram j reads position j
-    mask[c, c - 2:] = 1  # bigram: the last two tokens
-    mask[c + 1, c - 3:] = 1  # trigram: the last three
+    mask[c, c - 2 :] = 1  # bigram: the last two tokens
+    mask[c + 1, c - 3 :] = 1  # trigram: the last three
     embed = _uniform_ints(gen, EMBED_MAX, (c + 2, p.embed_rows, p.embed_dim)).to(torch.int16)
     return FeatureHasher(hash_mult=mult * mask, embed=embed)
 
 
-def _layer(gen: torch.Generator, p: ModelPreset, actives: list[float], levels: list[int]
-           ) -> tuple[Tensor, Tensor, Tensor]:
+def _layer(
+    gen: torch.Generator, p: ModelPreset, actives: list[float], levels: list[int]
+) -> tuple[Tensor, Tensor, Tensor]:
     """Weights [units, D] int8, thresholds and steps [units] of a layer whose unit i fires (value >= 1)
     in about actives[i] of contexts and reaches 15 about 15/levels[i] standard deviations higher."""
     units = len(actives)
@@ -214,12 +219,13 @@ def _output_weights(p: ModelPreset, gen: torch.Generator) -> Tensor:
     if not 0 < p.draft_hidden < p.hidden:
         raise ValueError(f"draft_hidden {p.draft_hidden} must be in (0, hidden={p.hidden})")
     w = torch.empty(p.vocab_size, p.hidden, dtype=torch.int8)
-    w[:, :p.draft_hidden] = _uniform_ints(gen, 1, (p.vocab_size, p.draft_hidden), torch.int8)
+    w[:, : p.draft_hidden] = _uniform_ints(gen, 1, (p.vocab_size, p.draft_hidden), torch.int8)
     promoted = torch.randint(1, p.vocab_size, (p.draft_hidden, p.head_tokens), generator=gen)  # never EOS
     strength = torch.linspace(HEAD_WEIGHT_MAX, HEAD_WEIGHT_MAX / 2, p.head_tokens).round().to(torch.int8)
     w[promoted, torch.arange(p.draft_hidden).unsqueeze(-1)] = strength
-    w[:, p.draft_hidden:] = _uniform_ints(gen, p.detail_weight_max, (p.vocab_size, p.hidden - p.draft_hidden),
-                                          torch.int8)
+    w[:, p.draft_hidden :] = _uniform_ints(
+        gen, p.detail_weight_max, (p.vocab_size, p.hidden - p.draft_hidden), torch.int8
+    )
     return w
 
 
@@ -234,5 +240,7 @@ def _prior(p: ModelPreset, gen: torch.Generator) -> Tensor:
 
 def weight_bytes(p: ModelPreset) -> dict[str, int]:
     """Bytes of int8 weights each forward reads (the embedding gathers aside): the cost model."""
-    return {"target": p.hidden * (p.embed_dim + p.vocab_size),
-            "draft": (p.draft_hidden + p.noise_rank) * (p.embed_dim + p.vocab_size)}
+    return {
+        "target": p.hidden * (p.embed_dim + p.vocab_size),
+        "draft": (p.draft_hidden + p.noise_rank) * (p.embed_dim + p.vocab_size),
+    }

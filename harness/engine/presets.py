@@ -43,16 +43,38 @@ PRESETS: dict[str, ModelPreset] = {
     p.name: p
     for p in (
         # four tokens, for exact distribution tests: every conditional is easy to enumerate
-        ModelPreset(name="tiny", vocab_size=4, hidden=32, draft_hidden=16, head_tokens=1, context_window=3,
-                    embed_dim=16, embed_rows=64, head_active=0.2, detail_active=0.3, logit_scale=0.001,
-                    detail_weight_max=2, zipf=0.0, eos_prior=None, draft_divergence=1.5, noise_rank=8,
-                    context_length=4096),
+        ModelPreset(
+            name="tiny",
+            vocab_size=4,
+            hidden=32,
+            draft_hidden=16,
+            head_tokens=1,
+            context_window=3,
+            embed_dim=16,
+            embed_rows=64,
+            head_active=0.2,
+            detail_active=0.3,
+            logit_scale=0.001,
+            detail_weight_max=2,
+            zipf=0.0,
+            eos_prior=None,
+            draft_divergence=1.5,
+            noise_rank=8,
+            context_length=4096,
+        ),
         # fast end-to-end tests: byte-level text, millisecond steps
-        ModelPreset(name="mini", vocab_size=2048, hidden=256, draft_hidden=64, head_tokens=4, embed_rows=1024,
-                    head_active=0.06, detail_weight_max=3),
+        ModelPreset(
+            name="mini",
+            vocab_size=2048,
+            hidden=256,
+            draft_hidden=64,
+            head_tokens=4,
+            embed_rows=1024,
+            head_active=0.06,
+            detail_weight_max=3,
+        ),
         # the default: a 32k vocabulary whose target step is dominated by a 64 MB output projection
-        ModelPreset(name="small", vocab_size=32000, hidden=16384, draft_hidden=128, head_tokens=4,
-                    detail_active=0.02),
+        ModelPreset(name="small", vocab_size=32000, hidden=16384, draft_hidden=128, head_tokens=4, detail_active=0.02),
         # the seed models' vocabulary (248,320); meant for a GPU
         ModelPreset(name="large", vocab_size=248320, hidden=2048, draft_hidden=128, head_tokens=4),
     )
@@ -72,15 +94,19 @@ MAX_VOCAB = 1 << 21  # 2,097,152 ids: 8x the largest real vocabularies; more onl
 
 def get_preset(model_path: str, vocab_size: int | None = None) -> ModelPreset:
     """The preset named by `model_path` (`embedded:<name>`), its vocabulary optionally overridden."""
-    name = model_path[len(PREFIX):] if model_path.startswith(PREFIX) else None
+    name = model_path[len(PREFIX) :] if model_path.startswith(PREFIX) else None
     if name not in PRESETS:
-        raise PresetError(f"--model-path {model_path!r} is not an embedded model; "
-                          f"valid: {', '.join(preset_names())}; or a real model: hf:smollm2-135m-instruct, "
-                          "a .gguf file, a Hugging Face model folder")
+        raise PresetError(
+            f"--model-path {model_path!r} is not an embedded model; "
+            f"valid: {', '.join(preset_names())}; or a real model: hf:smollm2-135m-instruct, "
+            "a .gguf file, a Hugging Face model folder"
+        )
     preset = PRESETS[name]
     if vocab_size is None:
         return preset
     if not 3 <= vocab_size <= MAX_VOCAB:
-        raise PresetError(f"--vocab-size {vocab_size} must be in [3, {MAX_VOCAB:,}] (end-of-sequence and two text "
-                          "tokens at least; the largest real vocabularies hold about 262,144)")
+        raise PresetError(
+            f"--vocab-size {vocab_size} must be in [3, {MAX_VOCAB:,}] (end-of-sequence and two text "
+            "tokens at least; the largest real vocabularies hold about 262,144)"
+        )
     return replace(preset, vocab_size=vocab_size)

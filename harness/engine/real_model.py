@@ -73,8 +73,10 @@ def resolve_source(model_path: str, cache: Path) -> RealSource:
     """The weights `model_path` names; ModelFileError saying what is missing and how to get it."""
     if model_path.startswith(PREFIX):
         if model_path not in SHIPPED:
-            raise ModelFileError(f"--model-path {model_path!r} is not a shipped model; valid: {', '.join(SHIPPED)} "
-                                 "(or a .gguf file, or a Hugging Face model folder)")
+            raise ModelFileError(
+                f"--model-path {model_path!r} is not a shipped model; valid: {', '.join(SHIPPED)} "
+                "(or a .gguf file, or a Hugging Face model folder)"
+            )
         spec = MODELS[SHIPPED[model_path]]
         return RealSource(model_path, "gguf", model_file(spec, cache), spec.terms)
     path = Path(model_path)
@@ -84,8 +86,10 @@ def resolve_source(model_path: str, cache: Path) -> RealSource:
         return RealSource(model_path, "gguf", path)
     if (path / "config.json").is_file():
         return RealSource(model_path, "folder", path)
-    raise ModelFileError(f"--model-path {model_path!r}: not an embedded preset, a shipped model ({', '.join(SHIPPED)}), "
-                         "a .gguf file or a model folder with config.json")
+    raise ModelFileError(
+        f"--model-path {model_path!r}: not an embedded preset, a shipped model ({', '.join(SHIPPED)}), "
+        "a .gguf file or a model folder with config.json"
+    )
 
 
 def converted_folder(source: RealSource, cache: Path) -> tuple[Path, dict[str, Any]]:
@@ -106,8 +110,9 @@ def converted_folder(source: RealSource, cache: Path) -> tuple[Path, dict[str, A
             os.rename(tmp, folder)
         except OSError as exc:
             if not mark.is_file():
-                raise ModelFileError(f"{folder} exists but holds no finished conversion ({exc}); delete it and "
-                                     "start again") from None
+                raise ModelFileError(
+                    f"{folder} exists but holds no finished conversion ({exc}); delete it and start again"
+                ) from None
     return folder, json.loads(mark.read_text())
 
 
@@ -215,8 +220,15 @@ class RealStreamDecoder:
 class RealLM:
     """The target (all layers) and its early-exit draft (the first `draft_layers`), on one device."""
 
-    def __init__(self, hf: Any, tokenizer: RealTokenizer, folder: Path, provenance: dict[str, Any],
-                 device: torch.device, draft_layers: int | None) -> None:
+    def __init__(
+        self,
+        hf: Any,
+        tokenizer: RealTokenizer,
+        folder: Path,
+        provenance: dict[str, Any],
+        device: torch.device,
+        draft_layers: int | None,
+    ) -> None:
         self.hf = hf
         self.tokenizer = tokenizer
         self.folder = folder
@@ -229,13 +241,16 @@ class RealLM:
         self.dtype = next(hf.parameters()).dtype
         draft_layers = self.num_layers - DEFAULT_DRAFT_SKIP if draft_layers is None else draft_layers
         if not 1 <= draft_layers < self.num_layers:
-            raise ValueError(f"--draft-layers {draft_layers}: the model has {self.num_layers} layers; "
-                             f"give 1 to {self.num_layers - 1}")
+            raise ValueError(
+                f"--draft-layers {draft_layers}: the model has {self.num_layers} layers; "
+                f"give 1 to {self.num_layers - 1}"
+            )
         self.draft_layers = draft_layers
 
     @classmethod
-    def load(cls, model_path: str, dtype: str, device: torch.device, draft_layers: int | None,
-             cache: Path | None = None) -> RealLM:
+    def load(
+        cls, model_path: str, dtype: str, device: torch.device, draft_layers: int | None, cache: Path | None = None
+    ) -> RealLM:
         cache = cache or model_cache()
         source = resolve_source(model_path, cache)  # a bad path or name is named before transformers loads
         from transformers import AutoModelForCausalLM, AutoTokenizer  # noqa: PLC0415  (the `real` extra)
@@ -251,8 +266,14 @@ class RealLM:
         eos_ids = [eos] if isinstance(eos, int) else list(eos or [tok.eos_token_id])
         text_config = hf.config.get_text_config()
         tokenizer = RealTokenizer(tok, int(text_config.vocab_size), eos_ids)
-        return cls(hf, tokenizer, folder, {**provenance, "model_path": model_path, "dtype": str(torch_dtype)},
-                   device, draft_layers)
+        return cls(
+            hf,
+            tokenizer,
+            folder,
+            {**provenance, "model_path": model_path, "dtype": str(torch_dtype)},
+            device,
+            draft_layers,
+        )
 
     def new_cache(self) -> Any:
         from transformers import DynamicCache  # noqa: PLC0415
@@ -279,8 +300,9 @@ class RealLM:
         return self._run(cache, torch.tensor([ids], dtype=torch.int64, device=self.device), layers, last_only)[0]
 
     @torch.inference_mode()
-    def forward_many(self, caches: list[Any], feeds: list[list[int]], layers: int | None = None,
-                     last_only: bool = False) -> list[Tensor]:
+    def forward_many(
+        self, caches: list[Any], feeds: list[list[int]], layers: int | None = None, last_only: bool = False
+    ) -> list[Tensor]:
         """`forward` for many rows: rows whose caches hold as many positions as each other in every layer and whose
         feeds are as long share ONE batched forward (the weights are read once for all of them, not once per row:
         SmolLM2's forwards are bound by that read on a CPU); the others run alone. A batched row's floats may
@@ -295,8 +317,9 @@ class RealLM:
                     out[i] = self.forward(caches[i], feeds[i], layers, last_only)
                 continue
             merged = self._stacked([caches[i] for i in rows])
-            logits = self._run(merged, torch.tensor([feeds[i] for i in rows], dtype=torch.int64, device=self.device),
-                               layers, last_only)
+            logits = self._run(
+                merged, torch.tensor([feeds[i] for i in rows], dtype=torch.int64, device=self.device), layers, last_only
+            )
             _unstack(merged, [caches[i] for i in rows])
             for j, i in enumerate(rows):
                 out[i] = logits[j]
@@ -321,8 +344,10 @@ class RealLM:
         finally:
             self.config.num_hidden_layers = self.num_layers
         if probe is not None and self.cached(cache, depth) != probe:
-            raise RuntimeError(f"{type(self.hf).__name__} ran past layer {depth}: its forward ignores "
-                               "num_hidden_layers, so it cannot draft by early exit")
+            raise RuntimeError(
+                f"{type(self.hf).__name__} ran past layer {depth}: its forward ignores "
+                "num_hidden_layers, so it cannot draft by early exit"
+            )
         return out.logits.float()
 
 
@@ -344,4 +369,4 @@ def _unstack(merged: Any, caches: list[Any]) -> None:
     for i, layer in enumerate(merged.layers):
         if layer.get_seq_length() > 0:
             for j, cache in enumerate(caches):
-                _set_layer(cache.layers[i], layer.keys[j:j + 1].clone(), layer.values[j:j + 1].clone())
+                _set_layer(cache.layers[i], layer.keys[j : j + 1].clone(), layer.values[j : j + 1].clone())

@@ -45,8 +45,9 @@ class RealWorker(Worker):
         for r in requests:
             if r.model_state is None:
                 r.model_state = RealState(self.real.new_cache())
-        return self._sampling_input(requests, windows=[],
-                                    sequences=[(r.model_state, r.prompt_ids + r.output_ids) for r in requests])
+        return self._sampling_input(
+            requests, windows=[], sequences=[(r.model_state, r.prompt_ids + r.output_ids) for r in requests]
+        )
 
     def _next_logits(self, batch: BatchInput) -> Tensor:
         """Each row's next-token logits after its whole sequence -> [B, V] float32."""
@@ -62,7 +63,7 @@ class RealWorker(Worker):
         for state, seq in batch.sequences:
             self._rewind(state, seq)
             states.append(state)
-        return states, [seq[state.fed:] for state, (_, seq) in zip(states, batch.sequences, strict=True)]
+        return states, [seq[state.fed :] for state, (_, seq) in zip(states, batch.sequences, strict=True)]
 
     def _rewind(self, state: RealState, seq: list[int]) -> None:
         """Crop the cache to what the step may keep: at most all but the last token (a step retried after a failure
@@ -70,8 +71,9 @@ class RealWorker(Worker):
         state.fed = min(state.fed, len(seq) - 1)
         self.real.crop(state.cache, state.fed)
 
-    def _forward(self, states: list[RealState], feeds: list[list[int]], layers: int | None = None,
-                 last_only: bool = False) -> list[Tensor]:
+    def _forward(
+        self, states: list[RealState], feeds: list[list[int]], layers: int | None = None, last_only: bool = False
+    ) -> list[Tensor]:
         """Each row's forward: row by row in deterministic mode (a row's floats never depend on its neighbours),
         else rows of equal lengths batched (RealLM.forward_many)."""
         if self.config.deterministic:
@@ -88,14 +90,14 @@ class RealWorker(Worker):
         for state in states:
             self.real.crop(state.cache, state.fed)  # the draft's own entries past the verified prefix
         target = self._forward(states, [f + d for f, d in zip(feeds, drafts.tokens.tolist(), strict=True)])
-        logits = torch.stack([t[-(gamma + 1):] for t in target])  # [B, G+1, V]: after x_n, d_1, ..., d_G
+        logits = torch.stack([t[-(gamma + 1) :] for t in target])  # [B, G+1, V]: after x_n, d_1, ..., d_G
         out = self._verify(logits, drafts.tokens, drafts.probs, knobs, batch.generators)
         n_acc = out.num_accepted.tolist()
         for (state, seq), n in zip(batch.sequences, n_acc, strict=True):
             state.fed = len(seq) + n  # x_n and the accepted drafts; the bonus token is fed next step
             self.real.crop(state.cache, state.fed)
         tokens = out.tokens.tolist()
-        return StepOutput(tokens=[row[:n + 1] for row, n in zip(tokens, n_acc, strict=True)], num_accepted=n_acc)
+        return StepOutput(tokens=[row[: n + 1] for row, n in zip(tokens, n_acc, strict=True)], num_accepted=n_acc)
 
     def _draft_rows(self, states: list[RealState], feeds: list[list[int]], knobs: Any, u: Tensor | None) -> _Drafts:
         """gamma draft tokens per row [B, G], one draft forward of every row per position through the first L
@@ -111,7 +113,7 @@ class RealWorker(Worker):
                 else:
                     k = knobs.row(b)
                     q = self._builder(logits, k.temperature, k.top_k, k.top_p)  # [1, V]
-                    tokens[b, i] = verify.sample_from_probs(q, u[b, i:i + 1])[0]
+                    tokens[b, i] = verify.sample_from_probs(q, u[b, i : i + 1])[0]
                     probs[b].append(q[0])
             feeds = [[int(t)] for t in tokens[:, i].tolist()]
         return _Drafts(tokens, torch.stack([torch.stack(p) for p in probs]) if u is not None else None)

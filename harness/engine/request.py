@@ -93,7 +93,7 @@ class Request:
         out = self.output_ids
         if len(out) >= n:
             return out[-n:]
-        return self.prompt_ids[max(0, len(self.prompt_ids) - (n - len(out))):] + out
+        return self.prompt_ids[max(0, len(self.prompt_ids) - (n - len(out))) :] + out
 
     # ------------------------------------------------------------------ appending tokens
 
@@ -128,7 +128,7 @@ class Request:
         for stop in self.params.stop:
             if stop in tail:
                 text = self._decoder.text()
-                self._final_text = text[:text.find(stop)]
+                self._final_text = text[: text.find(stop)]
                 self.finish_now({"type": "stop", "matched": stop})
                 return
 
@@ -155,13 +155,19 @@ class Request:
             info.update(self.spec.fields(len(self.output_ids)))
         if self.enable_metrics:
             scheduled = self.t_scheduled if self.t_scheduled is not None else self.t_finished
-            info.update({"queue_time": scheduled - self.t_received, "request_received_ts": self.t_received,
-                         "request_finished_ts": self.t_finished})
+            info.update(
+                {
+                    "queue_time": scheduled - self.t_received,
+                    "request_received_ts": self.t_received,
+                    "request_finished_ts": self.t_finished,
+                }
+            )
         return info
 
     def snapshot(self) -> Output:
-        return Output(text=self.text(), output_ids=list(self.output_ids), meta_info=self.meta_info(),
-                      finished=self.finished)
+        return Output(
+            text=self.text(), output_ids=list(self.output_ids), meta_info=self.meta_info(), finished=self.finished
+        )
 
     def publish(self) -> None:
         """Send a snapshot to the handler: every step when streaming, else only the final one."""

@@ -126,15 +126,18 @@ class Scheduler:
         states = [r.generator.get_state() for r in requests]
         fn = self.worker.prefill if prefill else self.worker.decode
         try:
-            out = await asyncio.get_running_loop().run_in_executor(self._executor, fn, self.worker.batch_input(requests))
+            out = await asyncio.get_running_loop().run_in_executor(
+                self._executor, fn, self.worker.batch_input(requests)
+            )
         except Exception as e:  # noqa: BLE001  (a failed step fails its request, not the server or the batch)
             if len(requests) == 1:
                 log.exception(f"step failed for request {requests[0].rid}; aborting it")
                 self.abort(requests[0], f"internal error: {type(e).__name__}: {e}")
                 requests[0].publish()
                 return
-            log.warning(f"a step over {len(requests)} requests failed ({type(e).__name__}: {e}); "
-                        "running them one by one")
+            log.warning(
+                f"a step over {len(requests)} requests failed ({type(e).__name__}: {e}); running them one by one"
+            )
             for r, state in zip(requests, states, strict=True):
                 r.generator.set_state(state)
             for r in requests:
@@ -166,6 +169,8 @@ class Scheduler:
         self.last_gen_throughput = self.stats.window_tokens / max(now - self.stats.window_start, 1e-9)
         self.reported_accept_length = self.stats.avg_accept_length
         spec = f"accept len: {self.reported_accept_length:.2f}, " if self.stats.verify_steps else ""
-        log.info(f"Decode batch. #running-req: {len(self.running)}, {spec}"
-                 f"gen throughput (token/s): {self.last_gen_throughput:.2f}, #queue-req: {len(self.waiting)}")
+        log.info(
+            f"Decode batch. #running-req: {len(self.running)}, {spec}"
+            f"gen throughput (token/s): {self.last_gen_throughput:.2f}, #queue-req: {len(self.waiting)}"
+        )
         self.stats.window_start, self.stats.window_tokens = now, 0

@@ -38,7 +38,8 @@ DFLASH_GREEDY_LINE = "DFLASH draft greedy head folded into the draft cuda graph 
 DSPARK_PROPOSAL_LINE = "DSpark draft proposal (%s) folded into the draft cuda graph%s."
 DFLASH_NO_EFFECT_LINE = (
     "--speculative-use-block-verification has no effect for this DFLASH draft: it proposes greedy tokens, and "
-    "block verification only differs from token-wise verification for sampled proposals.")
+    "block verification only differs from token-wise verification for sampled proposals."
+)
 # SGLang 0.5.23 logs no such warning for DSPARK; the embedded server says it in the same form.
 DSPARK_NO_EFFECT_LINE = DFLASH_NO_EFFECT_LINE.replace("DFLASH", "DSPARK")
 
@@ -49,7 +50,9 @@ def draft_lines(args: ServerArgs) -> list[tuple[int, str]]:
     if args.speculative_algorithm == "DFLASH":
         lines.append((logging.INFO, DFLASH_SELECTOR_LINE % True if args.sampling_enabled else DFLASH_GREEDY_LINE % 1))
     elif args.speculative_algorithm == "DSPARK":
-        lines.append((logging.INFO, DSPARK_PROPOSAL_LINE % ("sampling" if args.sampling_enabled else "greedy draft", "")))
+        lines.append(
+            (logging.INFO, DSPARK_PROPOSAL_LINE % ("sampling" if args.sampling_enabled else "greedy draft", ""))
+        )
     if args.block_verification and not args.sampling_enabled:  # (without an algorithm: refused, harness.engine.args)
         no_effect = DFLASH_NO_EFFECT_LINE if args.speculative_algorithm == "DFLASH" else DSPARK_NO_EFFECT_LINE
         lines.append((logging.WARNING, no_effect))

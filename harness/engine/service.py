@@ -40,8 +40,9 @@ class EngineService:
 
     def __init__(self, args: ServerArgs) -> None:
         self.args = args
-        self.preset: ModelPreset | None = None if is_real(args.model_path) else get_preset(args.model_path,
-                                                                                          args.vocab_size)
+        self.preset: ModelPreset | None = (
+            None if is_real(args.model_path) else get_preset(args.model_path, args.vocab_size)
+        )
         self.real: RealLM | None = None  # the real model, once loaded
         # a real model's tokenizer comes with the model (start); until then nothing is served but health and info
         self.tokenizer: TextTokenizer = Tokenizer(self.preset.vocab_size if self.preset else 3)
@@ -70,10 +71,14 @@ class EngineService:
             torch.set_num_threads(self.args.num_threads)
         self.device = device = resolve_device(self.args.device, "--device")
         log.info(f"Verify path {self.args.verify_path}, verify-probability builder {self.args.verify_probs_builder}")
-        config = WorkerConfig(gamma=self.args.gamma, draft_mode=self.args.draft_mode,
-                              block_verification=self.args.block_verification,
-                              builder=self.args.verify_probs_builder, verify_path=self.args.verify_path,
-                              deterministic=self.args.enable_deterministic_inference)
+        config = WorkerConfig(
+            gamma=self.args.gamma,
+            draft_mode=self.args.draft_mode,
+            block_verification=self.args.block_verification,
+            builder=self.args.verify_probs_builder,
+            verify_path=self.args.verify_path,
+            deterministic=self.args.enable_deterministic_inference,
+        )
         worker = await (self._synthetic(config, device) if self.preset else self._real(config, device))
         self.scheduler = Scheduler(worker, self.args.max_running_requests, self.args.decode_log_interval)
         self._loop_task = asyncio.create_task(self.scheduler.run())
@@ -87,21 +92,26 @@ class EngineService:
         self.tokenizer_dir = await asyncio.to_thread(self._publish_tokenizer, self.preset)
         t0 = time.monotonic()
         model = await asyncio.to_thread(SyntheticLM.build, self.preset, self.args.draft_divergence, device)
-        log.info(f"Model {self.args.model_path} built in {time.monotonic() - t0:.2f}s on {device} "
-                 f"(vocab {self.preset.vocab_size}, hidden {self.preset.hidden}, draft hidden "
-                 f"{self.preset.draft_hidden}, torch threads {torch.get_num_threads()})")
+        log.info(
+            f"Model {self.args.model_path} built in {time.monotonic() - t0:.2f}s on {device} "
+            f"(vocab {self.preset.vocab_size}, hidden {self.preset.hidden}, draft hidden "
+            f"{self.preset.draft_hidden}, torch threads {torch.get_num_threads()})"
+        )
         return Worker(model, config)
 
     async def _real(self, config: WorkerConfig, device: torch.device) -> Worker:
         from harness.engine.real_worker import RealWorker  # noqa: PLC0415
 
         t0 = time.monotonic()
-        real = await asyncio.to_thread(RealLM.load, self.args.model_path, self.args.dtype, device,
-                                       self.args.draft_layers)
+        real = await asyncio.to_thread(
+            RealLM.load, self.args.model_path, self.args.dtype, device, self.args.draft_layers
+        )
         self.real, self.tokenizer, self.tokenizer_dir = real, real.tokenizer, real.folder
-        log.info(f"Model {self.args.model_path} loaded in {time.monotonic() - t0:.2f}s on {device} from "
-                 f"{real.folder} ({real.num_layers} layers, vocab {real.vocab_size}, {real.dtype}, draft: the first "
-                 f"{real.draft_layers} layers, torch threads {torch.get_num_threads()})")
+        log.info(
+            f"Model {self.args.model_path} loaded in {time.monotonic() - t0:.2f}s on {device} from "
+            f"{real.folder} ({real.num_layers} layers, vocab {real.vocab_size}, {real.dtype}, draft: the first "
+            f"{real.draft_layers} layers, torch threads {torch.get_num_threads()})"
+        )
         return RealWorker(real, config)
 
     @property
@@ -122,8 +132,10 @@ class EngineService:
             log.warning(f"Hugging Face tokenizer folder not written ({e}); {keep}")
             return None
         if path is None:
-            log.info(f"No Hugging Face tokenizer folder: a vocabulary of {preset.vocab_size} (< 257) writes "
-                     f"each byte as several digit tokens, which tokenizer.json cannot express; {keep}")
+            log.info(
+                f"No Hugging Face tokenizer folder: a vocabulary of {preset.vocab_size} (< 257) writes "
+                f"each byte as several digit tokens, which tokenizer.json cannot express; {keep}"
+            )
         else:
             log.info(f"Hugging Face tokenizer folder (tokenizer_path): {path}")
         return path
@@ -173,8 +185,10 @@ class EngineService:
                 raise BadRequest(f"text is not valid Unicode: {e}") from None
         limit = self.context_length
         if len(ids) + prompt.params.max_new_tokens > limit:
-            raise BadRequest(f"prompt ({len(ids)} tokens) + max_new_tokens ({prompt.params.max_new_tokens}) "
-                             f"exceeds the model's context length {limit}")
+            raise BadRequest(
+                f"prompt ({len(ids)} tokens) + max_new_tokens ({prompt.params.max_new_tokens}) "
+                f"exceeds the model's context length {limit}"
+            )
         return ids
 
     def check_rids(self, requests: list[Request]) -> None:
@@ -186,17 +200,32 @@ class EngineService:
                 raise BadRequest(f"Duplicate request ID detected: rid {r.rid!r} is in flight")
             seen.add(r.rid)
 
-    def new_request(self, prompt_ids: list[int], params: SamplingParams, *, stream: bool, rid: str | None,
-                    health_check: bool = False) -> Request:
+    def new_request(
+        self,
+        prompt_ids: list[int],
+        params: SamplingParams,
+        *,
+        stream: bool,
+        rid: str | None,
+        health_check: bool = False,
+    ) -> Request:
         """A request with its own generator: seeded by `sampling_seed` only in deterministic mode."""
         seed = params.sampling_seed if self.args.enable_deterministic_inference else None
         if seed is None:
             seed = self._seeds.getrandbits(63)
         generator = torch.Generator(device=self.device).manual_seed(fold_seed(seed))
         spec = SpecCounters(self.args.gamma) if self.args.speculative else None
-        return Request(rid=rid or uuid.uuid4().hex, prompt_ids=prompt_ids, params=params, generator=generator,
-                       tokenizer=self.tokenizer, spec=spec, stream=stream,
-                       enable_metrics=self.args.enable_metrics, health_check=health_check)
+        return Request(
+            rid=rid or uuid.uuid4().hex,
+            prompt_ids=prompt_ids,
+            params=params,
+            generator=generator,
+            tokenizer=self.tokenizer,
+            spec=spec,
+            stream=stream,
+            enable_metrics=self.args.enable_metrics,
+            health_check=health_check,
+        )
 
     # ------------------------------------------------------------------ health and info
 
@@ -206,8 +235,9 @@ class EngineService:
             return False
         start = time.monotonic()
         params = SamplingParams(max_new_tokens=1, temperature=0.0)
-        req = self.new_request([self.tokenizer.eos_id], params, stream=False, rid=f"HEALTH_CHECK_{uuid.uuid4().hex}",
-                               health_check=True)
+        req = self.new_request(
+            [self.tokenizer.eos_id], params, stream=False, rid=f"HEALTH_CHECK_{uuid.uuid4().hex}", health_check=True
+        )
         scheduler = self.running
         scheduler.submit(req)
         while time.monotonic() - start < HEALTH_TIMEOUT_S:
@@ -232,9 +262,11 @@ class EngineService:
         """As SGLang's scheduler: `avg_spec_accept_length` (tokens per verify step, lifetime since start or
         /flush_cache, as of the last --decode-log-interval boundary) only once an interval has closed."""
         sched = self.scheduler
-        state = {"last_gen_throughput": sched.last_gen_throughput if sched else 0.0,
-                 "num_running_reqs": len(sched.running) if sched else 0,
-                 "num_queue_reqs": len(sched.waiting) if sched else 0}
+        state = {
+            "last_gen_throughput": sched.last_gen_throughput if sched else 0.0,
+            "num_running_reqs": len(sched.running) if sched else 0,
+            "num_queue_reqs": len(sched.waiting) if sched else 0,
+        }
         if self.args.speculative and sched is not None and sched.reported_accept_length > 0:
             state["avg_spec_accept_length"] = sched.reported_accept_length
         return state
@@ -246,24 +278,48 @@ class EngineService:
 
     def model_info(self) -> dict[str, Any]:
         loaded = self.model_loaded
-        info = {"model_path": self.args.model_path, "tokenizer_path": self.tokenizer_path, "is_generation": True,
-                "preferred_sampling_params": None, "weight_version": "default",
-                "vocab_size": self.tokenizer.vocab_size if loaded else None,
-                "context_length": self.context_length if loaded else None,
-                "eos_token_id": self.tokenizer.eos_id if loaded else None}
+        info = {
+            "model_path": self.args.model_path,
+            "tokenizer_path": self.tokenizer_path,
+            "is_generation": True,
+            "preferred_sampling_params": None,
+            "weight_version": "default",
+            "vocab_size": self.tokenizer.vocab_size if loaded else None,
+            "context_length": self.context_length if loaded else None,
+            "eos_token_id": self.tokenizer.eos_id if loaded else None,
+        }
         if self.preset is not None:
             p = self.preset
-            info["embedded"] = {"hidden": p.hidden, "draft_hidden": p.draft_hidden, "context_window": p.context_window,
-                                "weight_seed": p.weight_seed, "draft_divergence": self.args.draft_divergence}
+            info["embedded"] = {
+                "hidden": p.hidden,
+                "draft_hidden": p.draft_hidden,
+                "context_window": p.context_window,
+                "weight_seed": p.weight_seed,
+                "draft_divergence": self.args.draft_divergence,
+            }
         elif self.real is not None:
-            info["real"] = {**self.real.provenance, "layers": self.real.num_layers,
-                            "draft_layers": self.real.draft_layers, "folder": str(self.real.folder)}
+            info["real"] = {
+                **self.real.provenance,
+                "layers": self.real.num_layers,
+                "draft_layers": self.real.draft_layers,
+                "folder": str(self.real.folder),
+            }
         return info
 
     def models_list(self) -> dict[str, Any]:
-        return {"object": "list", "data": [{"id": self.args.model_path, "object": "model", "created": 0,
-                                            "owned_by": "sglang", "root": self.args.model_path,
-                                            "max_model_len": self.context_length if self.model_loaded else None}]}
+        return {
+            "object": "list",
+            "data": [
+                {
+                    "id": self.args.model_path,
+                    "object": "model",
+                    "created": 0,
+                    "owned_by": "sglang",
+                    "root": self.args.model_path,
+                    "max_model_len": self.context_length if self.model_loaded else None,
+                }
+            ],
+        }
 
 
 def fold_seed(seed: int) -> int:

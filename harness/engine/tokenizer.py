@@ -83,7 +83,7 @@ class Tokenizer:
         self._word_counts = _word_counts(vocab_size - FIRST_WORD_ID) if self.byte_level else []
         self._base = vocab_size - 1  # digit mode: ids 1..V-1 are the digits 0..V-2
         self._digits_per_byte = 1
-        while self._base ** self._digits_per_byte < BYTE_TOKENS:
+        while self._base**self._digits_per_byte < BYTE_TOKENS:
             self._digits_per_byte += 1
 
     # --------------------------------------------------------------- words
@@ -108,14 +108,14 @@ class Tokenizer:
             return None
         n = 0
         for i in range(0, len(body), 2):
-            s = _SYLLABLE_INDEX.get(body[i:i + 2])
+            s = _SYLLABLE_INDEX.get(body[i : i + 2])
             if s is None:
                 return None
             n = n * len(SYLLABLES) + s
         length = len(body) // 2
         if length > len(self._word_counts) or n >= self._word_counts[length - 1]:
             return None
-        return FIRST_WORD_ID + sum(self._word_counts[:length - 1]) + n
+        return FIRST_WORD_ID + sum(self._word_counts[: length - 1]) + n
 
     # --------------------------------------------------------------- encode / decode
 

@@ -78,7 +78,7 @@ class _Knobs:
         return _Knobs(*(t.repeat_interleave(n) for t in (self.temperature, self.top_k, self.top_p, self.min_p)))
 
     def row(self, b: int) -> _Knobs:
-        return _Knobs(*(t[b:b + 1] for t in (self.temperature, self.top_k, self.top_p, self.min_p)))
+        return _Knobs(*(t[b : b + 1] for t in (self.temperature, self.top_k, self.top_p, self.min_p)))
 
 
 class Worker:
@@ -90,7 +90,8 @@ class Worker:
         self.device = model.device
         self._builder = verify.get_builder(config.builder)
         self._verifier: Callable[..., verify.VerifyOutput] = (
-            verify.verify_block if config.block_verification else verify.verify_tokenwise)
+            verify.verify_block if config.block_verification else verify.verify_tokenwise
+        )
         if config.verify_path not in ("dense", "sparse"):
             raise ValueError(f"verify_path {config.verify_path!r}: use dense or sparse")
 
@@ -103,10 +104,14 @@ class Worker:
 
     @staticmethod
     def _sampling_input(requests: list[Request], **rows: Any) -> BatchInput:
-        return BatchInput(temperature=[float(r.params.temperature) for r in requests],
-                          top_k=[r.params.top_k for r in requests], top_p=[float(r.params.top_p) for r in requests],
-                          min_p=[float(r.params.min_p) for r in requests], generators=[r.generator for r in requests],
-                          **rows)
+        return BatchInput(
+            temperature=[float(r.params.temperature) for r in requests],
+            top_k=[r.params.top_k for r in requests],
+            top_p=[float(r.params.top_p) for r in requests],
+            min_p=[float(r.params.min_p) for r in requests],
+            generators=[r.generator for r in requests],
+            **rows,
+        )
 
     @torch.inference_mode()
     def prefill(self, batch: BatchInput) -> StepOutput:
@@ -154,7 +159,7 @@ class Worker:
         out = self._verify(logits.view(bsz, gamma + 1, -1), ext[:, c:], draft_probs, knobs, batch.generators)
         n_acc = out.num_accepted.tolist()
         tokens = out.tokens.tolist()
-        return StepOutput(tokens=[row[:n + 1] for row, n in zip(tokens, n_acc, strict=True)], num_accepted=n_acc)
+        return StepOutput(tokens=[row[: n + 1] for row, n in zip(tokens, n_acc, strict=True)], num_accepted=n_acc)
 
     def _draft(self, ext: Tensor, knobs: _Knobs, generators: list[torch.Generator]) -> Tensor | None:
         """Fill ext[:, C:] with gamma draft tokens; return their distributions [B, G, V] if sampled."""
@@ -163,7 +168,7 @@ class Worker:
         u = verify.draw_uniforms(generators, gamma, self.device) if sampled else None  # [B, G]
         probs = []
         for i in range(gamma):
-            logits = self.model.draft_logits(ext[:, i:i + c])  # [B, V]
+            logits = self.model.draft_logits(ext[:, i : i + c])  # [B, V]
             if u is None:  # not sampled
                 ext[:, c + i] = logits.argmax(dim=-1)  # a point mass: the verifier gets q = None
                 continue
@@ -172,8 +177,14 @@ class Worker:
             probs.append(q)
         return torch.stack(probs, dim=1) if sampled else None  # [B, G, V]
 
-    def _verify(self, logits: Tensor, drafts: Tensor, draft_probs: Tensor | None, knobs: _Knobs,
-                generators: list[torch.Generator]) -> verify.VerifyOutput:
+    def _verify(
+        self,
+        logits: Tensor,
+        drafts: Tensor,
+        draft_probs: Tensor | None,
+        knobs: _Knobs,
+        generators: list[torch.Generator],
+    ) -> verify.VerifyOutput:
         """logits [B, G+1, V], drafts [B, G], draft_probs [B, G, V] | None -> the verifier's output."""
         bsz, positions, vocab = logits.shape
 
@@ -182,19 +193,35 @@ class Worker:
             kk = k.repeat(positions)
             rows = lg.reshape(n * positions, vocab)
             if self.config.verify_path == "sparse":  # [n * positions, K] entries, never a dense [rows, V]
-                return sparse.verify_step(rows, kk.temperature, kk.top_k, kk.top_p, d, q, generators=gens,
-                                          block=self.config.block_verification,
-                                          fused=self.config.builder == "topk_fused")
+                return sparse.verify_step(
+                    rows,
+                    kk.temperature,
+                    kk.top_k,
+                    kk.top_p,
+                    d,
+                    q,
+                    generators=gens,
+                    block=self.config.block_verification,
+                    fused=self.config.builder == "topk_fused",
+                )
             target = self._builder(rows, kk.temperature, kk.top_k, kk.top_p)
             return self._verifier(target.view(n, positions, vocab), d, q, generators=gens)
 
         if not self.config.deterministic:
             return one(logits, knobs, drafts, draft_probs, generators)
-        outs = [one(logits[b:b + 1], knobs.row(b), drafts[b:b + 1],
-                    None if draft_probs is None else draft_probs[b:b + 1], generators[b:b + 1])
-                for b in range(bsz)]
-        return verify.VerifyOutput(num_accepted=torch.cat([o.num_accepted for o in outs]),
-                                   tokens=torch.cat([o.tokens for o in outs]))
+        outs = [
+            one(
+                logits[b : b + 1],
+                knobs.row(b),
+                drafts[b : b + 1],
+                None if draft_probs is None else draft_probs[b : b + 1],
+                generators[b : b + 1],
+            )
+            for b in range(bsz)
+        ]
+        return verify.VerifyOutput(
+            num_accepted=torch.cat([o.num_accepted for o in outs]), tokens=torch.cat([o.tokens for o in outs])
+        )
 
     # ------------------------------------------------------------------ helpers
 
@@ -202,8 +229,12 @@ class Worker:
         def t(values: list, dtype: torch.dtype) -> Tensor:
             return torch.tensor(values, dtype=dtype, device=self.device)
 
-        return _Knobs(t(batch.temperature, torch.float32), t(batch.top_k, torch.int64),
-                      t(batch.top_p, torch.float32), t(batch.min_p, torch.float32))
+        return _Knobs(
+            t(batch.temperature, torch.float32),
+            t(batch.top_k, torch.int64),
+            t(batch.top_p, torch.float32),
+            t(batch.min_p, torch.float32),
+        )
 
     def _rows(self, fn: Callable[..., Tensor], x: Tensor, *rest) -> Tensor:
         """fn over the whole batch, or row by row (then concatenated) in deterministic mode.
@@ -212,6 +243,8 @@ class Worker:
         """
         if not self.config.deterministic:
             return fn(x, *rest)
-        parts = [fn(x[b:b + 1], *(r.row(b) if isinstance(r, _Knobs) else r[b:b + 1] for r in rest))
-                 for b in range(x.shape[0])]
+        parts = [
+            fn(x[b : b + 1], *(r.row(b) if isinstance(r, _Knobs) else r[b : b + 1] for r in rest))
+            for b in range(x.shape[0])
+        ]
         return torch.cat(parts)

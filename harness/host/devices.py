@@ -35,5 +35,7 @@ def check_fits(needed: int, device: torch.device, what: str, fix: str) -> None:
     memory free on `device`; the message names the size and `fix`."""
     free = available_bytes(device)
     if needed > free:
-        raise ConfigError(f"{what} needs at least {needed:,} bytes ({needed / 2**30:,.1f} GiB) on {device}, which has "
-                          f"{free / 2**30:,.1f} GiB free: it cannot be allocated; {fix}")
+        raise ConfigError(
+            f"{what} needs at least {needed:,} bytes ({needed / 2**30:,.1f} GiB) on {device}, which has "
+            f"{free / 2**30:,.1f} GiB free: it cannot be allocated; {fix}"
+        )

@@ -143,8 +143,13 @@ def gpu_info() -> GpuInfo | None:
     gpus = parse_nvidia_smi(out) if out else []
     if not gpus:
         return None
-    return GpuInfo(name=gpus[0]["name"], driver_version=gpus[0]["driver_version"], count=len(gpus), gpus=gpus,
-                   cuda_visible_devices=os.environ.get("CUDA_VISIBLE_DEVICES"))
+    return GpuInfo(
+        name=gpus[0]["name"],
+        driver_version=gpus[0]["driver_version"],
+        count=len(gpus),
+        gpus=gpus,
+        cuda_visible_devices=os.environ.get("CUDA_VISIBLE_DEVICES"),
+    )
 
 
 def _cpu_model() -> str:
@@ -177,5 +182,10 @@ def host_info() -> HostInfo:
         cores = len(os.sched_getaffinity(0))
     except AttributeError:
         cores = os.cpu_count()
-    return HostInfo(hostname=socket.gethostname(), platform=platform.platform(), cpu=_cpu_model(), cores=cores,
-                    memory_gib=_memory_gib())
+    return HostInfo(
+        hostname=socket.gethostname(),
+        platform=platform.platform(),
+        cpu=_cpu_model(),
+        cores=cores,
+        memory_gib=_memory_gib(),
+    )

@@ -71,8 +71,14 @@ def read_counters() -> Counters:
     total = sum(times.values()) - guest
     steal = times.get("steal")
     idle = sum(times.get(k, 0.0) for k in _IDLE_FIELDS)
-    return Counters(t_mono=time.monotonic(), t_unix=time.time(), busy_s=total - idle - (steal or 0.0),
-                    total_s=total, steal_s=steal, ours_s=_cpu_seconds(our_processes()))
+    return Counters(
+        t_mono=time.monotonic(),
+        t_unix=time.time(),
+        busy_s=total - idle - (steal or 0.0),
+        total_s=total,
+        steal_s=steal,
+        ours_s=_cpu_seconds(our_processes()),
+    )
 
 
 def ours_between(c0: Counters, c1: Counters) -> float:
@@ -103,9 +109,13 @@ def other_fraction(c0: Counters, c1: Counters) -> float:
 
 def during(c0: Counters, c1: Counters) -> LoadDuring:
     """The manifest's `machine.during` over a window (docs/records.md)."""
-    return LoadDuring(wall_s=round(c1.t_mono - c0.t_mono, 4), cpu_total_s=round(c1.busy_s - c0.busy_s, 3),
-                      cpu_ours_s=round(ours_between(c0, c1), 3), cpu_other_frac=other_fraction(c0, c1),
-                      steal_frac=steal_fraction(c0, c1))
+    return LoadDuring(
+        wall_s=round(c1.t_mono - c0.t_mono, 4),
+        cpu_total_s=round(c1.busy_s - c0.busy_s, 3),
+        cpu_ours_s=round(ours_between(c0, c1), 3),
+        cpu_other_frac=other_fraction(c0, c1),
+        steal_frac=steal_fraction(c0, c1),
+    )
 
 
 def load_avg() -> list[float] | None:
@@ -146,8 +156,13 @@ def gpu_status() -> list[GpuStatus] | None:
 
 def snapshot(c0: Counters, c1: Counters, gpus: list[GpuStatus] | None) -> LoadSnapshot:
     """The manifest's `machine.before` / `machine.after` from a short sample (docs/records.md)."""
-    return LoadSnapshot(t_unix=round(c1.t_unix, 3), load_avg=load_avg(), cpu_other=other_fraction(c0, c1),
-                        steal=steal_fraction(c0, c1), gpus=gpus)
+    return LoadSnapshot(
+        t_unix=round(c1.t_unix, 3),
+        load_avg=load_avg(),
+        cpu_other=other_fraction(c0, c1),
+        steal=steal_fraction(c0, c1),
+        gpus=gpus,
+    )
 
 
 async def sample(seconds: float) -> LoadSnapshot:

@@ -63,14 +63,20 @@ def hydra_main(cfg: DictConfig) -> None:
     except KeyboardInterrupt:  # (run() said where its rows are)
         raise SystemExit(130) from None
     report = write_micro_report(result.out_dir, result.manifest, result.rows)
-    console.print(console_table(result.rows, title=f"verify-probability builders on {result.manifest['device']['type']}"))
-    console.print(f"results: {result.out_dir}/ (manifest.json, results.jsonl, {report.name})", highlight=False,
-                  soft_wrap=True)
+    console.print(
+        console_table(result.rows, title=f"verify-probability builders on {result.manifest['device']['type']}")
+    )
+    console.print(
+        f"results: {result.out_dir}/ (manifest.json, results.jsonl, {report.name})", highlight=False, soft_wrap=True
+    )
     errors = sum(r.status == "error" for r in result.rows)
     if errors or not any(r.status == "ok" for r in result.rows):  # a set that lacks what it was asked to time
-        print(f"failed: {errors} measurement(s) raised (the report's cells and notes say which)" if errors else
-              "failed: nothing was measured: every implementation asked for was skipped (the notes above say why)",
-              file=sys.stderr)
+        print(
+            f"failed: {errors} measurement(s) raised (the report's cells and notes say which)"
+            if errors
+            else "failed: nothing was measured: every implementation asked for was skipped (the notes above say why)",
+            file=sys.stderr,
+        )
         raise SystemExit(1)
 
 

@@ -108,12 +108,15 @@ def check_config(cfg: MicroConfig) -> None:
     check_names([*cfg.impls, cfg.baseline, cfg.after])
     check_families(list(cfg.logits))
     if resolve_device(cfg.device, "micro.device").type != "cuda" and cfg.queued_ms:
-        raise ConfigError(f"micro.queued_ms={cfg.queued_ms:g} needs a CUDA device (a CPU has no queue to hide the "
-                          "host's work behind); leave it at 0 here")
+        raise ConfigError(
+            f"micro.queued_ms={cfg.queued_ms:g} needs a CUDA device (a CPU has no queue to hide the "
+            "host's work behind); leave it at 0 here"
+        )
     check_memory(cfg, resolve_device(cfg.device, "micro.device"))
     if REGISTRY[cfg.baseline]().external:
-        raise ImplError(f"micro.baseline={cfg.baseline!r} must be one of the project's builders: "
-                        f"{', '.join(verify.BUILDERS)}")
+        raise ImplError(
+            f"micro.baseline={cfg.baseline!r} must be one of the project's builders: {', '.join(verify.BUILDERS)}"
+        )
 
 
 def check_memory(cfg: MicroConfig, device: torch.device) -> None:
@@ -122,8 +125,12 @@ def check_memory(cfg: MicroConfig, device: torch.device) -> None:
     copies and the builders' temporaries come on top."""
     rows, vocab = max(cfg.rows), max(cfg.vocab)
     elem = torch.empty((), dtype=getattr(torch, cfg.dtype)).element_size()
-    check_fits(rows * vocab * (elem + 4), device, f"micro.vocab={vocab} x micro.rows={rows} ({cfg.dtype} logits and "
-               "an fp32 output)", "lower micro.vocab or micro.rows")
+    check_fits(
+        rows * vocab * (elem + 4),
+        device,
+        f"micro.vocab={vocab} x micro.rows={rows} ({cfg.dtype} logits and an fp32 output)",
+        "lower micro.vocab or micro.rows",
+    )
 
 
 def make_out_dir(results_dir: str, out_dir: str | None) -> Path:
@@ -142,11 +149,20 @@ def make_out_dir(results_dir: str, out_dir: str | None) -> Path:
 
 def _base_row(cfg: MicroConfig, source: Input, impl: str, rows: int, device: torch.device) -> ResultRow:
     return ResultRow(
-        impl=impl, rows=rows, vocab=source.vocab, status="ok", family=source.family,
+        impl=impl,
+        rows=rows,
+        vocab=source.vocab,
+        status="ok",
+        family=source.family,
         bank_rows=None if source.bank_rows is None else min(rows, int(source.bank_rows.shape[0])),
-        top_k=cfg.top_k, top_p=cfg.top_p, temperature=cfg.temperature, dtype=cfg.dtype,
-        padding_fraction=cfg.padding_fraction, padding_rows=padding_row_count(rows, cfg.padding_fraction),
-        device=str(device), baseline=cfg.baseline,
+        top_k=cfg.top_k,
+        top_p=cfg.top_p,
+        temperature=cfg.temperature,
+        dtype=cfg.dtype,
+        padding_fraction=cfg.padding_fraction,
+        padding_rows=padding_row_count(rows, cfg.padding_fraction),
+        device=str(device),
+        baseline=cfg.baseline,
     )
 
 
@@ -204,7 +220,7 @@ def make_logits(cfg: MicroConfig, source: Input, rows: int, device: torch.device
     logits = make_family(source.family, rows, source.vocab, seed=cfg.seed, device=device, bank_rows=source.bank_rows)
     n_pad = padding_row_count(rows, cfg.padding_fraction)
     if n_pad:
-        logits[rows - n_pad:] = 0.0
+        logits[rows - n_pad :] = 0.0
     return logits.to(DTYPES[cfg.dtype])
 
 
@@ -214,8 +230,12 @@ def make_batch(cfg: MicroConfig, source: Input, rows: int, device: torch.device,
     params = make_params(rows, temperature=cfg.temperature, top_k=cfg.top_k, top_p=cfg.top_p, device=device)
     copies = rotated_copies(logits, cfg.min_rotate_bytes)
     assert baseline.prepare is not None  # check_config: the baseline is a project builder, always available
-    return Batch(copies=copies, params=params, reference=baseline.prepare(params)(logits),
-                 tied=tied_rows(logits, params.temperature, params.top_k, params.top_p))
+    return Batch(
+        copies=copies,
+        params=params,
+        reference=baseline.prepare(params)(logits),
+        tied=tied_rows(logits, params.temperature, params.top_k, params.top_p),
+    )
 
 
 def progress_steps(cfg: MicroConfig) -> int:
@@ -223,16 +243,23 @@ def progress_steps(cfg: MicroConfig) -> int:
     return len(cfg.logits) * len(cfg.vocab) * len(cfg.rows) * (len(cfg.impls) + cfg.warmup + cfg.repeats)
 
 
-def time_batch(calls: dict[str, measure.Call], batch: Batch, cfg: MicroConfig,
-               on_round: Callable[[int], None]) -> dict[str, measure.TimingStats]:
+def time_batch(
+    calls: dict[str, measure.Call], batch: Batch, cfg: MicroConfig, on_round: Callable[[int], None]
+) -> dict[str, measure.TimingStats]:
     """Time the copy floor (a plain device copy of the logits into a preallocated fp32 [rows, vocab]
     buffer) and every call, interleaved (each round calls each once, in a shuffled order).
 
     Returns the stats per name, the copy's under COPY.
     """
     buf = torch.empty(batch.copies[0].shape, dtype=torch.float32, device=batch.copies[0].device)
-    times = measure.time_interleaved({COPY: buf.copy_, **calls}, batch.copies, warmup=cfg.warmup,
-                                     repeats=cfg.repeats, on_round=on_round, queued_ms=cfg.queued_ms)
+    times = measure.time_interleaved(
+        {COPY: buf.copy_, **calls},
+        batch.copies,
+        warmup=cfg.warmup,
+        repeats=cfg.repeats,
+        on_round=on_round,
+        queued_ms=cfg.queued_ms,
+    )
     return {name: measure.summarize(t) for name, t in times.items()}
 
 
@@ -243,8 +270,9 @@ def _fill_speedups(rows: list[ResultRow], baseline: str) -> None:
             r.speedup_vs_baseline = base / r.median_ms
 
 
-def bench_rows(cfg: MicroConfig, source: Input, rows: int, device: torch.device, impls: list[Impl], baseline: Impl,
-               step: Step) -> list[ResultRow]:
+def bench_rows(
+    cfg: MicroConfig, source: Input, rows: int, device: torch.device, impls: list[Impl], baseline: Impl, step: Step
+) -> list[ResultRow]:
     """Every implementation at one batch size of one input: prepare each (memory, comparison), then time
     them all with the copy floor, interleaved. `step(label)` is called once per implementation prepared
     and once per timing round (warm-up rounds included)."""
@@ -283,12 +311,19 @@ def device_info(device: torch.device) -> dict[str, Any]:
         return {"type": "cpu", "torch_threads": torch.get_num_threads(), "load_avg_1m": _load_avg()}
     index = torch.cuda.current_device() if device.index is None else device.index
     props = torch.cuda.get_device_properties(index)
-    return {"type": "cuda", "index": index, "name": props.name, "capability": f"{props.major}.{props.minor}",
-            "total_memory_bytes": props.total_memory, "torch_threads": torch.get_num_threads()}
+    return {
+        "type": "cuda",
+        "index": index,
+        "name": props.name,
+        "capability": f"{props.major}.{props.minor}",
+        "total_memory_bytes": props.total_memory,
+        "torch_threads": torch.get_num_threads(),
+    }
 
 
-def build_manifest(cfg: MicroConfig, resolved: dict, device: torch.device, impls: list[Impl],
-                   overrides: list[str]) -> dict[str, Any]:
+def build_manifest(
+    cfg: MicroConfig, resolved: dict, device: torch.device, impls: list[Impl], overrides: list[str]
+) -> dict[str, Any]:
     """manifest.json: config, command, versions, device, GPU (nvidia-smi), git, host, implementations."""
     gpu = envinfo.gpu_info() if device.type == "cuda" else None
     versions = to_json(envinfo.versions())
@@ -320,9 +355,11 @@ def inputs_of(cfg: MicroConfig, bank_dir: Path | None) -> list[Input]:
         rows = None
         if family.bank is not None:
             if bank_dir is None:
-                raise bank.BankError(f"micro.logits names the real family {name!r} but no logit bank was found "
-                                     f"(looked for {', '.join(bank.SEARCH)}): build one with `make logit-bank`, "
-                                     "point micro.bank at one, or leave the real families out")
+                raise bank.BankError(
+                    f"micro.logits names the real family {name!r} but no logit bank was found "
+                    f"(looked for {', '.join(bank.SEARCH)}): build one with `make logit-bank`, "
+                    "point micro.bank at one, or leave the real families out"
+                )
             rows = bank.load_rows(bank_dir, family.bank)[0]
         out += [Input(name, vocab, rows) for vocab in cfg.vocab]
     return out
@@ -337,8 +374,15 @@ def bank_info(cfg: MicroConfig, bank_dir: Path | None) -> dict[str, Any] | None:
     return {"path": str(bank_dir), "models": models}
 
 
-def _bench_all(cfg: MicroConfig, sources: list[Input], device: torch.device, impls: list[Impl], baseline: Impl,
-               path: Path, step: Step) -> list[ResultRow]:
+def _bench_all(
+    cfg: MicroConfig,
+    sources: list[Input],
+    device: torch.device,
+    impls: list[Impl],
+    baseline: Impl,
+    path: Path,
+    step: Step,
+) -> list[ResultRow]:
     """Every input and batch size in turn; each row is appended to `path` (JSONL) and flushed as it is measured."""
     results: list[ResultRow] = []
     with path.open("w") as f:
@@ -363,8 +407,9 @@ class RunResult:
     rows: list[ResultRow]
 
 
-def run(cfg: MicroConfig, *, results_dir: str, resolved: dict, overrides: list[str], step: Step,
-        say: Callable[[str], None]) -> RunResult:
+def run(
+    cfg: MicroConfig, *, results_dir: str, resolved: dict, overrides: list[str], step: Step, say: Callable[[str], None]
+) -> RunResult:
     """The whole benchmark; writes manifest.json and results.jsonl (flushed per row) under the output dir.
 
     report.md is written by the caller (`harness.micro.writeup`) from what this returns.
@@ -383,8 +428,10 @@ def run(cfg: MicroConfig, *, results_dir: str, resolved: dict, overrides: list[s
     manifest["bank"] = bank_info(cfg, bank_dir)
     manifest["families"] = {n: FAMILIES[n].doc for n in cfg.logits}
     write_json(out_dir / "manifest.json", manifest)
-    say(f"device {device} ({manifest['device'].get('name', manifest['host']['cpu'])}), "
-        f"radix top-k: {manifest['radix_topk_backend']}, writing to {out_dir}/")
+    say(
+        f"device {device} ({manifest['device'].get('name', manifest['host']['cpu'])}), "
+        f"radix top-k: {manifest['radix_topk_backend']}, writing to {out_dir}/"
+    )
     try:
         results = _bench_all(cfg, sources, device, impls, baseline, out_dir / "results.jsonl", step)
     except KeyboardInterrupt:

@@ -85,23 +85,36 @@ def build_model_bank(name: str, out: Path, rows: int, seed: int, cache: Path) ->
     keep = np.linspace(0, len(kept) - 1, rows).round().astype(int)
     bank = torch.stack([kept[i] for i in keep]).to(torch.bfloat16)
     if spec.sha256 and real.provenance["sha256"] != spec.sha256:
-        raise BankError(f"{name}'s file {real.provenance['file']} has SHA-256 {real.provenance['sha256']}, not the "
-                        f"{spec.sha256} of the version pinned in requirements/ (harness.engine.model_files)")
+        raise BankError(
+            f"{name}'s file {real.provenance['file']} has SHA-256 {real.provenance['sha256']}, not the "
+            f"{spec.sha256} of the version pinned in requirements/ (harness.engine.model_files)"
+        )
     folder = out / name
     folder.mkdir(parents=True, exist_ok=True)
     np.save(folder / "logits.npy", bank.view(torch.int16).numpy().view(np.uint16))
     manifest = {
-        "schema_version": BANK_SCHEMA_VERSION, "model": name, "package": spec.package, "file": spec.filename,
-        "file_sha256": real.provenance["sha256"], "terms": spec.terms, "vocab": int(bank.shape[1]),
-        "rows": int(bank.shape[0]), "dtype": "bfloat16", "seed": seed,
+        "schema_version": BANK_SCHEMA_VERSION,
+        "model": name,
+        "package": spec.package,
+        "file": spec.filename,
+        "file_sha256": real.provenance["sha256"],
+        "terms": spec.terms,
+        "vocab": int(bank.shape[1]),
+        "rows": int(bank.shape[0]),
+        "dtype": "bfloat16",
+        "seed": seed,
         "sampling": {"temperature": 1.0, "steps_per_prompt": per_prompt},
         "chat_template": bool(getattr(real.tokenizer.hf, "chat_template", None)),
         "backend": {"model_path": SHIPPED_AS[name], "folder": real.folder.name, "dtype": real.provenance["dtype"]},
-        "prompts": list(PROMPTS), "prompts_sha256": hashlib.sha256("\n".join(PROMPTS).encode()).hexdigest(),
+        "prompts": list(PROMPTS),
+        "prompts_sha256": hashlib.sha256("\n".join(PROMPTS).encode()).hexdigest(),
         "positions": [where[i] for i in keep],
-        "versions": {"python": platform.python_version(), "torch": torch.__version__,
-                     "transformers": importlib.metadata.version("transformers"),
-                     "gguf": importlib.metadata.version("gguf")},
+        "versions": {
+            "python": platform.python_version(),
+            "torch": torch.__version__,
+            "transformers": importlib.metadata.version("transformers"),
+            "gguf": importlib.metadata.version("gguf"),
+        },
     }
     (folder / "manifest.json").write_text(json.dumps(manifest, indent=2) + "\n")
     return folder
@@ -117,12 +130,21 @@ def find_bank(given: str | None, root: Path = Path(".")) -> Path | None:
 def check_provenance(folder: Path, manifest: dict[str, Any], spec: ModelFile, rebuild: str) -> None:
     """BankError when the manifest does not describe `spec`'s own file: its package, file name and SHA-256, and
     its vocabulary (a manifest edited to name another model keeps the other model's rows and hash)."""
-    wrong = [f"{key} {manifest.get(key)!r} (the model's: {want!r})"
-             for key, want in (("package", spec.package), ("file", spec.filename), ("file_sha256", spec.sha256),
-                               ("vocab", spec.vocab)) if want and manifest.get(key) != want]
+    wrong = [
+        f"{key} {manifest.get(key)!r} (the model's: {want!r})"
+        for key, want in (
+            ("package", spec.package),
+            ("file", spec.filename),
+            ("file_sha256", spec.sha256),
+            ("vocab", spec.vocab),
+        )
+        if want and manifest.get(key) != want
+    ]
     if wrong:
-        raise BankError(f"{folder / 'manifest.json'} names the model {spec.name!r}, but its rows are not that model's: "
-                        f"{'; '.join(wrong)}; {rebuild}")
+        raise BankError(
+            f"{folder / 'manifest.json'} names the model {spec.name!r}, but its rows are not that model's: "
+            f"{'; '.join(wrong)}; {rebuild}"
+        )
 
 
 def load_rows(bank: Path, model: str) -> tuple[Tensor, dict[str, Any]]:
@@ -132,21 +154,28 @@ def load_rows(bank: Path, model: str) -> tuple[Tensor, dict[str, Any]]:
         manifest = json.loads((folder / "manifest.json").read_text())
         bits = np.load(folder / "logits.npy")
     except (OSError, ValueError) as exc:
-        raise BankError(f"no readable {model} rows in the logit bank {bank} ({exc}); build them with "
-                        f"`make logit-bank` (or point micro.bank at a bank)") from None
+        raise BankError(
+            f"no readable {model} rows in the logit bank {bank} ({exc}); build them with "
+            f"`make logit-bank` (or point micro.bank at a bank)"
+        ) from None
     rebuild = "rebuild it with `make logit-bank`"
     if not isinstance(manifest, dict) or not {"model", "rows", "vocab"} <= manifest.keys():
-        raise BankError(f"{folder / 'manifest.json'} is not a bank manifest (an object with model, rows and vocab); "
-                        f"{rebuild}")
+        raise BankError(
+            f"{folder / 'manifest.json'} is not a bank manifest (an object with model, rows and vocab); {rebuild}"
+        )
     if manifest["model"] != model:
         raise BankError(f"{folder} holds rows of the model {manifest['model']!r}, not {model!r}; {rebuild}")
     check_provenance(folder, manifest, MODELS[model], rebuild)
     if bits.dtype != np.uint16 or bits.ndim != 2:
-        raise BankError(f"{folder / 'logits.npy'} holds a {bits.dtype} array of shape {tuple(bits.shape)}; a bank holds "
-                        f"uint16 [rows, vocab] (the bfloat16 bits of each logit); {rebuild}")
+        raise BankError(
+            f"{folder / 'logits.npy'} holds a {bits.dtype} array of shape {tuple(bits.shape)}; a bank holds "
+            f"uint16 [rows, vocab] (the bfloat16 bits of each logit); {rebuild}"
+        )
     if tuple(bits.shape) != (manifest["rows"], manifest["vocab"]):
-        raise BankError(f"{folder}: logits.npy is {tuple(bits.shape)}, the manifest says "
-                        f"({manifest['rows']}, {manifest['vocab']}); {rebuild}")
+        raise BankError(
+            f"{folder}: logits.npy is {tuple(bits.shape)}, the manifest says "
+            f"({manifest['rows']}, {manifest['vocab']}); {rebuild}"
+        )
     rows = torch.from_numpy(np.ascontiguousarray(bits).view(np.int16)).view(torch.bfloat16)
     if not torch.isfinite(rows).all():  # a model's logits are finite: NaN or infinities mean a damaged file
         raise BankError(f"{folder}: logits.npy holds values that are not finite; {rebuild}")
@@ -157,11 +186,19 @@ def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(prog="python -m harness.micro.bank", description=__doc__.split("\n\n")[0])
     p.add_argument("--out", default=DEFAULT_OUT, help=f"the bank folder (default {DEFAULT_OUT})")
     p.add_argument("--models", nargs="+", default=list(MODELS), choices=list(MODELS))
-    p.add_argument("--rows", nargs="+", type=int, default=[64, 12],
-                   help="rows kept per model, in the order of --models (default 64 for smollm2, 12 for gemma3)")
+    p.add_argument(
+        "--rows",
+        nargs="+",
+        type=int,
+        default=[64, 12],
+        help="rows kept per model, in the order of --models (default 64 for smollm2, 12 for gemma3)",
+    )
     p.add_argument("--seed", type=int, default=0)
-    p.add_argument("--cache", default=str(model_cache()),
-                   help="the model cache: chunked files assembled, GGUF files de-quantised (never in the checkout)")
+    p.add_argument(
+        "--cache",
+        default=str(model_cache()),
+        help="the model cache: chunked files assembled, GGUF files de-quantised (never in the checkout)",
+    )
     args = p.parse_args(argv)
     counts = dict(zip(args.models, args.rows + [args.rows[-1]] * len(args.models), strict=False))
     try:

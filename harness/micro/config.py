@@ -46,8 +46,10 @@ class MicroConfig:
         if not 0 <= self.padding_fraction <= 1:
             raise ConfigError(f"micro.padding_fraction={self.padding_fraction} must be in [0, 1]")
         if not self.vocab or any(v < 2 for v in self.vocab) or not self.rows or any(r < 1 for r in self.rows):
-            raise ConfigError(f"micro.vocab={self.vocab} (each >= 2) and micro.rows={self.rows} (each >= 1) must be "
-                              "non-empty lists, e.g. micro.vocab=[32000,248320] micro.rows=[64,4096]")
+            raise ConfigError(
+                f"micro.vocab={self.vocab} (each >= 2) and micro.rows={self.rows} (each >= 1) must be "
+                "non-empty lists, e.g. micro.vocab=[32000,248320] micro.rows=[64,4096]"
+            )
         if not self.logits:
             raise ConfigError("micro.logits is empty; name at least one logit family, e.g. micro.logits=[iid]")
         if self.queued_ms < 0:
@@ -59,20 +61,22 @@ class MicroConfig:
         if not self.impls:
             raise ConfigError("micro.impls is empty; name at least one implementation")
         if not (0 <= self.temperature < math.inf and 0 < self.top_p <= 1):  # (NaN fails both comparisons)
-            raise ConfigError(f"micro.temperature={self.temperature} must be finite and >= 0 and "
-                              f"micro.top_p={self.top_p} in (0, 1]")
+            raise ConfigError(
+                f"micro.temperature={self.temperature} must be finite and >= 0 and micro.top_p={self.top_p} in (0, 1]"
+            )
         if any(v <= self.top_k for v in self.vocab):
-            raise ConfigError(f"micro.top_k={self.top_k} covers a whole vocabulary of micro.vocab={self.vocab}: the "
-                              "builders would take the whole-vocabulary path while the report says top_k "
-                              f"{self.top_k}; keep top_k below every vocabulary, or ask for that path with "
-                              "micro.top_k=-1 (SGLang's 'no top-k')")
+            raise ConfigError(
+                f"micro.top_k={self.top_k} covers a whole vocabulary of micro.vocab={self.vocab}: the "
+                "builders would take the whole-vocabulary path while the report says top_k "
+                f"{self.top_k}; keep top_k below every vocabulary, or ask for that path with "
+                "micro.top_k=-1 (SGLang's 'no top-k')"
+            )
 
 
 @dataclass
 class MicroAppConfig:
     micro: MicroConfig = field(default_factory=MicroConfig)
     results_dir: str = "results"
-
 
 
 def register_configs() -> None:

@@ -17,7 +17,9 @@ from dataclasses import dataclass
 import torch
 from torch import Tensor
 
-Make = Callable[[int, int, torch.Generator], Tensor]  # (rows, vocab, generator) -> fp32 [rows, vocab], generator's device
+Make = Callable[
+    [int, int, torch.Generator], Tensor
+]  # (rows, vocab, generator) -> fp32 [rows, vocab], generator's device
 
 REGION = 4096  # ids of a clustered row's large region (at most an eighth of the row)
 PLAUSIBLE = 300  # plausible ids of an lm_like row
@@ -52,7 +54,7 @@ def clustered(rows: int, vocab: int, gen: torch.Generator) -> Tensor:
         else:
             spans = [(0, size) if layout == 2 else (vocab - size, size)]
         for first, n in spans:
-            x[r, first:first + n] += 4.0
+            x[r, first : first + n] += 4.0
     return x
 
 
@@ -96,7 +98,7 @@ def lm_like(rows: int, vocab: int, gen: torch.Generator) -> Tensor:
     starts = _ints(vocab - width, (rows, 3), gen)
     for r in range(rows):
         for s in starts[r]:
-            window = int(s) + torch.randperm(width, generator=gen, device=gen.device)[:min(per, width)]
+            window = int(s) + torch.randperm(width, generator=gen, device=gen.device)[: min(per, width)]
             x[r, window] = 6.0 + 6.0 * torch.rand(window.numel(), generator=gen, device=gen.device)
     return x
 
@@ -109,19 +111,25 @@ class Family:
     bank: str | None = None  # the bank's model name, for a real family
 
 
-FAMILIES: dict[str, Family] = {f.name: f for f in (
-    Family("iid", "i.i.d. N(0, 1): the structureless case every earlier set used", iid),
-    Family("clustered", "large logits in contiguous id ranges: one region, four, at the row's start, at its end",
-           clustered),
-    Family("sorted", "logits sorted along the vocabulary (largest at the end, or at the start)", sorted_rows),
-    Family("heavy_tail", "Student's t, 2 degrees of freedom: a few logits far out of the bulk", heavy_tail),
-    Family("peaked", "near-greedy: one logit 30 above the bulk", peaked),
-    Family("bf16", "N(0, 3) quantised to bfloat16: ties, the k-th value too", bf16),
-    Family("padding", "all-equal rows (padding slots of a batch)", padding),
-    Family("lm_like", "a few hundred plausible ids far above a Gaussian bulk, in three id ranges", lm_like),
-    Family("smollm2", "real rows: SmolLM2-135M-Instruct (49,152 ids) on real prompts", None, bank="smollm2"),
-    Family("gemma3", "real rows: Gemma 3 270M (262,144 ids) on real prompts", None, bank="gemma3"),
-)}
+FAMILIES: dict[str, Family] = {
+    f.name: f
+    for f in (
+        Family("iid", "i.i.d. N(0, 1): the structureless case every earlier set used", iid),
+        Family(
+            "clustered",
+            "large logits in contiguous id ranges: one region, four, at the row's start, at its end",
+            clustered,
+        ),
+        Family("sorted", "logits sorted along the vocabulary (largest at the end, or at the start)", sorted_rows),
+        Family("heavy_tail", "Student's t, 2 degrees of freedom: a few logits far out of the bulk", heavy_tail),
+        Family("peaked", "near-greedy: one logit 30 above the bulk", peaked),
+        Family("bf16", "N(0, 3) quantised to bfloat16: ties, the k-th value too", bf16),
+        Family("padding", "all-equal rows (padding slots of a batch)", padding),
+        Family("lm_like", "a few hundred plausible ids far above a Gaussian bulk, in three id ranges", lm_like),
+        Family("smollm2", "real rows: SmolLM2-135M-Instruct (49,152 ids) on real prompts", None, bank="smollm2"),
+        Family("gemma3", "real rows: Gemma 3 270M (262,144 ids) on real prompts", None, bank="gemma3"),
+    )
+}
 
 
 class FamilyError(ValueError):
@@ -131,8 +139,10 @@ class FamilyError(ValueError):
 def check_families(names: list[str]) -> None:
     unknown = [n for n in names if n not in FAMILIES]
     if unknown:
-        raise FamilyError(f"unknown logit famil{'ies' if len(unknown) > 1 else 'y'} {unknown} in micro.logits; "
-                          f"valid: {', '.join(FAMILIES)}")
+        raise FamilyError(
+            f"unknown logit famil{'ies' if len(unknown) > 1 else 'y'} {unknown} in micro.logits; "
+            f"valid: {', '.join(FAMILIES)}"
+        )
 
 
 def fit_vocab(rows: Tensor, vocab: int) -> Tensor:
@@ -150,8 +160,9 @@ def tile(rows: Tensor, n: int) -> Tensor:
     return rows.repeat(reps, 1)[:n].contiguous()
 
 
-def make_family(name: str, rows: int, vocab: int, *, seed: int, device: torch.device,
-                bank_rows: Tensor | None = None) -> Tensor:
+def make_family(
+    name: str, rows: int, vocab: int, *, seed: int, device: torch.device, bank_rows: Tensor | None = None
+) -> Tensor:
     """The family's fp32 logits [rows, vocab] on `device`, seeded by (seed, rows, the family's name).
     A real family needs `bank_rows` ([m, V0], any float dtype): tiled to `rows`, fitted to `vocab`."""
     family = FAMILIES[name]

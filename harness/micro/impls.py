@@ -125,8 +125,11 @@ def sglang_kwargs(fn: Callable, logits: Tensor, p: RowParams, draft_token_num: i
         "use_sparse_topk": True,
     }
     params = inspect.signature(fn).parameters
-    unknown = [n for n, q in params.items() if n not in known and q.default is inspect.Parameter.empty
-               and q.kind not in (q.VAR_POSITIONAL, q.VAR_KEYWORD)]
+    unknown = [
+        n
+        for n, q in params.items()
+        if n not in known and q.default is inspect.Parameter.empty and q.kind not in (q.VAR_POSITIONAL, q.VAR_KEYWORD)
+    ]
     if unknown:
         raise TypeError(f"{fn.__qualname__}{inspect.signature(fn)}: the adapter does not know {unknown}")
     return {n: v for n, v in known.items() if n in params}

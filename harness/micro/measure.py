@@ -115,11 +115,15 @@ def start_text(queued_ms: float, gpu: bool = True) -> str:
     if not gpu:
         return "each call runs on the CPU after the previous one returned (no device queue: the whole call is timed)"
     if queued_ms:
-        return (f"each call queued behind a GPU busy-wait of about {queued_ms:g} ms (the host's launches overlap GPU "
-                "work, as when the call follows the target model's forward in a server; the GPU's span from the end "
-                "of the wait to the call's end is timed, with any bubble a synchronisation inside the call leaves)")
-    return ("each call starts on the GPU as the previous call left it (idle after a call that synchronised: the "
-            "host's work before its first kernel is timed too)")
+        return (
+            f"each call queued behind a GPU busy-wait of about {queued_ms:g} ms (the host's launches overlap GPU "
+            "work, as when the call follows the target model's forward in a server; the GPU's span from the end "
+            "of the wait to the call's end is timed, with any bubble a synchronisation inside the call leaves)"
+        )
+    return (
+        "each call starts on the GPU as the previous call left it (idle after a call that synchronised: the "
+        "host's work before its first kernel is timed too)"
+    )
 
 
 def gpu_wait_cycles(ms: float) -> int:
@@ -134,8 +138,15 @@ def gpu_wait_cycles(ms: float) -> int:
     return max(1, round(probe * ms / start.elapsed_time(end)))
 
 
-def time_interleaved(calls: dict[str, Call], inputs: Sequence[Tensor], *, warmup: int, repeats: int,
-                     on_round: Callable[[int], None] | None = None, queued_ms: float = 0.0) -> dict[str, list[float]]:
+def time_interleaved(
+    calls: dict[str, Call],
+    inputs: Sequence[Tensor],
+    *,
+    warmup: int,
+    repeats: int,
+    on_round: Callable[[int], None] | None = None,
+    queued_ms: float = 0.0,
+) -> dict[str, list[float]]:
     """Per-call times in ms of every call, interleaved: `warmup` untimed rounds, then `repeats` timed
     rounds; each round calls every entry once, in `round_robin_order` (a seeded shuffle).
 
@@ -145,8 +156,9 @@ def time_interleaved(calls: dict[str, Call], inputs: Sequence[Tensor], *, warmup
     timed call queued behind a GPU busy-wait of about that long (the module's docstring).
     """
     if queued_ms < 0 or (queued_ms and not inputs[0].is_cuda):
-        raise ValueError(f"queued_ms={queued_ms} must be >= 0, and 0 off CUDA (a CPU has no queue to hide the "
-                         "host's work behind)")
+        raise ValueError(
+            f"queued_ms={queued_ms} must be >= 0, and 0 off CUDA (a CPU has no queue to hide the host's work behind)"
+        )
     names = list(calls)
     cycles = gpu_wait_cycles(queued_ms) if queued_ms else 0
     timers = {n: _CudaTimer(cycles) if inputs[0].is_cuda else _CpuTimer() for n in names}

@@ -51,26 +51,36 @@ def paths(steps: int, gamma: int, drafts: Tensor, coins: Tensor, bound: bool = T
     device, as SGLang's sampling_info does): a call times the step, not three fills on an idle GPU."""
     rows = steps * (gamma + 1)
     device = drafts.device
-    params = (torch.full((rows,), TEMPERATURE, device=device), torch.full((rows,), TOP_K, device=device),
-              torch.full((rows,), TOP_P, device=device))
+    params = (
+        torch.full((rows,), TEMPERATURE, device=device),
+        torch.full((rows,), TOP_K, device=device),
+        torch.full((rows,), TOP_P, device=device),
+    )
 
     def dense(builder):
         def call(x: Tensor) -> Tensor:
             target = builder(x, *params).view(steps, gamma + 1, -1)
             return verify_block(target, drafts, None, uniforms=coins).tokens
+
         return call
 
     def sparse(fused: bool):
         max_top_k = TOP_K if fused and bound else None
 
         def call(x: Tensor) -> Tensor:
-            return verify_step(x, *params, drafts, None, block=True, fused=fused, uniforms=coins,
-                               max_top_k=max_top_k).tokens
+            return verify_step(
+                x, *params, drafts, None, block=True, fused=fused, uniforms=coins, max_top_k=max_top_k
+            ).tokens
+
         return call
 
-    return {"dense_topk_first": dense(topk_first_probs), "dense_topk_fused": dense(topk_fused_probs),
-            "sparse": sparse(False), "sparse_fused": sparse(True),
-            "read_floor": lambda x: x.amax(dim=-1)}
+    return {
+        "dense_topk_first": dense(topk_first_probs),
+        "dense_topk_fused": dense(topk_fused_probs),
+        "sparse": sparse(False),
+        "sparse_fused": sparse(True),
+        "read_floor": lambda x: x.amax(dim=-1),
+    }
 
 
 def draft_tokens(logits: Tensor, steps: int, gamma: int, seed: int) -> Tensor:
@@ -94,8 +104,9 @@ def peak_bytes(call: measure.Call, x: Tensor) -> int | None:
     return torch.cuda.max_memory_allocated() - base
 
 
-def cell_inputs(family: str, vocab: int, steps: int, gamma: int, device: torch.device,
-                bank_dir: Path | None) -> tuple[Tensor, Tensor, Tensor]:
+def cell_inputs(
+    family: str, vocab: int, steps: int, gamma: int, device: torch.device, bank_dir: Path | None
+) -> tuple[Tensor, Tensor, Tensor]:
     """A cell's seeded inputs: the family's logits [steps * (gamma + 1), V], the point-mass drafts [steps, gamma]
     and the coins [steps, gamma + 1]."""
     model = FAMILIES[family].bank
@@ -106,23 +117,46 @@ def cell_inputs(family: str, vocab: int, steps: int, gamma: int, device: torch.d
     return logits, drafts, coins
 
 
-def one_cell(family: str, vocab: int, steps: int, gamma: int, device: torch.device, repeats: int,
-             bank_dir: Path | None, queued_ms: float = 0.0, bound: bool = True) -> dict:
+def one_cell(
+    family: str,
+    vocab: int,
+    steps: int,
+    gamma: int,
+    device: torch.device,
+    repeats: int,
+    bank_dir: Path | None,
+    queued_ms: float = 0.0,
+    bound: bool = True,
+) -> dict:
     rows = steps * (gamma + 1)
     logits, drafts, coins = cell_inputs(family, vocab, steps, gamma, device, bank_dir)
     calls = paths(steps, gamma, drafts, coins, bound)
     ref = calls["dense_topk_first"](logits)
     differ = {n: int((calls[n](logits) != ref).any(dim=-1).sum()) for n in calls if n != "read_floor"}
     peaks = {n: peak_bytes(c, logits) for n, c in calls.items()}
-    times = measure.time_interleaved(calls, rotated_copies(logits, 256 * 2**20), warmup=3, repeats=repeats,
-                                     queued_ms=queued_ms)
+    times = measure.time_interleaved(
+        calls, rotated_copies(logits, 256 * 2**20), warmup=3, repeats=repeats, queued_ms=queued_ms
+    )
     med = {n: statistics.median(t) for n, t in times.items()}
     accepted = float((ref >= 0).sum(dim=-1).float().mean() - 1)
-    return {"family": family, "vocab": vocab, "steps": steps, "gamma": gamma, "rows": rows, "device": str(device),
-            "median_ms": med, "read_floor_ms": med["read_floor"], "rows_differ": differ, "peak_bytes": peaks,
-            "mean_accepted": accepted, "repeats": repeats, "radix_topk": radix_topk_backend(device),
-            "queued_ms": queued_ms, "sparse_fused_max_top_k": TOP_K if bound else None,
-            **_bank_rows(family, rows, bank_dir)}
+    return {
+        "family": family,
+        "vocab": vocab,
+        "steps": steps,
+        "gamma": gamma,
+        "rows": rows,
+        "device": str(device),
+        "median_ms": med,
+        "read_floor_ms": med["read_floor"],
+        "rows_differ": differ,
+        "peak_bytes": peaks,
+        "mean_accepted": accepted,
+        "repeats": repeats,
+        "radix_topk": radix_topk_backend(device),
+        "queued_ms": queued_ms,
+        "sparse_fused_max_top_k": TOP_K if bound else None,
+        **_bank_rows(family, rows, bank_dir),
+    }
 
 
 def _bank_rows(family: str, rows: int, bank_dir: Path | None) -> dict:
@@ -135,42 +169,57 @@ def _bank_rows(family: str, rows: int, bank_dir: Path | None) -> dict:
 
 def machine_line(device: torch.device) -> str:
     """Where the set ran: the device (GPU name, or the CPU's model and threads), torch, the code's commit."""
-    where = (torch.cuda.get_device_name(device) if device.type == "cuda" else
-             f"CPU {envinfo.host_info().cpu}, {torch.get_num_threads()} torch threads")
+    where = (
+        torch.cuda.get_device_name(device)
+        if device.type == "cuda"
+        else f"CPU {envinfo.host_info().cpu}, {torch.get_num_threads()} torch threads"
+    )
     git = envinfo.git_info()
     sha = (git.git_sha or "no checkout")[:10] + (" (dirty)" if git.dirty else "")
     return f"{where}, torch {torch.__version__}, git {sha}"
 
 
 def render(results: list[dict], device_name: str) -> str:
-    lines = [f"# Verify step: dense vs sparse ({device_name})", "",
-             f"top_k {TOP_K}, top_p {TOP_P}, T {TEMPERATURE}, fp32 logits, point-mass drafts, block verification; "
-             "median ms of interleaved rounds; (x) = multiples of the one-read floor timed in the same rounds; "
-             "rows differ = steps whose tokens differ from dense_topk_first's; the radix top-k of dense_topk_first "
-             f"and sparse: {', '.join(sorted({r['radix_topk'] for r in results}))}; sparse_fused: "
-             f"{_bound_text(results)}.", "", _timing(results), "",
-             *_real_rows(results),
-             "| family | vocab | steps x (gamma+1) | read floor ms | dense_topk_first | dense_topk_fused | sparse | "
-             "sparse_fused | rows differ (fused, sparse, sparse_fused) | peak MiB (first, fused, sparse, sparse_fused) "
-             "| accepted/step |",
-             "|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|"]
+    lines = [
+        f"# Verify step: dense vs sparse ({device_name})",
+        "",
+        f"top_k {TOP_K}, top_p {TOP_P}, T {TEMPERATURE}, fp32 logits, point-mass drafts, block verification; "
+        "median ms of interleaved rounds; (x) = multiples of the one-read floor timed in the same rounds; "
+        "rows differ = steps whose tokens differ from dense_topk_first's; the radix top-k of dense_topk_first "
+        f"and sparse: {', '.join(sorted({r['radix_topk'] for r in results}))}; sparse_fused: "
+        f"{_bound_text(results)}.",
+        "",
+        _timing(results),
+        "",
+        *_real_rows(results),
+        "| family | vocab | steps x (gamma+1) | read floor ms | dense_topk_first | dense_topk_fused | sparse | "
+        "sparse_fused | rows differ (fused, sparse, sparse_fused) | peak MiB (first, fused, sparse, sparse_fused) "
+        "| accepted/step |",
+        "|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|",
+    ]
     for r in results:
         m, floor = r["median_ms"], r["read_floor_ms"]
         cell = {n: f"{m[n]:.3f} ({m[n] / floor:.2f}x)" for n in PATHS}
         peaks = r["peak_bytes"]
         mib = ", ".join("n/a" if peaks[n] is None else f"{peaks[n] / 2**20:.1f}" for n in PATHS)
         differ = ", ".join(str(r["rows_differ"][n]) for n in PATHS[1:])
-        lines.append(f"| {r['family']} | {r['vocab']:,} | {r['steps']} x {r['gamma'] + 1} | {floor:.3f} | "
-                     + " | ".join(cell[n] for n in PATHS) + f" | {differ} | {mib} | {r['mean_accepted']:.2f} |")
+        lines.append(
+            f"| {r['family']} | {r['vocab']:,} | {r['steps']} x {r['gamma'] + 1} | {floor:.3f} | "
+            + " | ".join(cell[n] for n in PATHS)
+            + f" | {differ} | {mib} | {r['mean_accepted']:.2f} |"
+        )
     return "\n".join(lines) + "\n"
 
 
 def _bound_text(results: list[dict]) -> str:
     """How the rows' top_k bound reached the fused step (verify_step's max_top_k)."""
     bounds = sorted({str(r.get("sparse_fused_max_top_k")) for r in results})
-    return ("given the host's bound on top_k (max_top_k " + ", ".join(bounds) + ", as SGLang's "
-            "sampling_info.max_top_k: no synchronisation)" if "None" not in bounds else
-            "no bound on top_k given (one synchronisation reads the rows the kernels left)")
+    return (
+        "given the host's bound on top_k (max_top_k " + ", ".join(bounds) + ", as SGLang's "
+        "sampling_info.max_top_k: no synchronisation)"
+        if "None" not in bounds
+        else "no bound on top_k given (one synchronisation reads the rows the kernels left)"
+    )
 
 
 def _real_rows(results: list[dict]) -> list[str]:
@@ -178,8 +227,12 @@ def _real_rows(results: list[dict]) -> list[str]:
     real = sorted({(r["family"], r["bank"], r["bank_rows"], r["rows"], r["vocab"]) for r in results if r.get("bank")})
     if not real:
         return []
-    return ["Real rows (from a logit bank, each model's rows truncated or padded to the vocabulary): " + "; ".join(
-        f"{f} at {v:,}: {n} distinct rows of {b} tiled to {rows}" for f, b, n, rows, v in real) + ".", ""]
+    return [
+        "Real rows (from a logit bank, each model's rows truncated or padded to the vocabulary): "
+        + "; ".join(f"{f} at {v:,}: {n} distinct rows of {b} tiled to {rows}" for f, b, n, rows, v in real)
+        + ".",
+        "",
+    ]
 
 
 def _timing(results: list[dict]) -> str:
@@ -189,28 +242,43 @@ def _timing(results: list[dict]) -> str:
 
 def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(prog="python -m harness.micro.verify_step", description=__doc__.splitlines()[0])
-    p.add_argument("--families", default="iid,sorted,clustered,bf16,lm_like",
-                   help=f"logit families, comma-separated (of: {', '.join(FAMILIES)})")
+    p.add_argument(
+        "--families",
+        default="iid,sorted,clustered,bf16,lm_like",
+        help=f"logit families, comma-separated (of: {', '.join(FAMILIES)})",
+    )
     p.add_argument("--vocabs", default="32000", help="vocabularies, comma-separated (e.g. 32000,248320)")
-    p.add_argument("--steps", type=int, default=64, help="verify steps per batch (requests); rows = steps x (gamma + 1)")
+    p.add_argument(
+        "--steps", type=int, default=64, help="verify steps per batch (requests); rows = steps x (gamma + 1)"
+    )
     p.add_argument("--gamma", type=int, default=7, help="draft tokens per step (default 7, the seed's)")
     p.add_argument("--repeats", type=int, default=10, help="timed rounds (default 10)")
     p.add_argument("--device", default="auto", choices=("auto", "cpu", "cuda"))
     p.add_argument("--bank", default=None, help="the logit bank of the real families (default: the first found)")
     p.add_argument("--out", default=None, help="output folder (default results/micro-verify-step/<time>)")
-    p.add_argument("--queued-ms", type=float, default=0.0,
-                   help="CUDA: queue each timed call behind a GPU busy-wait of about this many ms, so that the "
-                        "host's launches overlap GPU work as in a server (default 0: the GPU as the previous call "
-                        "left it)")
-    p.add_argument("--no-top-k-bound", action="store_true",
-                   help="sparse_fused without the host's bound on top_k (max_top_k): one synchronisation reads the rows "
-                        "the kernels left, as a caller that does not know the batch's largest top_k")
+    p.add_argument(
+        "--queued-ms",
+        type=float,
+        default=0.0,
+        help="CUDA: queue each timed call behind a GPU busy-wait of about this many ms, so that the "
+        "host's launches overlap GPU work as in a server (default 0: the GPU as the previous call "
+        "left it)",
+    )
+    p.add_argument(
+        "--no-top-k-bound",
+        action="store_true",
+        help="sparse_fused without the host's bound on top_k (max_top_k): one synchronisation reads the rows "
+        "the kernels left, as a caller that does not know the batch's largest top_k",
+    )
     args = p.parse_args(argv)
     families = [f for f in args.families.split(",") if f]
     unknown = [f for f in families if f not in FAMILIES]
     if unknown or not families:
-        p.error(f"--families {args.families!r}: unknown {unknown}" if unknown else f"--families {args.families!r} "
-                f"names no family" + f" (valid: {', '.join(FAMILIES)})")
+        p.error(
+            f"--families {args.families!r}: unknown {unknown}"
+            if unknown
+            else f"--families {args.families!r} names no family" + f" (valid: {', '.join(FAMILIES)})"
+        )
     if args.steps < 1 or args.gamma < 1 or args.repeats < 1:
         p.error(f"--steps {args.steps}, --gamma {args.gamma} and --repeats {args.repeats} must each be >= 1")
     try:
@@ -222,19 +290,27 @@ def main(argv: list[str] | None = None) -> int:
     try:
         device = resolve_device(args.device, "--device")
         # each cell holds at least its fp32 logits [steps * (gamma + 1), V] and a dense path's fp32 probabilities
-        check_fits(args.steps * (args.gamma + 1) * max(vocabs) * 8, device,
-                   f"--vocabs {max(vocabs)} x {args.steps * (args.gamma + 1)} rows (--steps {args.steps} x (--gamma "
-                   f"{args.gamma} + 1); fp32 logits and probabilities)", "lower --vocabs or --steps")
+        check_fits(
+            args.steps * (args.gamma + 1) * max(vocabs) * 8,
+            device,
+            f"--vocabs {max(vocabs)} x {args.steps * (args.gamma + 1)} rows (--steps {args.steps} x (--gamma "
+            f"{args.gamma} + 1); fp32 logits and probabilities)",
+            "lower --vocabs or --steps",
+        )
     except ConfigError as exc:
         p.error(str(exc))
     if args.queued_ms < 0 or (args.queued_ms and device.type != "cuda"):
-        p.error(f"--queued-ms {args.queued_ms:g}: needs a CUDA device and a value >= 0 (a CPU has no queue to "
-                "hide the host's work behind); leave it at 0 here")
+        p.error(
+            f"--queued-ms {args.queued_ms:g}: needs a CUDA device and a value >= 0 (a CPU has no queue to "
+            "hide the host's work behind); leave it at 0 here"
+        )
     bank_dir = bank.find_bank(args.bank)
     models = sorted({m for f in families if (m := FAMILIES[f].bank)})
     if models and bank_dir is None:
-        p.error(f"the real families {[f for f in families if FAMILIES[f].bank]} need a logit bank: make logit-bank, "
-                "or --bank DIR")
+        p.error(
+            f"the real families {[f for f in families if FAMILIES[f].bank]} need a logit bank: make logit-bank, "
+            "or --bank DIR"
+        )
     try:  # the bank's rows readable before anything is timed
         for model in models:
             bank.load_rows(bank_dir or Path(), model)
@@ -248,12 +324,27 @@ def main(argv: list[str] | None = None) -> int:
     results: list[dict] = []
     try:
         for family, vocab in track(cells, description="verify-step cells"):
-            results.append(one_cell(family, vocab, args.steps, args.gamma, device, args.repeats, bank_dir,
-                                    args.queued_ms, not args.no_top_k_bound))
+            results.append(
+                one_cell(
+                    family,
+                    vocab,
+                    args.steps,
+                    args.gamma,
+                    device,
+                    args.repeats,
+                    bank_dir,
+                    args.queued_ms,
+                    not args.no_top_k_bound,
+                )
+            )
             (out / "results.jsonl").write_text("".join(json.dumps(r) + "\n" for r in results))
     except KeyboardInterrupt:
-        Console(stderr=True).print(f"interrupted: {len(results)} of {len(cells)} cells measured, kept in "
-                                   f"{out / 'results.jsonl'} (no report.md)", highlight=False, soft_wrap=True)
+        Console(stderr=True).print(
+            f"interrupted: {len(results)} of {len(cells)} cells measured, kept in "
+            f"{out / 'results.jsonl'} (no report.md)",
+            highlight=False,
+            soft_wrap=True,
+        )
         return 130
     report = render(results, machine_line(device))
     (out / "report.md").write_text(report)

@@ -17,7 +17,7 @@ IMPL_DESCRIPTIONS = {
     "topk_first": "top-k of the raw logits with radix_topk ({backend}), then scale only the k values",
     "topk_first_torch": "top-k first with torch.topk forced (the fallback path)",
     "topk_fused": "a Triton kernel that reads the logits once and writes the output once (each group's maximum in "
-                  "the pass; a row's k largest groups hold its top k); topk_first off CUDA",
+    "the pass; a row's k largest groups hold its top k); topk_first off CUDA",
     "sglang": "SGLang's own builder through the adapter ({note})",
 }
 
@@ -107,8 +107,15 @@ def family_table(rows: Sequence[ResultRow], family: str) -> str:
             floor = next((r.copy_floor_ms for r in cell.values() if r.copy_floor_ms), None)
             ran = [i for i in impls if i in cell and cell[i].status == "ok"]
             equal = "; ".join(f"{i}: {fmt_equal(cell[i])}" for i in ran if not cell[i].bitwise_equal)
-            lines.append([f"{vocab:,}", n, *[fmt_cell(cell.get(i)) for i in impls], fmt_ms(floor),
-                          equal or ("bitwise" if ran else "- (nothing ran)")])
+            lines.append(
+                [
+                    f"{vocab:,}",
+                    n,
+                    *[fmt_cell(cell.get(i)) for i in impls],
+                    fmt_ms(floor),
+                    equal or ("bitwise" if ran else "- (nothing ran)"),
+                ]
+            )
     headers = ["vocab", "rows", *[f"{i} ms (x floor)" for i in impls], "copy floor ms", "equal to baseline"]
     return tabulate(lines, headers=headers, tablefmt="pipe", disable_numparse=True)
 
@@ -124,14 +131,26 @@ def worst_table(rows: Sequence[ResultRow]) -> str:
             continue
         worst, best = max(at_top, key=lambda p: p[0]), min(at_top, key=lambda p: p[0])
         first = {(r.family, r.vocab, r.rows): r.median_ms for r in rows if r.impl == "topk_first" and r.median_ms}
-        mine = [(r.median_ms, first[(r.family, r.vocab, r.rows)]) for r in rows
-                if r.impl == impl and r.median_ms and (r.family, r.vocab, r.rows) in first]
+        mine = [
+            (r.median_ms, first[(r.family, r.vocab, r.rows)])
+            for r in rows
+            if r.impl == impl and r.median_ms and (r.family, r.vocab, r.rows) in first
+        ]
         slower = sum(1 for ms, reference in mine if reference is not None and ms > reference)
-        lines.append([impl, f"{worst[1].family}, {worst[1].vocab:,}: {worst[0]:.2f}x",
-                      f"{best[1].family}, {best[1].vocab:,}: {best[0]:.2f}x",
-                      "-" if impl == "topk_first" or not mine else f"{slower} of {len(mine)}"])
-    headers = ["implementation", f"worst family, vocab at {top} rows (x floor)", "best (x floor)",
-               "slower than topk_first (cells)"]
+        lines.append(
+            [
+                impl,
+                f"{worst[1].family}, {worst[1].vocab:,}: {worst[0]:.2f}x",
+                f"{best[1].family}, {best[1].vocab:,}: {best[0]:.2f}x",
+                "-" if impl == "topk_first" or not mine else f"{slower} of {len(mine)}",
+            ]
+        )
+    headers = [
+        "implementation",
+        f"worst family, vocab at {top} rows (x floor)",
+        "best (x floor)",
+        "slower than topk_first (cells)",
+    ]
     return tabulate(lines, headers=headers, tablefmt="pipe", disable_numparse=True)
 
 
@@ -143,16 +162,36 @@ def seed_table(rows: Sequence[ResultRow], before: str, after: str) -> str | None
     for n in dict.fromkeys(r.rows for r in rows):
         b, a = _find(rows, before, n), _find(rows, after, n)
         if b and a:
-            lines.append([n, f"{fmt_ms(b.median_ms)} ms", f"{fmt_ms(a.median_ms)} ms",
-                          fmt_memory_pair(b.peak_temp_bytes, a.peak_temp_bytes)])
+            lines.append(
+                [
+                    n,
+                    f"{fmt_ms(b.median_ms)} ms",
+                    f"{fmt_ms(a.median_ms)} ms",
+                    fmt_memory_pair(b.peak_temp_bytes, a.peak_temp_bytes),
+                ]
+            )
     if not lines:
         return None
     headers = ["rows", "before", "after", "peak temporary memory, before to after"]
     return tabulate(lines, headers=headers, tablefmt="pipe", colalign=("right", "right", "right", "left"))
 
 
-FULL_HEADERS = ["family", "vocab", "rows", "impl", "median ms", "min ms", "max ms", "speedup", "GB/s",
-                "copy floor ms", "copy GB/s", "fraction of floor", "peak temp", "equal to baseline"]
+FULL_HEADERS = [
+    "family",
+    "vocab",
+    "rows",
+    "impl",
+    "median ms",
+    "min ms",
+    "max ms",
+    "speedup",
+    "GB/s",
+    "copy floor ms",
+    "copy GB/s",
+    "fraction of floor",
+    "peak temp",
+    "equal to baseline",
+]
 
 
 def full_table_rows(rows: Sequence[ResultRow]) -> list[list[str | int]]:
@@ -162,12 +201,24 @@ def full_table_rows(rows: Sequence[ResultRow]) -> list[list[str | int]]:
         if r.status != "ok":
             out.append([r.family, r.vocab, r.rows, r.impl, r.status, *["-"] * (len(FULL_HEADERS) - 5)])
             continue
-        out.append([
-            r.family, r.vocab, r.rows, r.impl, fmt_ms(r.median_ms), fmt_ms(r.min_ms), fmt_ms(r.max_ms),
-            _num(r.speedup_vs_baseline, ".2f") + "x" if r.speedup_vs_baseline else "-",
-            _num(r.bandwidth_gbs, ".1f"), fmt_ms(r.copy_floor_ms), _num(r.copy_bandwidth_gbs, ".1f"),
-            _num(r.floor_fraction, ".2f"), fmt_bytes(r.peak_temp_bytes), fmt_equal(r),
-        ])
+        out.append(
+            [
+                r.family,
+                r.vocab,
+                r.rows,
+                r.impl,
+                fmt_ms(r.median_ms),
+                fmt_ms(r.min_ms),
+                fmt_ms(r.max_ms),
+                _num(r.speedup_vs_baseline, ".2f") + "x" if r.speedup_vs_baseline else "-",
+                _num(r.bandwidth_gbs, ".1f"),
+                fmt_ms(r.copy_floor_ms),
+                _num(r.copy_bandwidth_gbs, ".1f"),
+                _num(r.floor_fraction, ".2f"),
+                fmt_bytes(r.peak_temp_bytes),
+                fmt_equal(r),
+            ]
+        )
     return out
 
 
@@ -183,8 +234,10 @@ def _where(manifest: dict[str, Any]) -> str:
         where = dev["name"]
         first = (gpu or {}).get("gpus", [{}])[0]
         if gpu:
-            where += (f" (driver {gpu['driver_version']}, SM clock {first.get('clocks_sm_mhz')} MHz"
-                      f" of max {first.get('clocks_max_sm_mhz')}, memory clock {first.get('clocks_mem_mhz')} MHz)")
+            where += (
+                f" (driver {gpu['driver_version']}, SM clock {first.get('clocks_sm_mhz')} MHz"
+                f" of max {first.get('clocks_max_sm_mhz')}, memory clock {first.get('clocks_mem_mhz')} MHz)"
+            )
     else:
         where = f"CPU: {manifest['host']['cpu']}, {dev['torch_threads']} torch threads"
         if dev.get("load_avg_1m") is not None:
@@ -198,20 +251,24 @@ def _where(manifest: dict[str, Any]) -> str:
 def _rotation(min_bytes: int) -> str:
     if min_bytes <= 0:
         return "every call on the same input (micro.min_rotate_bytes=0: a call may find it in the cache)"
-    return (f"each call on the next of several input copies (together over {min_bytes / 2**20:.0f} MiB, so that no "
-            "call finds its input in the cache)")
+    return (
+        f"each call on the next of several input copies (together over {min_bytes / 2**20:.0f} MiB, so that no "
+        "call finds its input in the cache)"
+    )
 
 
 def _setup(micro: dict[str, Any], gpu: bool = True) -> str:
     pad = micro["padding_fraction"]
     vocabs = ", ".join(f"{v:,}" for v in micro["vocab"])
-    return (f"logit families {', '.join(micro['logits'])} · vocabularies {vocabs} · top_k {micro['top_k']} · "
-            f"top_p {micro['top_p']} · temperature {micro['temperature']} · {micro['dtype']} logits (seed "
-            f"{micro['seed']}) · padding rows (all-equal logits) on top of each family: {pad:.0%} · median of "
-            f"{micro['repeats']} timed rounds after "
-            f"{micro['warmup']} warm-up rounds; each round calls the copy and every implementation once, "
-            f"in a shuffled order, {_rotation(micro['min_rotate_bytes'])}; "
-            + measure.start_text(micro.get("queued_ms") or 0.0, gpu))
+    return (
+        f"logit families {', '.join(micro['logits'])} · vocabularies {vocabs} · top_k {micro['top_k']} · "
+        f"top_p {micro['top_p']} · temperature {micro['temperature']} · {micro['dtype']} logits (seed "
+        f"{micro['seed']}) · padding rows (all-equal logits) on top of each family: {pad:.0%} · median of "
+        f"{micro['repeats']} timed rounds after "
+        f"{micro['warmup']} warm-up rounds; each round calls the copy and every implementation once, "
+        f"in a shuffled order, {_rotation(micro['min_rotate_bytes'])}; "
+        + measure.start_text(micro.get("queued_ms") or 0.0, gpu)
+    )
 
 
 def _impl_lines(manifest: dict[str, Any], names: Sequence[str]) -> list[str]:
@@ -245,9 +302,15 @@ def families_part(manifest: dict[str, Any], rows: Sequence[ResultRow]) -> list[s
     for family in families:
         distinct = max((r.bank_rows or 0 for r in rows if r.family == family), default=0)
         model = next((m for m in models if family.startswith(m)), None)
-        real = (f" ({distinct} distinct rows of the logit bank, tiled; the model's file SHA-256 "
+        real = (
+            (
+                f" ({distinct} distinct rows of the logit bank, tiled; the model's file SHA-256 "
                 f"{models[model]['file_sha256'][:12]}..., vocabulary {models[model]['vocab']:,}: truncated or "
-                "padded with the row's minimum to the others)") if distinct and model else ""
+                "padded with the row's minimum to the others)"
+            )
+            if distinct and model
+            else ""
+        )
         lines.append(f"- `{family}`: {docs.get(family, '')}{real}")
     lines += ["", "### Worst family per implementation", "", worst_table(rows), ""]
     for family in families:
@@ -265,12 +328,26 @@ def render_markdown(manifest: dict[str, Any], rows: Sequence[ResultRow]) -> str:
     first = first_input(rows)
     shown = f" ({first[0].family} logits, vocabulary {first[0].vocab:,})" if first else ""
     parts += [f"## Before and after{shown}", ""]
-    parts += [seed, "", f"before = `{before}`, after = `{after}`; median times."] if seed else \
-        [f"(no rows with both `{before}` and `{after}` measured)"]
+    parts += (
+        [seed, "", f"before = `{before}`, after = `{after}`; median times."]
+        if seed
+        else [f"(no rows with both `{before}` and `{after}` measured)"]
+    )
     parts += ["", *families_part(manifest, rows), "## Every implementation", "", full_table(rows), ""]
     parts += _impl_lines(manifest, list(dict.fromkeys([before, *micro["impls"]])))
-    parts += ["", "Notes:", "", NOTES, "", "Reproduce:", "", "```", " ".join(
-        ["python -m harness.micro", *manifest["overrides"]]), "```", ""]
+    parts += [
+        "",
+        "Notes:",
+        "",
+        NOTES,
+        "",
+        "Reproduce:",
+        "",
+        "```",
+        " ".join(["python -m harness.micro", *manifest["overrides"]]),
+        "```",
+        "",
+    ]
     return "\n".join(parts)
 
 
@@ -281,8 +358,22 @@ def write_micro_report(out_dir: Path, manifest: dict[str, Any], rows: Sequence[R
     return path
 
 
-CONSOLE_HEADERS = ["family", "vocab", "rows", "impl", "median ms", "min", "max", "speedup", "GB/s", "copy ms",
-                   "copy GB/s", "of floor", "peak temp", "equal"]
+CONSOLE_HEADERS = [
+    "family",
+    "vocab",
+    "rows",
+    "impl",
+    "median ms",
+    "min",
+    "max",
+    "speedup",
+    "GB/s",
+    "copy ms",
+    "copy GB/s",
+    "of floor",
+    "peak temp",
+    "equal",
+]
 
 
 def console_table(rows: Sequence[ResultRow], title: str) -> Table:

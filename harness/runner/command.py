@@ -71,8 +71,9 @@ def campaign_complete(campaign: Campaign) -> bool:
     return all(campaign.run_status(r.run_id) == "finished" for r in campaign.plan)
 
 
-def run(cfg_node: DictConfig, console: Console, stops: StopSignals,
-        sweep: SweepJob | None = None) -> tuple[int, Path | None]:
+def run(
+    cfg_node: DictConfig, console: Console, stops: StopSignals, sweep: SweepJob | None = None
+) -> tuple[int, Path | None]:
     """Compose -> plan -> (dry run | runs -> report). Returns the process exit code and the campaign folder.
 
     A shard writes the campaign's report only when it completes the campaign outside a sweep (in a sweep,
@@ -103,8 +104,10 @@ def run(cfg_node: DictConfig, console: Console, stops: StopSignals,
     workload = load_workload(cfg.workload)
     campaign = build_campaign(cfg, config_dict, workload, console, stops, sources)
     part = f" (shard {cfg.shard}: {len(campaign.todo)} of them)" if cfg.shard is not None else ""
-    console.print(f"[bold]{cfg.experiment.name}[/]: {len(campaign.plan)} runs{part} x {len(workload.items)} requests "
-                  f"({workload.name}, sha256 {workload.sha256[:12]}) -> {campaign.root}")
+    console.print(
+        f"[bold]{cfg.experiment.name}[/]: {len(campaign.plan)} runs{part} x {len(workload.items)} requests "
+        f"({workload.name}, sha256 {workload.sha256[:12]}) -> {campaign.root}"
+    )
     campaign.open()
     hold_sync("plan")
     secrets = Secrets.of({**os.environ, **cfg.server.env}, [launch.spec.argv for launch in launches])
@@ -113,24 +116,36 @@ def run(cfg_node: DictConfig, console: Console, stops: StopSignals,
         statuses = stops.run(run_campaign(campaign))
     except Stopped as stop:
         if stops.phase == REPORT:  # the runs had all ended
-            console.print(f"[bold red]interrupted[/] ({stop.name}) after every run had ended; the records are in "
-                          f"{campaign.root}; `make report DIR={campaign.root}` writes the report", soft_wrap=True)
+            console.print(
+                f"[bold red]interrupted[/] ({stop.name}) after every run had ended; the records are in "
+                f"{campaign.root}; `make report DIR={campaign.root}` writes the report",
+                soft_wrap=True,
+            )
         else:
-            console.print(f"[bold red]interrupted[/] ({stop.name}): the running run is marked failed, its server "
-                          f"stopped; records so far are kept in {campaign.root}. Resume with {resume}", soft_wrap=True)
+            console.print(
+                f"[bold red]interrupted[/] ({stop.name}): the running run is marked failed, its server "
+                f"stopped; records so far are kept in {campaign.root}. Resume with {resume}",
+                soft_wrap=True,
+            )
         return stop.exit_code, campaign.root
     except StorageError as exc:
-        console.print(f"[bold red]stopped:[/] {exc}. The campaign stopped at once (every later run would fail the "
-                      f"same way); what was written before is kept in {campaign.root}. Free space there (or make it "
-                      f"writable), then resume with {resume}", soft_wrap=True)
+        console.print(
+            f"[bold red]stopped:[/] {exc}. The campaign stopped at once (every later run would fail the "
+            f"same way); what was written before is kept in {campaign.root}. Free space there (or make it "
+            f"writable), then resume with {resume}",
+            soft_wrap=True,
+        )
         return 1, campaign.root
     try:
         code = after_runs(cfg, campaign, statuses, console, sweep, resume)
         stops.check()  # a signal that Python noted but could not raise while the report was written
     except Stopped as stop:
-        console.print(f"[bold red]interrupted[/] ({stop.name}) while writing the report: every run had ended "
-                      f"({summary(statuses)}); the records are in {campaign.root}; "
-                      f"`make report DIR={campaign.root}` writes the report", soft_wrap=True)
+        console.print(
+            f"[bold red]interrupted[/] ({stop.name}) while writing the report: every run had ended "
+            f"({summary(statuses)}); the records are in {campaign.root}; "
+            f"`make report DIR={campaign.root}` writes the report",
+            soft_wrap=True,
+        )
         return stop.exit_code, campaign.root
     return code, campaign.root
 
@@ -145,15 +160,22 @@ def resume_hint(line: CommandLine | None, campaign: str, shard: int | None, in_s
     return f"{command} (this job alone, without -m)" if in_sweep else command
 
 
-def after_runs(cfg: BenchConfig, campaign: Campaign, statuses: dict[str, str], console: Console,
-               sweep: SweepJob | None, resume: str) -> int:
+def after_runs(
+    cfg: BenchConfig,
+    campaign: Campaign,
+    statuses: dict[str, str],
+    console: Console,
+    sweep: SweepJob | None,
+    resume: str,
+) -> int:
     """Every run has ended: the failed runs and how to resume them, then the report (unless a shard's or a sweep's
     job leaves it for later), which ends with the answer and where things are; the exit code."""
     console.print(f"runs: {summary(statuses)}")
     failed = [r for r, s in statuses.items() if s != "finished"]
     if failed:
-        console.print(f"[bold red]{len(failed)} run(s) failed[/]: {', '.join(failed)}; resume them with: {resume}",
-                      soft_wrap=True)
+        console.print(
+            f"[bold red]{len(failed)} run(s) failed[/]: {', '.join(failed)}; resume them with: {resume}", soft_wrap=True
+        )
     report_now = cfg.report and (cfg.shard is None or (sweep is None and campaign_complete(campaign)))
     report_code = 0
     if report_now:
@@ -161,11 +183,16 @@ def after_runs(cfg: BenchConfig, campaign: Campaign, statuses: dict[str, str], c
         report_code = report_campaign(campaign.root, console, cfg.strict_audit)
     if cfg.shard is not None and not report_now:
         left = sorted({r.slot for r in campaign.plan if campaign.run_status(r.run_id) != "finished"})
-        todo = f"; shards not finished: {', '.join(map(str, left))} (run each with campaign={campaign.root.name} " \
-               "shard=K)" if left and not sweep else ""
-        console.print(f"shard {cfg.shard} done{todo}; the campaign's report, once every shard has finished: "
-                      f"specbench-report {campaign.root}" + (" (the sweep writes it at its end)" if sweep else ""),
-                      soft_wrap=True)
+        todo = (
+            f"; shards not finished: {', '.join(map(str, left))} (run each with campaign={campaign.root.name} shard=K)"
+            if left and not sweep
+            else ""
+        )
+        console.print(
+            f"shard {cfg.shard} done{todo}; the campaign's report, once every shard has finished: "
+            f"specbench-report {campaign.root}" + (" (the sweep writes it at its end)" if sweep else ""),
+            soft_wrap=True,
+        )
     if not report_now:
         console.print(f"[bold green]records:[/] {campaign.root}/runs/*/records.jsonl")
     return 1 if failed or report_code else 0
@@ -191,23 +218,27 @@ def hydra_main(cfg: DictConfig) -> None:
         sys.exit(code)
 
 
-def guarded_run(cfg: DictConfig, console: Console, stops: StopSignals,
-                sweep: SweepJob | None) -> tuple[int, Path | None]:
+def guarded_run(
+    cfg: DictConfig, console: Console, stops: StopSignals, sweep: SweepJob | None
+) -> tuple[int, Path | None]:
     """run(), with the errors a user can fix printed as one line and an exit code."""
     code, root = 2, None
     try:
         code, root = run(cfg, console, stops, sweep)
     except MissingMandatoryValue as exc:
         key = exc.full_key or "a value"
-        console.print(f"[bold red]error:[/] {key} is required and has no value: set it on the command line "
-                      f"({key}=...) or in the experiment file")
+        console.print(
+            f"[bold red]error:[/] {key} is required and has no value: set it on the command line "
+            f"({key}=...) or in the experiment file"
+        )
         code = 2
     except (ConfigError, WorkloadError, OmegaConfBaseException) as exc:
         console.print(f"[bold red]error:[/] {exc}", soft_wrap=True)  # paths in one piece
         code = 2
     except Stopped as stop:  # run() handles it from the runs on: this one came before
-        console.print(f"[bold red]interrupted[/] ({stop.name}) before any run started; nothing was launched",
-                      soft_wrap=True)
+        console.print(
+            f"[bold red]interrupted[/] ({stop.name}) before any run started; nothing was launched", soft_wrap=True
+        )
         code = stop.exit_code
     return code, root
 

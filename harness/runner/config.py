@@ -28,8 +28,10 @@ def request_seed(base_seed: int, seed_offset: int, seed_stream: int) -> int:
     """The planned `sampling_seed` of one request; ConfigError when it does not fit 64 bits."""
     seed = base_seed + seed_offset + seed_stream * SEED_STREAM_STRIDE
     if not INT64_MIN <= seed <= INT64_MAX:
-        raise ConfigError(f"request seed {base_seed} + {seed_offset} + {seed_stream} * 2**32 = {seed} does not fit "
-                          "a 64-bit integer; use smaller experiment.base_seeds or arms[].seed_stream")
+        raise ConfigError(
+            f"request seed {base_seed} + {seed_offset} + {seed_stream} * 2**32 = {seed} does not fit "
+            "a 64-bit integer; use smaller experiment.base_seeds or arms[].seed_stream"
+        )
     return seed
 
 
@@ -98,8 +100,10 @@ class ExperimentConfig:
             raise ConfigError("experiment.base_seeds is empty; give at least one seed")
         if len(set(self.base_seeds)) != len(self.base_seeds):
             twice = sorted({s for s in self.base_seeds if self.base_seeds.count(s) > 1})
-            raise ConfigError(f"experiment.base_seeds={self.base_seeds} names {twice} more than once: runs of one "
-                              "seed would be paired as one; repeat a seed with experiment.repeats")
+            raise ConfigError(
+                f"experiment.base_seeds={self.base_seeds} names {twice} more than once: runs of one "
+                "seed would be paired as one; repeat a seed with experiment.repeats"
+            )
         if self.repeats < 1:
             raise ConfigError(f"experiment.repeats={self.repeats} must be >= 1")
         for arm in self.arms:
@@ -143,26 +147,32 @@ class BenchConfig:
         check_backend_client(self)
         shared = sorted(set(self.server.cpus) & set(self.client.cpus))
         if shared:
-            raise ConfigError(f"server.cpus={self.server.cpus} and client.cpus={self.client.cpus} share CPU(s) "
-                              f"{shared}; give the server and the client separate CPUs (or [] for no pinning)")
+            raise ConfigError(
+                f"server.cpus={self.server.cpus} and client.cpus={self.client.cpus} share CPU(s) "
+                f"{shared}; give the server and the client separate CPUs (or [] for no pinning)"
+            )
         return self
-
-
 
 
 def check_backend_client(cfg: BenchConfig) -> None:
     """The routes each backend serves, and llama-server's lack of /flush_cache, refused before anything runs."""
     backend, route = cfg.server.backend, cfg.client.route
     if backend == "llamacpp" and route == "generate":
-        raise ConfigError("client.route=generate is SGLang's /generate, which llama-server does not serve: use "
-                          "client.route=chat (/v1/chat/completions) or client.route=completions (/v1/completions)")
+        raise ConfigError(
+            "client.route=generate is SGLang's /generate, which llama-server does not serve: use "
+            "client.route=chat (/v1/chat/completions) or client.route=completions (/v1/completions)"
+        )
     if backend != "llamacpp" and route == "completions":
-        raise ConfigError(f"client.route=completions is read for server.backend=llamacpp only (backend {backend}: "
-                          "use client.route=generate or chat)")
+        raise ConfigError(
+            f"client.route=completions is read for server.backend=llamacpp only (backend {backend}: "
+            "use client.route=generate or chat)"
+        )
     if backend == "llamacpp" and cfg.experiment.warmup.flush_cache:
-        raise ConfigError("experiment.warmup.flush_cache=true: llama-server has no /flush_cache (its slot erase needs "
-                          "--slot-save-path); the client sends every request with cache_prompt=false, so no prompt "
-                          "cache is reused: set experiment.warmup.flush_cache=false")
+        raise ConfigError(
+            "experiment.warmup.flush_cache=true: llama-server has no /flush_cache (its slot erase needs "
+            "--slot-save-path); the client sends every request with cache_prompt=false, so no prompt "
+            "cache is reused: set experiment.warmup.flush_cache=false"
+        )
 
 
 def register_configs() -> None:

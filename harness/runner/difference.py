@@ -48,9 +48,14 @@ def tree_of(src: SourceDoc) -> str:
 
 def arm_launch(cfg: BenchConfig, arm: ArmConfig, launch: PlannedLaunch, sources: dict[str, SourceDoc]) -> ArmLaunch:
     src = sources.get(arm.name)
-    return ArmLaunch(arm.name, tuple(str(a) for a in arm.args), tuple(sorted((k, str(v)) for k, v in arm.env.items())),
-                     arm.python or cfg.server.python or sys.executable, tree_of(src) if src else "installed",
-                     launch.spec)
+    return ArmLaunch(
+        arm.name,
+        tuple(str(a) for a in arm.args),
+        tuple(sorted((k, str(v)) for k, v in arm.env.items())),
+        arm.python or cfg.server.python or sys.executable,
+        tree_of(src) if src else "installed",
+        launch.spec,
+    )
 
 
 def same_interpreter(a: ArmLaunch, b: ArmLaunch, probe: Probe) -> bool:
@@ -83,13 +88,16 @@ def equal_parts(a: ArmLaunch, b: ArmLaunch, sources: dict[str, SourceDoc]) -> st
     code = "the interpreter's installed code"
     if a.name in sources and b.name in sources:
         sa, sb = sources[a.name], sources[b.name]
-        code = (f"the same code ({a.code}: ref {sa.ref!r} -> {sa.commit[:12]}, ref {sb.ref!r} -> {sb.commit[:12]}; "
-                "uncommitted changes are only in the WORKTREE ref)")
+        code = (
+            f"the same code ({a.code}: ref {sa.ref!r} -> {sa.commit[:12]}, ref {sb.ref!r} -> {sb.commit[:12]}; "
+            "uncommitted changes are only in the WORKTREE ref)"
+        )
     return f"args {list(a.args)}, env {dict(a.env)}, interpreter {a.python}, {code}"
 
 
-def check_arms_differ(cfg: BenchConfig, launches: list[PlannedLaunch], sources: dict[str, SourceDoc],
-                      probe: Probe = probe_server_code) -> None:
+def check_arms_differ(
+    cfg: BenchConfig, launches: list[PlannedLaunch], sources: dict[str, SourceDoc], probe: Probe = probe_server_code
+) -> None:
     """ConfigError when two arms resolve to one launch and no A/A is declared, or an A/A's arms differ."""
     exp = cfg.experiment
     firsts: dict[str, PlannedLaunch] = {}
@@ -99,11 +107,14 @@ def check_arms_differ(cfg: BenchConfig, launches: list[PlannedLaunch], sources: 
     for a, b in itertools.combinations(arms, 2):
         diff = differences(a, b, probe)
         if exp.aa and diff:
-            raise ConfigError(f"experiment.aa=true declares an A/A, but arms {a.name} and {b.name} would launch "
-                              f"differently: {'; '.join(diff)}. Make them equal, or drop experiment.aa for an A/B")
+            raise ConfigError(
+                f"experiment.aa=true declares an A/A, but arms {a.name} and {b.name} would launch "
+                f"differently: {'; '.join(diff)}. Make them equal, or drop experiment.aa for an A/B"
+            )
         if not exp.aa and not diff:
             raise ConfigError(
                 f"arms {a.name} and {b.name} resolve to the same launch ({equal_parts(a, b, sources)}): the "
                 f"comparison would compare a thing with itself, though the experiment declares a difference "
                 f"({exp.declared_difference or 'none given'!r}). Give the arms their difference, or declare an A/A "
-                "with experiment.aa=true")
+                "with experiment.aa=true"
+            )

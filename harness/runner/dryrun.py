@@ -62,13 +62,19 @@ def code_line(code: ServerCode) -> str:
     elif where.kind == "snapshot":
         held = f"snapshot of {where.repo} at {where.commit}"
     else:
-        state = (f"dirty: diff {(where.diff_sha256 or 'none')[:12]}, {len(where.untracked)} untracked"
-                 if where.dirty else "clean")
+        state = (
+            f"dirty: diff {(where.diff_sha256 or 'none')[:12]}, {len(where.untracked)} untracked"
+            if where.dirty
+            else "clean"
+        )
         held = f"git {where.commit} ({where.branch or 'detached'}, {state})"
-    versions = " ".join(f"{k}={getattr(code, k)}" for k in ("torch", "sglang", "sgl_kernel", "flashinfer", "triton")
-                        if getattr(code, k))
-    return (f"{code.module} from {code.module_origin}: {held}; python {code.python} {versions}; "
-            f"{len(code.packages)} packages (sha256 {code.packages_sha256[:12]})")
+    versions = " ".join(
+        f"{k}={getattr(code, k)}" for k in ("torch", "sglang", "sgl_kernel", "flashinfer", "triton") if getattr(code, k)
+    )
+    return (
+        f"{code.module} from {code.module_origin}: {held}; python {code.python} {versions}; "
+        f"{len(code.packages)} packages (sha256 {code.packages_sha256[:12]})"
+    )
 
 
 def print_server_code(launches: list[PlannedLaunch], sources: dict[str, SourceDoc], console: Console) -> list[str]:
@@ -84,25 +90,36 @@ def print_server_code(launches: list[PlannedLaunch], sources: dict[str, SourceDo
         if launch.spec.native:
             binary = describe_binary(launch.spec.argv[0])
             built = f"built from {binary.package} {binary.package_version}" if binary.package else "build unknown"
-            console.print(f"  {arm}: {binary.path} (sha256 {binary.sha256[:16]}, {built}): "
-                          f"{escape(binary.version.splitlines()[0] if binary.version else '?')}", highlight=False,
-                          soft_wrap=True)
+            console.print(
+                f"  {arm}: {binary.path} (sha256 {binary.sha256[:16]}, {built}): "
+                f"{escape(binary.version.splitlines()[0] if binary.version else '?')}",
+                highlight=False,
+                soft_wrap=True,
+            )
             continue
         if (src := sources.get(arm)) is not None:
-            console.print(f"  {arm}: source {src.repo} ref {src.ref} = {src.commit}, snapshot {src.snapshot}/"
-                          f"{src.package_dir}", highlight=False, soft_wrap=True)
+            console.print(
+                f"  {arm}: source {src.repo} ref {src.ref} = {src.commit}, snapshot {src.snapshot}/{src.package_dir}",
+                highlight=False,
+                soft_wrap=True,
+            )
         try:
-            console.print(f"  {arm}: {escape(code_line(probe_server_code(launch.spec)))}", highlight=False,
-                          soft_wrap=True)
+            console.print(
+                f"  {arm}: {escape(code_line(probe_server_code(launch.spec)))}", highlight=False, soft_wrap=True
+            )
         except ProvenanceError as exc:
             failed.append(arm)
-            console.print(f"  [bold red]{arm}: {escape(str(exc))}[/] (a real run of this arm fails here)",
-                          highlight=False, soft_wrap=True)
+            console.print(
+                f"  [bold red]{arm}: {escape(str(exc))}[/] (a real run of this arm fails here)",
+                highlight=False,
+                soft_wrap=True,
+            )
     return failed
 
 
-def print_dry_run(cfg: BenchConfig, console: Console, sources: dict[str, SourceDoc] | None = None,
-                  workload: Workload | None = None) -> int:
+def print_dry_run(
+    cfg: BenchConfig, console: Console, sources: dict[str, SourceDoc] | None = None, workload: Workload | None = None
+) -> int:
     """Print the plan; the exit code: non-zero when the argv preflight refused or could not check a command, or
     (unless server.preflight=skip) an arm's interpreter could not say what code its server would run."""
     exp = cfg.experiment
@@ -111,33 +128,54 @@ def print_dry_run(cfg: BenchConfig, console: Console, sources: dict[str, SourceD
     plan = [launch.run for launch in launches]
     report = run_preflight(cfg.server, launches, console)
     llama = llamacpp_preflight.run_check(cfg.server, launches, console) if cfg.server.backend == "llamacpp" else None
-    console.print(f"[bold]dry run[/] of experiment [bold]{exp.name}[/]: {len(plan)} runs, "
-                  f"order={exp.order}, placement={exp.placement}, baseline={exp.baseline}")
-    what = (f"{workload.name}, {len(workload.items)} items, sha256 {workload.sha256[:12]}" if workload else
-            cfg.workload.kind)
-    console.print(f"workload: {what}; sampling: {cfg.sampling}; client: route={cfg.client.route} "
-                  f"concurrency={cfg.client.concurrency} request_rate={cfg.client.request_rate}")
-    console.print(f"pinning: server.cpus={list(cfg.server.cpus) or 'none'} client.cpus={list(cfg.client.cpus) or 'none'}",
-                  highlight=False)
+    console.print(
+        f"[bold]dry run[/] of experiment [bold]{exp.name}[/]: {len(plan)} runs, "
+        f"order={exp.order}, placement={exp.placement}, baseline={exp.baseline}"
+    )
+    what = (
+        f"{workload.name}, {len(workload.items)} items, sha256 {workload.sha256[:12]}"
+        if workload
+        else cfg.workload.kind
+    )
+    console.print(
+        f"workload: {what}; sampling: {cfg.sampling}; client: route={cfg.client.route} "
+        f"concurrency={cfg.client.concurrency} request_rate={cfg.client.request_rate}"
+    )
+    console.print(
+        f"pinning: server.cpus={list(cfg.server.cpus) or 'none'} client.cpus={list(cfg.client.cpus) or 'none'}",
+        highlight=False,
+    )
     n_slots = len(slots(plan))
     check_shard(cfg.shard, plan)
-    console.print(f"shards: {n_slots}, one per (base seed, repeat), each holding both arms in their order"
-                  + (f"; showing shard={cfg.shard}" if cfg.shard is not None else
-                     f"; as cluster jobs: -m hydra/launcher=submitit_slurm shard='range(0,{n_slots})'"),
-                  highlight=False, soft_wrap=True)
+    console.print(
+        f"shards: {n_slots}, one per (base seed, repeat), each holding both arms in their order"
+        + (
+            f"; showing shard={cfg.shard}"
+            if cfg.shard is not None
+            else f"; as cluster jobs: -m hydra/launcher=submitit_slurm shard='range(0,{n_slots})'"
+        ),
+        highlight=False,
+        soft_wrap=True,
+    )
     for launch in launches:
         run, spec = launch.run, launch.spec
         if cfg.shard is not None and run.slot != cfg.shard:
             continue
         where = f"CUDA_VISIBLE_DEVICES={run.gpu}" if run.gpu is not None else "sequential"
-        console.print(f"\n[bold][{run.index}] {run.run_id}[/]  arm={run.arm} seed={run.base_seed} "
-                      f"repeat={run.repeat} slot={run.slot} placement: {where}", highlight=False, soft_wrap=True)
+        console.print(
+            f"\n[bold][{run.index}] {run.run_id}[/]  arm={run.arm} seed={run.base_seed} "
+            f"repeat={run.repeat} slot={run.slot} placement: {where}",
+            highlight=False,
+            soft_wrap=True,
+        )
         console.print("  argv: " + shlex.join(launch.shown_argv()), highlight=False, soft_wrap=True)
         env = " ".join(f"{k}={v}" for k, v in sorted(spec.env_overrides.items())) or "(none)"
         console.print(f"  env:  {env}", highlight=False, soft_wrap=True)
         console.print(f"  request seeds: {seeds_line(cfg, run)}", highlight=False, soft_wrap=True)
         if report is not None:
-            console.print(f"  preflight: {escape(report.outcome_of(run.run_id).line())}", highlight=False, soft_wrap=True)
+            console.print(
+                f"  preflight: {escape(report.outcome_of(run.run_id).line())}", highlight=False, soft_wrap=True
+            )
         if llama is not None:
             console.print(f"  preflight: {escape(llama.line(run.run_id))}", highlight=False, soft_wrap=True)
     console.print()
@@ -147,12 +185,18 @@ def print_dry_run(cfg: BenchConfig, console: Console, sources: dict[str, SourceD
     if llama is not None:
         code = llamacpp_preflight.print_verdict(llama, console) or code
     if unreadable and cfg.server.preflight == "skip":  # made where the servers' installs are not: said, not counted
-        console.print(f"[bold yellow]code under test unknown for arm(s) {', '.join(unreadable)}[/] (server.preflight=skip: "
-                      "not counted in the exit code)", highlight=False)
+        console.print(
+            f"[bold yellow]code under test unknown for arm(s) {', '.join(unreadable)}[/] (server.preflight=skip: "
+            "not counted in the exit code)",
+            highlight=False,
+        )
     elif unreadable:
-        console.print(f"[bold red]code under test unknown for arm(s) {', '.join(unreadable)}[/]: their runs would fail "
-                      f"before their servers start; exit {EXIT_CODE} (server.preflight=skip for a dry run made "
-                      "elsewhere)", highlight=False)
+        console.print(
+            f"[bold red]code under test unknown for arm(s) {', '.join(unreadable)}[/]: their runs would fail "
+            f"before their servers start; exit {EXIT_CODE} (server.preflight=skip for a dry run made "
+            "elsewhere)",
+            highlight=False,
+        )
         code = code or EXIT_CODE
     console.print("nothing was launched (dry_run=true)")
     return code
@@ -169,6 +213,10 @@ def difference_table(cfg: BenchConfig, first_slot: list[PlannedLaunch]) -> Table
     for launch in first_slot:
         if launch.run.arm != exp.baseline:
             env_other = {k: v for k, v in launch.spec.env_overrides.items() if k != "CUDA_VISIBLE_DEVICES"}
-            table.add_row(launch.run.arm, argv_diff(base.argv, launch.spec.argv), env_diff(env_base, env_other),
-                          stream_diff(cfg, launch.run.arm))
+            table.add_row(
+                launch.run.arm,
+                argv_diff(base.argv, launch.spec.argv),
+                env_diff(env_base, env_other),
+                stream_diff(cfg, launch.run.arm),
+            )
     return table

@@ -60,7 +60,9 @@ class Campaign:
     console: Console = field(default_factory=Console)
     pin: CpuPin = field(default_factory=lambda: CpuPin([]))  # the runner's own pinning (client.cpus)
     shard: int | None = None  # run only this slot of the plan (None: every slot)
-    stops: StopSignals | None = None  # the command's stop-signal handler, when it has one (a run's error names the signal)
+    stops: StopSignals | None = (
+        None  # the command's stop-signal handler, when it has one (a run's error names the signal)
+    )
     sources: dict[str, SourceDoc] = field(default_factory=dict)  # arm -> its resolved source (arms that have one)
     secrets: Secrets = field(default_factory=Secrets)  # masked in everything the campaign writes (campaign_secrets)
     _locks: list[Any] = field(default_factory=list, repr=False)
@@ -80,9 +82,17 @@ class Campaign:
             experiment=exp.name,
             created=datetime.now(UTC).isoformat(timespec="seconds"),
             config=self.config_dict,
-            arms=[ArmDoc(name=a.name, args=redact_argv([str(t) for t in a.args]), env=redact(dict(a.env)),
-                         python=a.python, seed_stream=a.seed_stream, source=self.sources.get(a.name))
-                  for a in exp.arms],
+            arms=[
+                ArmDoc(
+                    name=a.name,
+                    args=redact_argv([str(t) for t in a.args]),
+                    env=redact(dict(a.env)),
+                    python=a.python,
+                    seed_stream=a.seed_stream,
+                    source=self.sources.get(a.name),
+                )
+                for a in exp.arms
+            ],
             baseline=exp.baseline,
             declared_difference=exp.declared_difference,
             concurrency=cfg.client.concurrency,
@@ -110,24 +120,32 @@ class Campaign:
                 if not path.exists():
                     write_json(path, self.secrets.scrub_json(to_json(self.campaign_doc())))
                     if self.cfg.campaign:  # a name that was meant to resume one would be mistyped
-                        self.console.print(f"[bold]new[/] campaign {self.root} (campaign={self.cfg.campaign} named "
-                                           "no campaign there: to resume one, give a folder name of "
-                                           f"{self.root.parent})", soft_wrap=True)
+                        self.console.print(
+                            f"[bold]new[/] campaign {self.root} (campaign={self.cfg.campaign} named "
+                            "no campaign there: to resume one, give a folder name of "
+                            f"{self.root.parent})",
+                            soft_wrap=True,
+                        )
                     return
                 old = read_doc(path, STOP_CAMPAIGN)
         except OSError as exc:
-            raise ConfigError(f"cannot write the campaign folder {self.root} ({exc.strerror or exc}); "
-                              "choose a writable results_dir=...") from None
+            raise ConfigError(
+                f"cannot write the campaign folder {self.root} ({exc.strerror or exc}); "
+                "choose a writable results_dir=..."
+            ) from None
         self.check_readable(old)
         diffs = config_differences(with_added_keys(old.get("config", {})), self.config_dict)
         if diffs:
             raise ConfigError(
                 f"campaign {self.root} was created with a different config (differs at: {', '.join(diffs[:10])}); "
-                "resume it with the same overrides, or start a new campaign (leave out `campaign=`)")
+                "resume it with the same overrides, or start a new campaign (leave out `campaign=`)"
+            )
         if moved := moved_refs(old.get("arms") or [], self.sources):
-            raise ConfigError(f"campaign {self.root}: an arm's source ref now names another commit ({'; '.join(moved)}); "
-                              "a campaign compares one commit per arm: give the recorded commit as the ref, or start "
-                              "a new campaign (leave out `campaign=`)")
+            raise ConfigError(
+                f"campaign {self.root}: an arm's source ref now names another commit ({'; '.join(moved)}); "
+                "a campaign compares one commit per arm: give the recorded commit as the ref, or start "
+                "a new campaign (leave out `campaign=`)"
+            )
         self.console.print(f"[bold]{'joining' if self.shard is not None else 'resuming'}[/] campaign {self.root}")
 
     def check_readable(self, doc: dict[str, Any]) -> None:
@@ -140,8 +158,10 @@ class Campaign:
         for run in self.plan:
             manifest = self.run_dir(run.run_id) / "manifest.json"
             if manifest.exists():
-                read_doc(manifest, STOP_RUN.format(run=run.run_id, run_dir=self.run_dir(run.run_id),
-                                                   attempts=self.root / "attempts"))
+                read_doc(
+                    manifest,
+                    STOP_RUN.format(run=run.run_id, run_dir=self.run_dir(run.run_id), attempts=self.root / "attempts"),
+                )
 
     def close(self) -> None:
         """Release the slot locks (the process's exit does it too)."""
@@ -170,18 +190,29 @@ class Campaign:
         path = self.root / "campaign.json"
         with writing(path), campaign_file_lock(self.root):  # shards append to the same list
             doc = read_json(path)
-            doc["order_run"].append(to_json(OrderEntry(run_id=run_id, status=status, t_start_unix=t_start,
-                                                       t_end_unix=t_end, host=socket.gethostname())))
+            doc["order_run"].append(
+                to_json(
+                    OrderEntry(
+                        run_id=run_id, status=status, t_start_unix=t_start, t_end_unix=t_end, host=socket.gethostname()
+                    )
+                )
+            )
             write_json(path, doc)
 
 
-STOP_CAMPAIGN = ("the campaign cannot be resumed from it. Nothing was changed. Put back a good copy of the file, or move "
-                 "the campaign folder aside and start a new campaign (leave out campaign=)")
-STOP_RUN = ("the state of run {run} is unknown. Nothing was changed. Move {run_dir} into {attempts}/ (the run is then done "
-            "again), or start a new campaign (leave out campaign=)")
+STOP_CAMPAIGN = (
+    "the campaign cannot be resumed from it. Nothing was changed. Put back a good copy of the file, or move "
+    "the campaign folder aside and start a new campaign (leave out campaign=)"
+)
+STOP_RUN = (
+    "the state of run {run} is unknown. Nothing was changed. Move {run_dir} into {attempts}/ (the run is then done "
+    "again), or start a new campaign (leave out campaign=)"
+)
 
 
-def read_doc(path: Path, what_to_do: str = "move it aside, or start a new campaign (leave out campaign=)") -> dict[str, Any]:
+def read_doc(
+    path: Path, what_to_do: str = "move it aside, or start a new campaign (leave out campaign=)"
+) -> dict[str, Any]:
     """A campaign file that must hold a JSON object; ConfigError naming the file, what is wrong with it and
     `what_to_do` when it is empty, not JSON or not an object."""
     try:
@@ -220,12 +251,15 @@ def lock_slots(root: Path, slot_ids: list[int]) -> list[Any]:
             holder = handle.read().strip() or "another process"
             for h in [handle, *held]:
                 h.close()
-            raise ConfigError(f"campaign {root} (shard {slot}) is being run by {holder}; wait for it to finish, "
-                              "or start a new campaign (leave out campaign=)") from None
+            raise ConfigError(
+                f"campaign {root} (shard {slot}) is being run by {holder}; wait for it to finish, "
+                "or start a new campaign (leave out campaign=)"
+            ) from None
         handle.seek(0)
         handle.truncate()
-        handle.write(f"pid {os.getpid()} on {socket.gethostname()} since "
-                     f"{datetime.now(UTC).isoformat(timespec='seconds')}\n")
+        handle.write(
+            f"pid {os.getpid()} on {socket.gethostname()} since {datetime.now(UTC).isoformat(timespec='seconds')}\n"
+        )
         handle.flush()
         held.append(handle)
     return held
@@ -257,19 +291,32 @@ def redact_config(config: dict[str, Any]) -> dict[str, Any]:
 
 def workload_doc(workload: Workload) -> WorkloadDoc:
     return WorkloadDoc(
-        name=workload.name, dataset_id=workload.dataset_id, revision=workload.revision, sha256=workload.sha256,
+        name=workload.name,
+        dataset_id=workload.dataset_id,
+        revision=workload.revision,
+        sha256=workload.sha256,
         skipped_placeholders=workload.skipped_placeholders,
-        items=[ItemDoc(item_id=i.item_id, seed_offset=i.seed_offset, category=i.category, answer=i.answer)
-               for i in workload.items],
+        items=[
+            ItemDoc(item_id=i.item_id, seed_offset=i.seed_offset, category=i.category, answer=i.answer)
+            for i in workload.items
+        ],
     )
 
 
 # keys added to the config after campaigns were made: absent from an older campaign's stored config,
 # they mean what these values mean (so such a campaign still resumes)
-ADDED_KEYS: dict[str, Any] = {"server.cpus": [], "client.cpus": [], "experiment.arms.seed_stream": 0,
-                              "experiment.arms.source": {"repo": "", "ref": "", "package_dir": "."}, "experiment.packages_may_differ": [],
-                              "experiment.dirty_declared": False, "server.binary": None, "experiment.expect": None,
-                              "experiment.aa": False, "client.store_output_ids": True}
+ADDED_KEYS: dict[str, Any] = {
+    "server.cpus": [],
+    "client.cpus": [],
+    "experiment.arms.seed_stream": 0,
+    "experiment.arms.source": {"repo": "", "ref": "", "package_dir": "."},
+    "experiment.packages_may_differ": [],
+    "experiment.dirty_declared": False,
+    "server.binary": None,
+    "experiment.expect": None,
+    "experiment.aa": False,
+    "client.store_output_ids": True,
+}
 # keys removed since (nothing read them): an older campaign's value is dropped before comparing
 REMOVED_KEYS = ("experiment.fresh_server_per_run",)
 
@@ -317,16 +364,32 @@ def campaign_root(cfg: BenchConfig) -> Path:
     return Path(cfg.results_dir) / cfg.experiment.name / (cfg.campaign or new_campaign_id(cfg))
 
 
-def build_campaign(cfg: BenchConfig, config_dict: dict, workload: Workload, console: Console,
-                   stops: StopSignals | None = None, sources: dict[str, SourceDoc] | None = None) -> Campaign:
+def build_campaign(
+    cfg: BenchConfig,
+    config_dict: dict,
+    workload: Workload,
+    console: Console,
+    stops: StopSignals | None = None,
+    sources: dict[str, SourceDoc] | None = None,
+) -> Campaign:
     """The campaign of a config; ConfigError (nothing launched) when a planned request seed is out of range
     or the shard does not exist."""
     check_request_seeds(cfg, workload)
     plan = make_plan(cfg.experiment)
     check_shard(cfg.shard, plan)
-    return Campaign(cfg=cfg, config_dict=redact_config(config_dict), workload=workload, plan=plan,
-                    root=campaign_root(cfg), console=console, pin=CpuPin(list(cfg.client.cpus)), shard=cfg.shard,
-                    stops=stops, sources=dict(sources or {}), secrets=campaign_secrets(cfg))
+    return Campaign(
+        cfg=cfg,
+        config_dict=redact_config(config_dict),
+        workload=workload,
+        plan=plan,
+        root=campaign_root(cfg),
+        console=console,
+        pin=CpuPin(list(cfg.client.cpus)),
+        shard=cfg.shard,
+        stops=stops,
+        sources=dict(sources or {}),
+        secrets=campaign_secrets(cfg),
+    )
 
 
 def campaign_secrets(cfg: BenchConfig) -> Secrets:

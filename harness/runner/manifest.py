@@ -30,19 +30,33 @@ def start_manifest(c: Campaign, run: PlannedRun, spec: LaunchSpec) -> Manifest:
     cfg = c.cfg
     mono, unix = time.monotonic(), time.time()
     return Manifest(
-        schema_version=SCHEMA_VERSION, campaign_id=c.campaign_id, run_id=run.run_id, arm=run.arm,
-        base_seed=run.base_seed, repeat=run.repeat, gpu=run.gpu,
-        command=redact_argv(spec.argv), env=redact(spec.env_overrides), env_full=server_env(spec.env_overrides),
+        schema_version=SCHEMA_VERSION,
+        campaign_id=c.campaign_id,
+        run_id=run.run_id,
+        arm=run.arm,
+        base_seed=run.base_seed,
+        repeat=run.repeat,
+        gpu=run.gpu,
+        command=redact_argv(spec.argv),
+        env=redact(spec.env_overrides),
+        env_full=server_env(spec.env_overrides),
         env_full_sha256=env_sha256(spec.env_overrides),
-        versions=envinfo.versions(), server_code=None,  # the runner asks the server's interpreter next
-        gpu_info=envinfo.gpu_info(), host=envinfo.host_info(),
+        versions=envinfo.versions(),
+        server_code=None,  # the runner asks the server's interpreter next
+        gpu_info=envinfo.gpu_info(),
+        host=envinfo.host_info(),
         dataset=DatasetRef(id=c.workload.dataset_id, revision=c.workload.revision, sha256=c.workload.sha256),
         model_path=cfg.server.model_path,
-        wall_anchor={"monotonic": mono, "unix": unix}, t_start_unix=unix,
-        concurrency=cfg.client.concurrency, request_rate=cfg.client.request_rate,
+        wall_anchor={"monotonic": mono, "unix": unix},
+        t_start_unix=unix,
+        concurrency=cfg.client.concurrency,
+        request_rate=cfg.client.request_rate,
         max_new_tokens=cfg.sampling.max_new_tokens,
-        client=ClientInfo(stream_mode=None, arrival="open" if cfg.client.request_rate else "closed",
-                          cpus=list(cfg.client.cpus) or None),
+        client=ClientInfo(
+            stream_mode=None,
+            arrival="open" if cfg.client.request_rate else "closed",
+            cpus=list(cfg.client.cpus) or None,
+        ),
         server_cpus=list(spec.cpus) or None,
         scorer=ScorerInfo(name=c.workload.scorer.name, version=c.workload.scorer.version),
     )

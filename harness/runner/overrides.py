@@ -70,8 +70,9 @@ def check_key(schema: type, dotted: str) -> Any:
             hints = typing.get_type_hints(tp)
             if part not in hints:
                 where = ".".join(walked) or "the top level"
-                raise OverrideError(f"unknown key {dotted!r}: {where} has no key {part!r}; "
-                                    f"valid keys: {', '.join(hints)}")
+                raise OverrideError(
+                    f"unknown key {dotted!r}: {where} has no key {part!r}; valid keys: {', '.join(hints)}"
+                )
             tp = hints[part]
         elif origin in (list, tuple):
             if not part.isdigit():
@@ -125,8 +126,10 @@ def check_global_package(candidates: list[Path]) -> None:
             break
         header.append(line)
     if not any(h.replace(" ", "") == "#@package_global_" for h in header):
-        raise OverrideError(f"{path}: an experiment file begins with the line '# @package _global_' (it sets "
-                            "experiment:, server:, ... at the top level of the config); add it as its first line")
+        raise OverrideError(
+            f"{path}: an experiment file begins with the line '# @package _global_' (it sets "
+            "experiment:, server:, ... at the top level of the config); add it as its first line"
+        )
 
 
 def parse(candidates: list[str]) -> list[Any]:
@@ -143,23 +146,29 @@ def parse(candidates: list[str]) -> list[Any]:
                 key, sep, value = text.partition("=")
                 if not sep or not value or any(q in value for q in "'\""):
                     break
-                quoted = f"{key}=\"{value}\""
+                quoted = f'{key}="{value}"'
                 try:
                     parser.parse_overrides([quoted])
                 except HydraException:
                     break
-                raise OverrideError(f"{text}: Hydra's override grammar needs this value quoted (characters such as "
-                                    f"~ ^ {{ }} and spaces end an unquoted value); write it as '{quoted}' (the single "
-                                    "quotes keep the double quotes from the shell)") from None
+                raise OverrideError(
+                    f"{text}: Hydra's override grammar needs this value quoted (characters such as "
+                    f"~ ^ {{ }} and spaces end an unquoted value); write it as '{quoted}' (the single "
+                    "quotes keep the double quotes from the shell)"
+                ) from None
         raise OverrideError(str(exc)) from None
 
 
 def check_overrides(argv: list[str], schema: type, groups: tuple[str, ...], config_dir: Path = CONFIG_DIR) -> None:
     """Validate `key=value` overrides (Hydra syntax) against the schema and the config groups."""
     extra = extra_config_dirs(argv)
-    candidates = [a for i, a in enumerate(argv)
-                  if ("=" in a or a.startswith("~")) and not a.startswith("-")
-                  and not (i and argv[i - 1] in ("--config-dir", "-cd"))]
+    candidates = [
+        a
+        for i, a in enumerate(argv)
+        if ("=" in a or a.startswith("~"))
+        and not a.startswith("-")
+        and not (i and argv[i - 1] in ("--config-dir", "-cd"))
+    ]
     overrides = parse(candidates)
     for o in overrides:
         key = o.key_or_group
@@ -170,8 +179,10 @@ def check_overrides(argv: list[str], schema: type, groups: tuple[str, ...], conf
             for value in _group_values(o, options):
                 if value not in options:
                     where = ", ".join(str(d / key) for d in (config_dir, *extra))
-                    raise OverrideError(f"{key}={value!r} does not exist (or matches nothing); valid {key} configs: "
-                                        f"{', '.join(options)} (files in {where})")
+                    raise OverrideError(
+                        f"{key}={value!r} does not exist (or matches nothing); valid {key} configs: "
+                        f"{', '.join(options)} (files in {where})"
+                    )
                 if key == "experiment":
                     check_global_package([d / key / f"{value}.yaml" for d in (*extra, config_dir)])
             continue

@@ -55,8 +55,10 @@ def check_shard(shard: int | None, plan: list[PlannedRun]) -> None:
     """ConfigError when `shard` names no slot of the plan."""
     count = len(slots(plan))
     if shard is not None and not 0 <= shard < count:
-        raise ConfigError(f"shard={shard} does not exist: this campaign has {count} shard(s), shard=0 to "
-                          f"shard={count - 1}, one per (base seed, repeat); e.g. -m shard='range(0,{count})'")
+        raise ConfigError(
+            f"shard={shard} does not exist: this campaign has {count} shard(s), shard=0 to "
+            f"shard={count - 1}, one per (base seed, repeat); e.g. -m shard='range(0,{count})'"
+        )
 
 
 def planned_launches(cfg: BenchConfig, sources: dict[str, SourceDoc] | None = None) -> list[PlannedLaunch]:
@@ -67,23 +69,36 @@ def planned_launches(cfg: BenchConfig, sources: dict[str, SourceDoc] | None = No
     out = []
     for run in make_plan(cfg.experiment):
         index = next(i for i, a in enumerate(arms) if a.name == run.arm)
-        spec = build_spec(cfg.server, arms[index], port=cfg.server.port or PORT_PLACEHOLDER, base_seed=run.base_seed,
-                          gpu=run.gpu, log_path=Path("server.log"), source=(sources or {}).get(run.arm),
-                          slots=cfg.client.concurrency)
+        spec = build_spec(
+            cfg.server,
+            arms[index],
+            port=cfg.server.port or PORT_PLACEHOLDER,
+            base_seed=run.base_seed,
+            gpu=run.gpu,
+            log_path=Path("server.log"),
+            source=(sources or {}).get(run.arm),
+            slots=cfg.client.concurrency,
+        )
         out.append(PlannedLaunch(run, spec, token_sources(cfg.server, arms[index], index)))
     return out
 
 
-def request_specs(cfg: BenchConfig, workload: Workload, base_seed: int,
-                  seed_stream: int = 0) -> tuple[list[RequestSpec], list[RequestSpec]]:
+def request_specs(
+    cfg: BenchConfig, workload: Workload, base_seed: int, seed_stream: int = 0
+) -> tuple[list[RequestSpec], list[RequestSpec]]:
     """(warmup specs, measured specs) of one run. Request seed = base seed + the item's numeric id +
     the arm's seed_stream * 2**32."""
+
     def seed(offset: int) -> int | None:
         return request_seed(base_seed, offset, seed_stream) if cfg.experiment.seeded_requests else None
 
     items = workload.items
-    warm = [RequestSpec(items[i % len(items)], seed(items[i % len(items)].seed_offset), True,
-                        cfg.experiment.warmup.max_new_tokens) for i in range(cfg.experiment.warmup.requests)]
+    warm = [
+        RequestSpec(
+            items[i % len(items)], seed(items[i % len(items)].seed_offset), True, cfg.experiment.warmup.max_new_tokens
+        )
+        for i in range(cfg.experiment.warmup.requests)
+    ]
     measured = [RequestSpec(it, seed(it.seed_offset), False, cfg.sampling.max_new_tokens) for it in items]
     return warm, measured
 
@@ -104,4 +119,5 @@ def check_request_seeds(cfg: BenchConfig, workload: Workload) -> None:
                         f"request seed {base_seed} + {item.seed_offset} + {arm.seed_stream} * 2**32 = {seed} (arm "
                         f"{arm.name}, item {item.item_id}) does not fit llama-server's 32-bit seed (0 to {limit}; "
                         f"{limit + 1} means 'random'): it would be truncated. Use experiment.base_seeds below "
-                        f"{limit + 1 - max(i.seed_offset for i in workload.items)} and seed_stream 0 for every arm")
+                        f"{limit + 1 - max(i.seed_offset for i in workload.items)} and seed_stream 0 for every arm"
+                    )

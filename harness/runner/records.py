@@ -34,7 +34,7 @@ class RecordWriter:
         with writing(self.path):
             try:
                 while data:
-                    data = data[os.write(self._fd, data):]
+                    data = data[os.write(self._fd, data) :]
             except OSError:
                 with contextlib.suppress(OSError):
                     os.ftruncate(self._fd, self._size)
@@ -71,8 +71,9 @@ def chunk_us(out: Outcome) -> list[int]:
     return [round((t - out.t_sent) * 1e6) for t in out.chunk_times]
 
 
-def make_record(ids: dict[str, Any], request_index: int, spec: RequestSpec, out: Outcome,
-                store_text: bool, store_ids: bool) -> Record:
+def make_record(
+    ids: dict[str, Any], request_index: int, spec: RequestSpec, out: Outcome, store_text: bool, store_ids: bool
+) -> Record:
     """One raw record (docs/records.md), unscored. `ids` holds campaign_id, run_id, arm, base_seed, repeat;
     `request_index` is the request's position in the run (warmup first, from 0)."""
     meta = out.meta_info if isinstance(out.meta_info, dict) else {}

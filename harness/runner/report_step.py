@@ -30,8 +30,11 @@ def report_campaign(campaign_dir: Path, console: Console, strict: bool) -> int:
     try:
         written = write_files(report, campaign_dir)
     except OSError as err:
-        console.print(f"[bold red]cannot write the report to {campaign_dir}[/] ({err.strerror or err}); "
-                      f"`make report DIR={campaign_dir} ARGS='--out PATH'` writes it elsewhere", soft_wrap=True)
+        console.print(
+            f"[bold red]cannot write the report to {campaign_dir}[/] ({err.strerror or err}); "
+            f"`make report DIR={campaign_dir} ARGS='--out PATH'` writes it elsewhere",
+            soft_wrap=True,
+        )
         return 2
     print_answer(report, written, console, strict)
     return 0 if report.audit.passed or not strict else 1
@@ -49,14 +52,18 @@ def print_answer(report: Report, written: list[Path], console: Console, strict: 
         console.print(f"[bold green]audit: passed[/] ({len(audit.checks)} checks)")
     else:
         exit_note = "exit 1 (strict_audit=false keeps exit 0)" if strict else "exit 0 (strict_audit=false)"
-        console.print(f"[bold red]AUDIT FAILED[/]: {'; '.join(c.name for c in audit.failed)} (details at the top of "
-                      f"{written[0]}); do not trust these figures; {exit_note}", soft_wrap=True)
+        console.print(
+            f"[bold red]AUDIT FAILED[/]: {'; '.join(c.name for c in audit.failed)} (details at the top of "
+            f"{written[0]}); do not trust these figures; {exit_note}",
+            soft_wrap=True,
+        )
     for ident in report.outputs:
         console.print(f"outputs: {ident.line()}", highlight=False, soft_wrap=True)
     frame = headline(report)
     first = report.data.campaigns[0]
-    table = Table(title=f"{'A/A' if first.aa else 'A/B'}: {first.experiment} (pooled over all seeds)",
-                  title_justify="left")
+    table = Table(
+        title=f"{'A/A' if first.aa else 'A/B'}: {first.experiment} (pooled over all seeds)", title_justify="left"
+    )
     for i, col in enumerate(frame.columns):
         table.add_column(str(col), justify="left" if i == 0 else "right", overflow="fold")
     for row in frame.itertuples(index=False):
@@ -64,9 +71,13 @@ def print_answer(report: Report, written: list[Path], console: Console, strict: 
     console.print(table)
     figures = [p for p in written if p.suffix == ".png"]
     root = written[0].parent
-    console.print(f"[bold]report:[/] {written[0]}\n[bold]for the PR:[/] {written[1]}\n[bold]as data:[/] {written[2]}"
-                  + (f"\n[bold]figures:[/] {figures[0].parent}/" if figures else "")
-                  + f"\n[bold]records:[/] {root}/runs/*/records.jsonl", highlight=False, soft_wrap=True)
+    console.print(
+        f"[bold]report:[/] {written[0]}\n[bold]for the PR:[/] {written[1]}\n[bold]as data:[/] {written[2]}"
+        + (f"\n[bold]figures:[/] {figures[0].parent}/" if figures else "")
+        + f"\n[bold]records:[/] {root}/runs/*/records.jsonl",
+        highlight=False,
+        soft_wrap=True,
+    )
 
 
 def write_sweep_tables(sweep_dir: Path, roots: list[Path], console: Console) -> None:

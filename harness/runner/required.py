@@ -41,8 +41,9 @@ def chosen_files(choices: dict[str, str], config_dirs: list[Path], groups: tuple
         choice = choices.get(group)
         if not choice:
             continue
-        path = next((d / group / f"{choice}.yaml" for d in config_dirs if (d / group / f"{choice}.yaml").is_file()),
-                    None)
+        path = next(
+            (d / group / f"{choice}.yaml" for d in config_dirs if (d / group / f"{choice}.yaml").is_file()), None
+        )
         if path is not None:
             out.append((group, path))
     return out
@@ -77,6 +78,8 @@ def check_required(cfg: DictConfig, line: CommandLine | None, groups: tuple[str,
     missing = unset_required(cfg, declared_required(files), values)
     if missing:
         one = len(missing) == 1
-        raise ConfigError(f"{', '.join(missing)} {'is' if one else 'are'} required and {'has' if one else 'have'} no "
-                          f"value: set {'it' if one else 'each'} on the command line ({missing[0]}=...) or in the "
-                          "experiment file")
+        raise ConfigError(
+            f"{', '.join(missing)} {'is' if one else 'are'} required and {'has' if one else 'have'} no "
+            f"value: set {'it' if one else 'each'} on the command line ({missing[0]}=...) or in the "
+            "experiment file"
+        )

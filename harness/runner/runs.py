@@ -84,8 +84,10 @@ class RunContext:
 
     def save(self) -> None:
         """Write the manifest (atomically, secrets masked); a StorageError when it cannot be written."""
-        save_json(self.campaign.run_dir(self.planned.run_id) / "manifest.json",
-                  self.secrets.scrub_json(to_json(self.manifest)))
+        save_json(
+            self.campaign.run_dir(self.planned.run_id) / "manifest.json",
+            self.secrets.scrub_json(to_json(self.manifest)),
+        )
 
     def fail(self, error: str) -> str:
         """Mark the run failed with `error` (secrets masked); the masked message."""
@@ -129,8 +131,10 @@ async def read_llamacpp_facts(ctx: RunContext) -> None:
         man.server_binary = dataclasses.replace(man.server_binary, build_info=props.get("build_info"))
     model, parallel = argv[argv.index("--model") + 1], int(argv[argv.index("--parallel") + 1])
     if props.get("model_path") != model or props.get("total_slots") != parallel:
-        raise RunFailed(f"llama-server's /props says model_path {props.get('model_path')!r}, total_slots "
-                        f"{props.get('total_slots')!r}; it was launched with --model {model} --parallel {parallel}")
+        raise RunFailed(
+            f"llama-server's /props says model_path {props.get('model_path')!r}, total_slots "
+            f"{props.get('total_slots')!r}; it was launched with --model {model} --parallel {parallel}"
+        )
 
 
 async def read_server_facts(ctx: RunContext) -> None:
@@ -145,10 +149,15 @@ async def read_server_facts(ctx: RunContext) -> None:
         man.seeds_honoured = seeds_honoured(cfg, man.server_info)
     man.client.stream_mode = stream_mode(cfg.client, man.server_info)
     if not man.seeds_honoured:
-        c.console.print(Panel(
-            f"run {run.run_id}: per-request seeds are sent but the server does not run with "
-            "--enable-deterministic-inference, so it ignores them; results are NOT reproducible "
-            "(recorded as seeds_honoured: false)", title="WARNING: seeds not honoured", style="bold red"))
+        c.console.print(
+            Panel(
+                f"run {run.run_id}: per-request seeds are sent but the server does not run with "
+                "--enable-deterministic-inference, so it ignores them; results are NOT reproducible "
+                "(recorded as seeds_honoured: false)",
+                title="WARNING: seeds not honoured",
+                style="bold red",
+            )
+        )
     ctx.save()
 
 
@@ -159,8 +168,13 @@ async def drive_run(ctx: RunContext) -> None:
     base = ctx.spec.base_url
     await read_server_facts(ctx)
     incremental = incremental_stream(ctx.manifest.server_info)
-    ids = {"campaign_id": c.campaign_id, "run_id": run.run_id, "arm": run.arm, "base_seed": run.base_seed,
-           "repeat": run.repeat}
+    ids = {
+        "campaign_id": c.campaign_id,
+        "run_id": run.run_id,
+        "arm": run.arm,
+        "base_seed": run.base_seed,
+        "repeat": run.repeat,
+    }
     warm, measured = request_specs(cfg, c.workload, run.base_seed, cfg.experiment.arm(run.arm).seed_stream)
     index_of = {id(spec): i for i, spec in enumerate([*warm, *measured])}
     writer = RecordWriter(c.run_dir(run.run_id) / "records.jsonl")
@@ -185,22 +199,47 @@ async def drive_run(ctx: RunContext) -> None:
     try:
         if warm:
             ctx.progress.update(task, total=len(warm), completed=0, description=f"{run.run_id} warmup")
-            await asyncio.gather(drive(base, warm, sampling=cfg.sampling, client=cfg.client, model=model,
-                                       concurrency=len(warm), arrival_seed=run.base_seed, on_done=on_done,
-                                       incremental=incremental, dialect=dialect), hold("warmup"))
+            await asyncio.gather(
+                drive(
+                    base,
+                    warm,
+                    sampling=cfg.sampling,
+                    client=cfg.client,
+                    model=model,
+                    concurrency=len(warm),
+                    arrival_seed=run.base_seed,
+                    on_done=on_done,
+                    incremental=incremental,
+                    dialect=dialect,
+                ),
+                hold("warmup"),
+            )
         if cfg.experiment.warmup.flush_cache:
             await flush_cache(base)
         ctx.progress.update(task, total=len(measured), completed=0, description=f"{run.run_id}")
         before = llamacpp.parse_metrics(await get_text(base, "/metrics")) if counted else {}
         start = machine.read_counters()
-        await asyncio.gather(drive(base, measured, sampling=cfg.sampling, client=cfg.client, model=model,
-                                   concurrency=cfg.client.concurrency, arrival_seed=run.base_seed, on_done=on_done,
-                                   incremental=incremental, dialect=dialect), hold("measure"))
+        await asyncio.gather(
+            drive(
+                base,
+                measured,
+                sampling=cfg.sampling,
+                client=cfg.client,
+                model=model,
+                concurrency=cfg.client.concurrency,
+                arrival_seed=run.base_seed,
+                on_done=on_done,
+                incremental=incremental,
+                dialect=dialect,
+            ),
+            hold("measure"),
+        )
         ctx.manifest.machine.during = machine.during(start, machine.read_counters())
         if counted:
             after = llamacpp.parse_metrics(await get_text(base, "/metrics"))
-            ctx.manifest.server_counters = ServerCounters("/metrics", before, after,
-                                                          llamacpp.counter_delta(before, after))
+            ctx.manifest.server_counters = ServerCounters(
+                "/metrics", before, after, llamacpp.counter_delta(before, after)
+            )
     finally:
         c.pin.release()
         writer.close()
@@ -219,8 +258,10 @@ async def score_run(ctx: RunContext) -> None:
             try:
                 line = make_score(resp.request_index, resp.spec, resp.text, resp.errored, scorer)
             except Exception as exc:  # any failure of the scorer is the run's failure, loudly
-                raise RunFailed(f"scoring request_index {resp.request_index} (item {resp.spec.item.item_id}) with "
-                                f"{scorer.label} failed: {type(exc).__name__}: {exc}") from exc
+                raise RunFailed(
+                    f"scoring request_index {resp.request_index} (item {resp.spec.item.item_id}) with "
+                    f"{scorer.label} failed: {type(exc).__name__}: {exc}"
+                ) from exc
             writer.append(line)
             if writer.count == 1:
                 await hold("scoring")
@@ -254,19 +295,24 @@ def check_failed_requests(ctx: RunContext) -> None:
     allowed = ctx.campaign.cfg.experiment.max_failed_requests
     ctx.manifest.failed_requests = len(ctx.failures)
     if len(ctx.failures) > allowed:
-        raise RunFailed(f"{len(ctx.failures)} request(s) errored, timed out or were aborted (allowed: "
-                        f"experiment.max_failed_requests={allowed}); first: {ctx.failures[0]}")
+        raise RunFailed(
+            f"{len(ctx.failures)} request(s) errored, timed out or were aborted (allowed: "
+            f"experiment.max_failed_requests={allowed}); first: {ctx.failures[0]}"
+        )
 
 
 async def check_server_health(ctx: RunContext, server: Server) -> None:
     """The run's failure policy, part 2: RunFailed unless the server is alive and answers /health at the
     end (a dead or hung server, SIGSTOP or deadlock, fails the run even when every request came back)."""
     if not server.alive():
-        raise RunFailed(f"the server exited (code {server.started().returncode}) during the run; "
-                        f"see {ctx.spec.log_path}")
+        raise RunFailed(
+            f"the server exited (code {server.started().returncode}) during the run; see {ctx.spec.log_path}"
+        )
     if not await responds(ctx.spec.base_url, "/health", ctx.spec.health_timeout_s):
-        raise RunFailed(f"the server did not answer /health within {ctx.spec.health_timeout_s:g} s "
-                        f"(server.health_timeout_s) at the end of the run (hung or dying); see {ctx.spec.log_path}")
+        raise RunFailed(
+            f"the server did not answer /health within {ctx.spec.health_timeout_s:g} s "
+            f"(server.health_timeout_s) at the end of the run (hung or dying); see {ctx.spec.log_path}"
+        )
 
 
 async def run_one(c: Campaign, run: PlannedRun, progress: Progress, gate: SlotGate | None = None) -> str:
@@ -289,9 +335,11 @@ def check_snapshot_unchanged(source: SourceDoc | None, code: ServerCode | None) 
             differ = "; ".join(snapshot_differences(Path(where.root), archive_files(Path(source.repo), source.commit)))
         except (ConfigError, OSError) as exc:
             differ = f"(which files, unknown: {exc})"
-        raise RunFailed(f"the snapshot {where.root} no longer holds commit {source.commit} (its files changed after "
-                        f"the campaign checked them: {differ}); the server was not started. Remove the snapshot "
-                        "(rm -rf it: it is made again from the commit) and resume")
+        raise RunFailed(
+            f"the snapshot {where.root} no longer holds commit {source.commit} (its files changed after "
+            f"the campaign checked them: {differ}); the server was not started. Remove the snapshot "
+            "(rm -rf it: it is made again from the commit) and resume"
+        )
 
 
 async def measure_and_score(c: Campaign, run: PlannedRun, progress: Progress, gate: SlotGate) -> str:
@@ -301,9 +349,16 @@ async def measure_and_score(c: Campaign, run: PlannedRun, progress: Progress, ga
     if (moved := c.set_aside(run.run_id)) is not None:
         c.console.print(f"[yellow]{run.run_id}: an unfinished earlier attempt was set aside in {moved}[/]")
     port = c.cfg.server.port or free_port(c.cfg.server.host)
-    spec = build_spec(c.cfg.server, c.cfg.experiment.arm(run.arm), port=port, base_seed=run.base_seed,
-                      gpu=run.gpu, log_path=c.run_dir(run.run_id) / "server.log", source=c.sources.get(run.arm),
-                      slots=c.cfg.client.concurrency)
+    spec = build_spec(
+        c.cfg.server,
+        c.cfg.experiment.arm(run.arm),
+        port=port,
+        base_seed=run.base_seed,
+        gpu=run.gpu,
+        log_path=c.run_dir(run.run_id) / "server.log",
+        source=c.sources.get(run.arm),
+        slots=c.cfg.client.concurrency,
+    )
     ctx = RunContext(c, run, spec, start_manifest(c, run, spec), progress)
     checks = LogCheckReport()
     storage: StorageError | None = None
@@ -326,8 +381,9 @@ async def measure_and_score(c: Campaign, run: PlannedRun, progress: Progress, ga
             await drive_run(ctx)
             ctx.manifest.machine.after = await machine.sample(c.cfg.load_sample_s)
             check_failed_requests(ctx)
-            ctx.manifest.server_info_end = await get_json(spec.base_url, "/props" if spec.native else "/server_info",
-                                                          spec.health_timeout_s)
+            ctx.manifest.server_info_end = await get_json(
+                spec.base_url, "/props" if spec.native else "/server_info", spec.health_timeout_s
+            )
             checks.at_end = check_log(spec.log_path, spec.log_checks)
             await check_server_health(ctx, server)
             if not checks.at_end.passed:
@@ -339,7 +395,13 @@ async def measure_and_score(c: Campaign, run: PlannedRun, progress: Progress, ga
     except StorageError as exc:  # the disk: every later run would fail the same way, the campaign stops
         storage = exc
         c.console.print(f"[bold red]{run.run_id} failed:[/] {ctx.fail(str(exc))}", soft_wrap=True)
-    except (ServerError, RunFailed, ProvenanceError, OSError, aiohttp.ClientError) as exc:  # the run fails, the campaign goes on
+    except (
+        ServerError,
+        RunFailed,
+        ProvenanceError,
+        OSError,
+        aiohttp.ClientError,
+    ) as exc:  # the run fails, the campaign goes on
         storage = disk_error(exc, c.run_dir(run.run_id))  # (unless the disk is full or read-only: then it stops)
         c.console.print(f"[bold red]{run.run_id} failed:[/] {ctx.fail(str(storage or exc))}", soft_wrap=True)
     except asyncio.CancelledError:  # a stop signal (harness.runner.stopping): the server is already stopped
@@ -411,4 +473,3 @@ def summary(statuses: dict[str, str]) -> str:
     for s in statuses.values():
         counts[s] = counts.get(s, 0) + 1
     return ", ".join(f"{n} {s}" for s, n in sorted(counts.items()))
-

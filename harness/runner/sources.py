@@ -33,16 +33,27 @@ from harness.runner.server.provenance_probe import SNAPSHOT_MARK, content_sha256
 from harness.validation import ConfigError
 
 # a WORKTREE commit's identity: fixed, so that equal files make an equal commit (a resume can tell)
-SNAPSHOT_IDENTITY = {"GIT_AUTHOR_NAME": "specbench", "GIT_AUTHOR_EMAIL": "specbench@localhost",
-                     "GIT_COMMITTER_NAME": "specbench", "GIT_COMMITTER_EMAIL": "specbench@localhost",
-                     "GIT_AUTHOR_DATE": "2000-01-01T00:00:00+0000", "GIT_COMMITTER_DATE": "2000-01-01T00:00:00+0000"}
+SNAPSHOT_IDENTITY = {
+    "GIT_AUTHOR_NAME": "specbench",
+    "GIT_AUTHOR_EMAIL": "specbench@localhost",
+    "GIT_COMMITTER_NAME": "specbench",
+    "GIT_COMMITTER_EMAIL": "specbench@localhost",
+    "GIT_AUTHOR_DATE": "2000-01-01T00:00:00+0000",
+    "GIT_COMMITTER_DATE": "2000-01-01T00:00:00+0000",
+}
 
 
 def git(repo: Path, *args: str, env: dict[str, str] | None = None) -> str:
     """stdout of `git -C repo ARGS`; ConfigError with git's message when it fails."""
     try:
-        proc = subprocess.run(["git", "-C", str(repo), *args], capture_output=True, text=True, check=False,
-                              env={**os.environ, **(env or {})}, timeout=300)
+        proc = subprocess.run(
+            ["git", "-C", str(repo), *args],
+            capture_output=True,
+            text=True,
+            check=False,
+            env={**os.environ, **(env or {})},
+            timeout=300,
+        )
     except FileNotFoundError:
         raise ConfigError("git is not installed; an arm with a source needs it") from None
     if proc.returncode != 0:
@@ -58,8 +69,9 @@ def repo_root(path: str, where: str = "source") -> Path:
     try:
         return Path(git(folder, "rev-parse", "--show-toplevel"))
     except ConfigError:
-        raise ConfigError(f"{where}.repo={path!r} ({folder}) is not a git repository; give the path of a "
-                          "checkout (git clone ...)") from None
+        raise ConfigError(
+            f"{where}.repo={path!r} ({folder}) is not a git repository; give the path of a checkout (git clone ...)"
+        ) from None
 
 
 def worktree_commit(repo: Path) -> str:
@@ -83,8 +95,12 @@ def worktree_commit(repo: Path) -> str:
 
 
 def has_head(repo: Path) -> bool:
-    return subprocess.run(["git", "-C", str(repo), "rev-parse", "--verify", "--quiet", "HEAD"],
-                          capture_output=True, check=False).returncode == 0
+    return (
+        subprocess.run(
+            ["git", "-C", str(repo), "rev-parse", "--verify", "--quiet", "HEAD"], capture_output=True, check=False
+        ).returncode
+        == 0
+    )
 
 
 def resolve(repo: Path, ref: str, where: str = "source") -> str:
@@ -94,9 +110,11 @@ def resolve(repo: Path, ref: str, where: str = "source") -> str:
     try:
         return git(repo, "rev-parse", "--verify", "--quiet", f"{ref}^{{commit}}")
     except ConfigError:
-        raise ConfigError(f"{where}.ref={ref!r} names no commit in {repo}; give a commit, branch or tag "
-                          f"(git -C {repo} branch -a lists the branches), or {WORKTREE} for the checkout "
-                          "as it is now") from None
+        raise ConfigError(
+            f"{where}.ref={ref!r} names no commit in {repo}; give a commit, branch or tag "
+            f"(git -C {repo} branch -a lists the branches), or {WORKTREE} for the checkout "
+            "as it is now"
+        ) from None
 
 
 def _link_leaves(name: str, target: str) -> bool:
@@ -108,8 +126,9 @@ def _link_leaves(name: str, target: str) -> bool:
 
 
 def _archive(repo: Path, commit: str) -> subprocess.Popen:
-    return subprocess.Popen(["git", "-C", str(repo), "archive", "--format=tar", commit], stdout=subprocess.PIPE,
-                            stderr=subprocess.PIPE)
+    return subprocess.Popen(
+        ["git", "-C", str(repo), "archive", "--format=tar", commit], stdout=subprocess.PIPE, stderr=subprocess.PIPE
+    )
 
 
 def _finish(proc: subprocess.Popen, repo: Path, commit: str) -> None:
@@ -146,7 +165,8 @@ def archive_files(repo: Path, commit: str) -> dict[str, str]:
                             "which points outside the repository: a snapshot holds only the commit's own files, so "
                             "its server would read whatever that path holds when it runs. Remove the link or commit "
                             "the file itself (an untracked link of a WORKTREE ref: delete it, or list it in "
-                            ".gitignore)")
+                            ".gitignore)"
+                        )
                     out[name] = "l " + hashlib.sha256(member.linkname.encode()).hexdigest()
                 elif member.isfile():
                     data = tar.extractfile(member)
@@ -177,18 +197,21 @@ def snapshot_differences(folder: Path, expected: dict[str, str]) -> list[str]:
 
     edited = sorted(p for p in expected.keys() & found.keys() if expected[p] != found[p])
     missing, added = sorted(expected.keys() - found.keys()), sorted(found.keys() - expected.keys())
-    return [f"{what}: {few(paths)}" for what, paths in (("edited", edited), ("missing", missing), ("added", added))
-            if paths]
+    return [
+        f"{what}: {few(paths)}" for what, paths in (("edited", edited), ("missing", missing), ("added", added)) if paths
+    ]
 
 
 def check_snapshot(dest: Path, expected: dict[str, str], repo: Path, commit: str) -> None:
     """ConfigError naming the files when the snapshot `dest` does not hold exactly `commit`'s files."""
     differ = snapshot_differences(dest, expected)
     if differ:
-        raise ConfigError(f"the snapshot {dest} no longer holds commit {commit} of {repo}: {'; '.join(differ)}. An "
-                          "arm must run exactly the commit its campaign names; remove the snapshot (rm -rf "
-                          f"{dest}: the next campaign makes it again from the commit), and commit the change you "
-                          f"meant to run (or name ref {WORKTREE} for uncommitted changes)")
+        raise ConfigError(
+            f"the snapshot {dest} no longer holds commit {commit} of {repo}: {'; '.join(differ)}. An "
+            "arm must run exactly the commit its campaign names; remove the snapshot (rm -rf "
+            f"{dest}: the next campaign makes it again from the commit), and commit the change you "
+            f"meant to run (or name ref {WORKTREE} for uncommitted changes)"
+        )
 
 
 def _read_only(folder: Path) -> None:
@@ -215,9 +238,11 @@ def _extract(repo: Path, commit: str, into: Path) -> None:
 def cache_problem(cache: Path, commit: str, exc: OSError) -> ConfigError:
     """The message for a source_cache that cannot hold a snapshot (read-only, a file, full)."""
     where = f" ({exc.filename})" if exc.filename and str(exc.filename) != str(cache) else ""
-    return ConfigError(f"source_cache={cache}: cannot write the snapshot of commit {commit[:12]} there: "
-                       f"{exc.strerror or exc}{where}. Give a writable folder with room for the repository's files "
-                       "(source_cache=PATH), or free space there; nothing was launched")
+    return ConfigError(
+        f"source_cache={cache}: cannot write the snapshot of commit {commit[:12]} there: "
+        f"{exc.strerror or exc}{where}. Give a writable folder with room for the repository's files "
+        "(source_cache=PATH), or free space there; nothing was launched"
+    )
 
 
 def materialise(repo: Path, commit: str, cache: Path) -> tuple[Path, str]:
@@ -231,8 +256,10 @@ def materialise(repo: Path, commit: str, cache: Path) -> tuple[Path, str]:
         check_snapshot(dest, expected, repo, commit)
         return dest, digest
     if cache.exists() and not cache.is_dir():
-        raise ConfigError(f"source_cache={cache} is a file, not a folder: give a folder for the snapshots of the "
-                          "arms' commits (source_cache=PATH); nothing was launched")
+        raise ConfigError(
+            f"source_cache={cache} is a file, not a folder: give a folder for the snapshots of the "
+            "arms' commits (source_cache=PATH); nothing was launched"
+        )
     tmp: Path | None = None
     try:
         cache.mkdir(parents=True, exist_ok=True)
@@ -268,10 +295,18 @@ def resolve_source(source: SourceConfig, cache: Path, where: str) -> SourceDoc:
     commit = resolve(repo, source.ref, where)
     snapshot, digest = materialise(repo, commit, cache)
     if not (snapshot / source.package_dir).is_dir():
-        raise ConfigError(f"{where}.package_dir={source.package_dir!r}: commit {commit[:12]} of {repo} has no such "
-                          "folder (SGLang's package is under python/, this project's at the top: .)")
-    return SourceDoc(repo=str(repo), ref=source.ref, commit=commit, package_dir=source.package_dir,
-                     snapshot=str(snapshot), content_sha256=digest)
+        raise ConfigError(
+            f"{where}.package_dir={source.package_dir!r}: commit {commit[:12]} of {repo} has no such "
+            "folder (SGLang's package is under python/, this project's at the top: .)"
+        )
+    return SourceDoc(
+        repo=str(repo),
+        ref=source.ref,
+        commit=commit,
+        package_dir=source.package_dir,
+        snapshot=str(snapshot),
+        content_sha256=digest,
+    )
 
 
 def resolve_sources(cfg: BenchConfig) -> dict[str, SourceDoc]:
@@ -304,7 +339,9 @@ def moved_refs(old_arms: list[dict], sources: dict[str, SourceDoc]) -> list[str]
         if old is None and new is None:
             continue
         if old is None or new is None or old.get("commit") != new.commit:
-            out.append(f"arm {arm.get('name')}: ref {(old or {}).get('ref') or (new.ref if new else None)!r} was "
-                       f"{(old or {}).get('commit') or 'no source'} when the campaign was made, now "
-                       f"{new.commit if new else 'no source'}")
+            out.append(
+                f"arm {arm.get('name')}: ref {(old or {}).get('ref') or (new.ref if new else None)!r} was "
+                f"{(old or {}).get('commit') or 'no source'} when the campaign was made, now "
+                f"{new.commit if new else 'no source'}"
+            )
     return out

@@ -50,10 +50,15 @@ PHASES = ("plan", "startup", "warmup", "measure", "scoring", "report", "end")
 # what a stop signal interrupts (StopSignals.phase, set by the command): before any run, the runs, the report
 # after them, nothing (the command has ended)
 STARTING, RUNS, REPORT, DONE = "starting", "runs", "report", "done"
-STOPPED_WHERE = {STARTING: "while starting; nothing was launched",
-                 REPORT: "after every run had ended; the campaign's files are kept (make report DIR=... writes the report)"}
-STOPPING_WHAT = {STARTING: "nothing was launched", RUNS: "the running run is being marked failed and its server stopped",
-                 REPORT: "every run had ended; the report is not written"}
+STOPPED_WHERE = {
+    STARTING: "while starting; nothing was launched",
+    REPORT: "after every run had ended; the campaign's files are kept (make report DIR=... writes the report)",
+}
+STOPPING_WHAT = {
+    STARTING: "nothing was launched",
+    RUNS: "the running run is being marked failed and its server stopped",
+    REPORT: "every run had ended; the report is not written",
+}
 
 
 class Stopped(BaseException):
@@ -114,8 +119,12 @@ class StopSignals:
         if self.phase == DONE:  # everything was written: nothing left to stop
             return
         if self.signum is not None:
-            print(f"specbench: {signal.Signals(signum).name} received; already stopping after "
-                  f"{signal.Signals(self.signum).name} ({STOPPING_WHAT[self.phase]})", file=sys.stderr, flush=True)
+            print(
+                f"specbench: {signal.Signals(signum).name} received; already stopping after "
+                f"{signal.Signals(self.signum).name} ({STOPPING_WHAT[self.phase]})",
+                file=sys.stderr,
+                flush=True,
+            )
             return
         self.signum = signum
         if self._task is not None and not self._task.done():

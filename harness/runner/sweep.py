@@ -65,9 +65,16 @@ class SweepJob:
         return f"{stamp}-c{concurrency}-{digest}"
 
     def record(self, code: int, root: Path | None, shard: Any) -> None:
-        write_json(self.sweep_dir / JOBS_DIR / f"{self.num}.json",
-                   {"num": self.num, "overrides": list(self.overrides), "code": code, "shard": shard,
-                    "campaign": str(root.resolve()) if root is not None else None})
+        write_json(
+            self.sweep_dir / JOBS_DIR / f"{self.num}.json",
+            {
+                "num": self.num,
+                "overrides": list(self.overrides),
+                "code": code,
+                "shard": shard,
+                "campaign": str(root.resolve()) if root is not None else None,
+            },
+        )
 
 
 def _rerun(job: dict[str, Any]) -> str:
@@ -75,8 +82,9 @@ def _rerun(job: dict[str, Any]) -> str:
     overrides = list(job["overrides"])
     if job["campaign"]:
         overrides = [o for o in overrides if not o.startswith(("shard=", "campaign="))]
-        overrides += [f"campaign={Path(job['campaign']).name}"] + ([f"shard={job['shard']}"] if job["shard"] is not None
-                                                                  else [])
+        overrides += [f"campaign={Path(job['campaign']).name}"] + (
+            [f"shard={job['shard']}"] if job["shard"] is not None else []
+        )
     return " ".join(overrides)
 
 
@@ -93,17 +101,27 @@ class SweepSummary(Callback):
         for j in jobs:
             what = f"shard {j['shard']} of " if j["shard"] is not None else ""
             outcome = f"exit {j['code']}" if j["code"] else "ok"
-            console.print(f"job {j['num']} ({' '.join(j['overrides']) or 'no overrides'}): {what}"
-                          f"{j['campaign'] or 'no campaign'}: {outcome}", highlight=False, soft_wrap=True)
+            console.print(
+                f"job {j['num']} ({' '.join(j['overrides']) or 'no overrides'}): {what}"
+                f"{j['campaign'] or 'no campaign'}: {outcome}",
+                highlight=False,
+                soft_wrap=True,
+            )
         sharded = sorted({j["campaign"] for j in jobs if j["shard"] is not None and j["campaign"]})
-        bad_reports = [root for root in sharded
-                       if config.get("report", True) and report_campaign(Path(root), console, bool(config.strict_audit))]
+        bad_reports = [
+            root
+            for root in sharded
+            if config.get("report", True) and report_campaign(Path(root), console, bool(config.strict_audit))
+        ]
         if config.get("report", True):
             write_sweep_tables(sweep_dir, [Path(j["campaign"]) for j in jobs if j["campaign"]], console)
         if failed or bad_reports:
             reruns = [_rerun(j) for j in failed]
-            console.print(f"[bold red]sweep failed[/]: {len(failed)} of {len(jobs)} job(s) failed"
-                          + (f"; the report of {', '.join(bad_reports)} failed" if bad_reports else "")
-                          + (f"; resume each failed job alone (no -m): {' | '.join(reruns)}" if reruns else ""),
-                          highlight=False, soft_wrap=True)
+            console.print(
+                f"[bold red]sweep failed[/]: {len(failed)} of {len(jobs)} job(s) failed"
+                + (f"; the report of {', '.join(bad_reports)} failed" if bad_reports else "")
+                + (f"; resume each failed job alone (no -m): {' | '.join(reruns)}" if reruns else ""),
+                highlight=False,
+                soft_wrap=True,
+            )
             sys.exit(1)

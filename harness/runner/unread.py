@@ -34,9 +34,15 @@ SYNTHETIC = Reader("workload.kind", ("synthetic",), "workload=synthetic")
 HUB = Reader("workload.kind", ("aime25", "speed_bench"), "workload=aime25 or workload=speed_bench")
 FILES = Reader("workload.kind", DATASETS, "workload=jsonl (or a dataset kind: aime25, speed_bench)")
 READERS: dict[str, Reader] = {
-    "workload.n_items": SYNTHETIC, "workload.seed": SYNTHETIC, "workload.level": SYNTHETIC,
-    "workload.hf_id": HUB, "workload.hf_config": HUB,
-    "workload.path": FILES, "workload.split": FILES, "workload.revision": FILES, "workload.cache_dir": FILES,
+    "workload.n_items": SYNTHETIC,
+    "workload.seed": SYNTHETIC,
+    "workload.level": SYNTHETIC,
+    "workload.hf_id": HUB,
+    "workload.hf_config": HUB,
+    "workload.path": FILES,
+    "workload.split": FILES,
+    "workload.revision": FILES,
+    "workload.cache_dir": FILES,
     "workload.skip_placeholders": Reader("workload.kind", ("speed_bench",), "workload=speed_bench"),
     "server.binary": Reader("server.backend", ("llamacpp",), "server=llamacpp"),
     "server.python": Reader("server.backend", ("embedded", "sglang"), "server=embedded or server=sglang"),
@@ -45,9 +51,11 @@ READERS: dict[str, Reader] = {
     "client.chat_template_kwargs": Reader("client.route", ("chat",), "client=chat"),
 }
 # a key some kinds do not read, but whose intent another key serves there
-INSTEAD = {("workload.n_items", "aime25"): "take a seeded subset of the fixed set with workload.subsample=N",
-           ("workload.n_items", "speed_bench"): "take a seeded subset with workload.subsample=N",
-           ("workload.n_items", "jsonl"): "take a seeded subset of the file's items with workload.subsample=N"}
+INSTEAD = {
+    ("workload.n_items", "aime25"): "take a seeded subset of the fixed set with workload.subsample=N",
+    ("workload.n_items", "speed_bench"): "take a seeded subset with workload.subsample=N",
+    ("workload.n_items", "jsonl"): "take a seeded subset of the file's items with workload.subsample=N",
+}
 
 
 def unread_overrides(cfg: BenchConfig, keys: list[str]) -> list[str]:
@@ -62,8 +70,10 @@ def unread_overrides(cfg: BenchConfig, keys: list[str]) -> list[str]:
                 continue
             instead = INSTEAD.get((dotted, chosen))
             fix = instead or f"for a kind that reads it, add {reader.how}"
-            out.append(f"{dotted} is not read with {reader.on}={chosen} (only with {reader.on}="
-                       f"{' or '.join(reader.values)}): {fix}, or leave {dotted} out")
+            out.append(
+                f"{dotted} is not read with {reader.on}={chosen} (only with {reader.on}="
+                f"{' or '.join(reader.values)}): {fix}, or leave {dotted} out"
+            )
     return out
 
 

@@ -35,8 +35,23 @@ from harness.verify.verifiers import (
 )
 
 __all__ = [
-    "BUILDERS", "GREEDY_TEMPERATURE", "BuilderFn", "VerifyOutput", "block_weights", "draw_uniforms",
-    "full_vocab_probs", "fused_build", "get_builder", "radix_topk", "radix_topk_backend", "sample_from_probs",
-    "top_p_renorm_sorted", "topk_first_probs", "topk_first_torch_probs", "topk_fused_probs", "torch_topk",
-    "verify_block", "verify_tokenwise",
+    "BUILDERS",
+    "GREEDY_TEMPERATURE",
+    "BuilderFn",
+    "VerifyOutput",
+    "block_weights",
+    "draw_uniforms",
+    "full_vocab_probs",
+    "fused_build",
+    "get_builder",
+    "radix_topk",
+    "radix_topk_backend",
+    "sample_from_probs",
+    "top_p_renorm_sorted",
+    "topk_first_probs",
+    "topk_first_torch_probs",
+    "topk_fused_probs",
+    "torch_topk",
+    "verify_block",
+    "verify_tokenwise",
 ]

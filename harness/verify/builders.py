@@ -60,8 +60,9 @@ class RowGroup:
     ids: Tensor | None
 
 
-def row_groups(logits: Tensor, temperature: Tensor, top_k: Tensor, top_p: Tensor, topk_fn: TopkFn,
-               scale_first: bool) -> Iterator[RowGroup]:
+def row_groups(
+    logits: Tensor, temperature: Tensor, top_k: Tensor, top_p: Tensor, topk_fn: TopkFn, scale_first: bool
+) -> Iterator[RowGroup]:
     """What every builder computes, before it is laid out: greedy rows (one token, probability 1), rows whose
     top-k covers the vocabulary (dense), and the others (their kmax largest logits, kmax = the group's
     largest top_k). Only where the temperature is applied differs (scale_first: before the top-k, on an
@@ -92,8 +93,9 @@ def row_groups(logits: Tensor, temperature: Tensor, top_k: Tensor, top_p: Tensor
         yield RowGroup(None if s.numel() == n else s, _topk_probs(vals, k_eff[s], top_p[s]), idx)
 
 
-def _build(logits: Tensor, temperature: Tensor, top_k: Tensor, top_p: Tensor,
-           topk_fn: TopkFn, scale_first: bool) -> Tensor:
+def _build(
+    logits: Tensor, temperature: Tensor, top_k: Tensor, top_p: Tensor, topk_fn: TopkFn, scale_first: bool
+) -> Tensor:
     """The dense builders: row_groups laid out as [rows, V] fp32 (zeros elsewhere)."""
     n, vocab = check_logits(logits).shape
     temperature, top_k, top_p = row_params(logits, temperature, top_k, top_p)
@@ -111,17 +113,17 @@ def _build(logits: Tensor, temperature: Tensor, top_k: Tensor, top_p: Tensor,
 
 
 def full_vocab_probs(logits: Tensor, temperature: Tensor, top_k: Tensor, top_p: Tensor) -> Tensor:
-    """"before": scale the whole logits matrix by the temperature, then torch.topk. -> [rows, V] fp32."""
+    """ "before": scale the whole logits matrix by the temperature, then torch.topk. -> [rows, V] fp32."""
     return _build(logits, temperature, top_k, top_p, torch_topk, scale_first=True)
 
 
 def topk_first_probs(logits: Tensor, temperature: Tensor, top_k: Tensor, top_p: Tensor) -> Tensor:
-    """"after": radix top-k on the raw logits, then scale the k values. -> [rows, V] fp32."""
+    """ "after": radix top-k on the raw logits, then scale the k values. -> [rows, V] fp32."""
     return _build(logits, temperature, top_k, top_p, radix_topk, scale_first=False)
 
 
 def topk_first_torch_probs(logits: Tensor, temperature: Tensor, top_k: Tensor, top_p: Tensor) -> Tensor:
-    """"after" with torch.topk forced (the fallback path on every device). -> [rows, V] fp32."""
+    """ "after" with torch.topk forced (the fallback path on every device). -> [rows, V] fp32."""
     return _build(logits, temperature, top_k, top_p, torch_topk, scale_first=False)
 
 
@@ -140,8 +142,9 @@ def topk_fused_probs(logits: Tensor, temperature: Tensor, top_k: Tensor, top_p: 
     return fused_build(logits, temperature, top_k, top_p)
 
 
-def fused_build(logits: Tensor, temperature: Tensor, top_k: Tensor, top_p: Tensor,
-                config: dict[str, int] | None = None) -> Tensor:
+def fused_build(
+    logits: Tensor, temperature: Tensor, top_k: Tensor, top_p: Tensor, config: dict[str, int] | None = None
+) -> Tensor:
     """topk_fused on any device Triton runs on (CUDA; a CPU under TRITON_INTERPRET=1, for tests); `config`
     overrides topk_fused.launch_config()."""
     from harness.verify import topk_fused  # noqa: PLC0415  (imports Triton)

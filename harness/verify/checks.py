@@ -46,8 +46,10 @@ def check_logits(logits: object) -> Tensor:
 
 def check_same_device(name: str, x: Tensor, where: torch.device, of: str) -> None:
     if x.device != where:
-        raise ValueError(f"{name} is on {x.device} but {of} on {where}: every tensor of a verify step must be on one "
-                         f"device (move it with .to({str(where)!r}))")
+        raise ValueError(
+            f"{name} is on {x.device} but {of} on {where}: every tensor of a verify step must be on one "
+            f"device (move it with .to({str(where)!r}))"
+        )
 
 
 def check_drafts(draft_tokens: object, vocab: int, device: torch.device, of: str) -> Tensor:
@@ -107,5 +109,6 @@ def check_sparse_ids(ids: Tensor, values: Tensor, vocab: int) -> None:
     if values_checked(ids) and ids.numel():
         bad = (ids < 0) | (ids > vocab)
         if bool(bad.any()):
-            raise ValueError(f"target.ids holds {int(ids[bad][0])}, outside [0, {vocab}] (the vocabulary, and {vocab} "
-                             "for padding)")
+            raise ValueError(
+                f"target.ids holds {int(ids[bad][0])}, outside [0, {vocab}] (the vocabulary, and {vocab} for padding)"
+            )

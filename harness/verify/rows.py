@@ -24,8 +24,11 @@ def row_params(logits: Tensor, temperature: Tensor, top_k: Tensor, top_p: Tensor
     """The per-row parameters as the builders use them: [rows] each, contiguous, on the logits' device;
     temperature and top_p fp32, top_k int64."""
     n, device = logits.shape[0], logits.device
-    return (_as_rows("temperature", temperature, n, device, torch.float32),
-            _as_rows("top_k", top_k, n, device, torch.int64), _as_rows("top_p", top_p, n, device, torch.float32))
+    return (
+        _as_rows("temperature", temperature, n, device, torch.float32),
+        _as_rows("top_k", top_k, n, device, torch.int64),
+        _as_rows("top_p", top_p, n, device, torch.float32),
+    )
 
 
 def _as_rows(name: str, x: Tensor | float | list, n: int, device: torch.device, dtype: torch.dtype) -> Tensor:

@@ -124,8 +124,15 @@ def _fused(logits: Tensor, temperature: Tensor, top_k: Tensor, top_p: Tensor) ->
     return _merged(logits, temperature, top_k, top_p, values, ids32, left)
 
 
-def _merged(logits: Tensor, temperature: Tensor, top_k: Tensor, top_p: Tensor, values: Tensor, ids32: Tensor,
-            left: Tensor | None) -> SparseProbs:
+def _merged(
+    logits: Tensor,
+    temperature: Tensor,
+    top_k: Tensor,
+    top_p: Tensor,
+    values: Tensor,
+    ids32: Tensor,
+    left: Tensor | None,
+) -> SparseProbs:
     """run_sparse's output (rank order, FAST_K wide) with the rows it left built by sparse_probs, as
     SparseProbs: ids ascending, as wide as the widest row."""
     vocab = logits.shape[1]
@@ -147,10 +154,21 @@ def _merged(logits: Tensor, temperature: Tensor, top_k: Tensor, top_p: Tensor, v
     return SparseProbs(values.gather(-1, order), ids.gather(-1, order), vocab)
 
 
-def verify_step(logits: Tensor, temperature: Tensor, top_k: Tensor, top_p: Tensor, draft_tokens: Tensor,
-                draft_probs: Tensor | SparseProbs | None, *, block: bool, fused: bool, uniforms: Tensor | None = None,
-                generators: list[torch.Generator] | None = None, max_top_k: int | None = None,
-                config: dict[str, int] | None = None) -> VerifyOutput:
+def verify_step(
+    logits: Tensor,
+    temperature: Tensor,
+    top_k: Tensor,
+    top_p: Tensor,
+    draft_tokens: Tensor,
+    draft_probs: Tensor | SparseProbs | None,
+    *,
+    block: bool,
+    fused: bool,
+    uniforms: Tensor | None = None,
+    generators: list[torch.Generator] | None = None,
+    max_top_k: int | None = None,
+    config: dict[str, int] | None = None,
+) -> VerifyOutput:
     """A whole sparse verify step: target logits -> the verifier's output, never a dense [rows, V] tensor.
 
     logits [B * (G+1), V], request by request (row b * (G+1) + j: p(. | prefix_j) of request b); temperature,
@@ -170,13 +188,16 @@ def verify_step(logits: Tensor, temperature: Tensor, top_k: Tensor, top_p: Tenso
     if logits.shape[0] != bsz * (gamma + 1):
         raise ValueError(f"{logits.shape[0]} rows of logits for {bsz} steps of {gamma} drafts: need B * (G+1)")
     if isinstance(draft_probs, Tensor) and tuple(draft_probs.shape) != (bsz, gamma, logits.shape[1]):
-        raise ValueError(f"draft_probs {tuple(draft_probs.shape)} must be [B, G, V] = [{bsz}, {gamma}, {logits.shape[1]}]")
+        raise ValueError(
+            f"draft_probs {tuple(draft_probs.shape)} must be [B, G, V] = [{bsz}, {gamma}, {logits.shape[1]}]"
+        )
     if max_top_k is not None and max_top_k < 1:
         raise ValueError(f"max_top_k {max_top_k}: the host's bound on every row's top_k must be >= 1 (or None)")
     u = _uniforms(uniforms, generators, (bsz, gamma + 1), logits.device)
     if fused and logits.device.type == "cuda" and not isinstance(draft_probs, SparseProbs) and _kernels():
-        return _fused_step(logits, temperature, top_k, top_p, draft_tokens, draft_probs, u, block, max_top_k=max_top_k,
-                           config=config)
+        return _fused_step(
+            logits, temperature, top_k, top_p, draft_tokens, draft_probs, u, block, max_top_k=max_top_k, config=config
+        )
     s = (fused_sparse_probs if fused else sparse_probs)(logits, temperature, top_k, top_p)
     return _verify_entries(s, bsz, gamma, draft_tokens, draft_probs, u, block, kernel=False)
 
@@ -187,9 +208,19 @@ def _kernels() -> bool:
     return topk_fused.available() and sparse_kernel.available()
 
 
-def _fused_step(logits: Tensor, temperature: Tensor, top_k: Tensor, top_p: Tensor, draft_tokens: Tensor,
-                draft_probs: Tensor | None, u: Tensor, block: bool, *, max_top_k: int | None = None,
-                config: dict[str, int] | None = None) -> VerifyOutput:
+def _fused_step(
+    logits: Tensor,
+    temperature: Tensor,
+    top_k: Tensor,
+    top_p: Tensor,
+    draft_tokens: Tensor,
+    draft_probs: Tensor | None,
+    u: Tensor,
+    block: bool,
+    *,
+    max_top_k: int | None = None,
+    config: dict[str, int] | None = None,
+) -> VerifyOutput:
     """verify_step's kernel path (the tests run it on a CPU under TRITON_INTERPRET=1)."""
     from harness.verify import sparse_kernel, topk_fused  # noqa: PLC0415
 
@@ -202,18 +233,28 @@ def _fused_step(logits: Tensor, temperature: Tensor, top_k: Tensor, top_p: Tenso
         values, ids, out, pending = topk_fused.queue_step(logits, temperature, top_k, top_p, step, config, max_top_k)
     else:
         values, ids, pending = topk_fused.queue_sparse(logits, temperature, top_k, top_p, config, max_top_k)
-        out = sparse_kernel.verify_entries(values.view(bsz, gamma + 1, -1), ids.view(bsz, gamma + 1, -1), vocab,
-                                           draft_tokens, draft_probs, u, block)
+        out = sparse_kernel.verify_entries(
+            values.view(bsz, gamma + 1, -1), ids.view(bsz, gamma + 1, -1), vocab, draft_tokens, draft_probs, u, block
+        )
     left = pending()
     if left is None:
         return out
     s = _merged(logits, temperature, top_k, top_p, values, ids, left)  # rare: rows the kernels left
-    return _verify_entries(s, bsz, gamma, draft_tokens, draft_probs, u, block,
-                           kernel=s.width <= sparse_kernel.MAX_WIDTH)
+    return _verify_entries(
+        s, bsz, gamma, draft_tokens, draft_probs, u, block, kernel=s.width <= sparse_kernel.MAX_WIDTH
+    )
 
 
-def _verify_entries(s: SparseProbs, bsz: int, gamma: int, draft_tokens: Tensor, draft_probs: Tensor | SparseProbs | None,
-                    u: Tensor, block: bool, kernel: bool) -> VerifyOutput:
+def _verify_entries(
+    s: SparseProbs,
+    bsz: int,
+    gamma: int,
+    draft_tokens: Tensor,
+    draft_probs: Tensor | SparseProbs | None,
+    u: Tensor,
+    block: bool,
+    kernel: bool,
+) -> VerifyOutput:
     target = SparseProbs(s.values.view(bsz, gamma + 1, -1), s.ids.view(bsz, gamma + 1, -1), s.vocab)
     if kernel and not isinstance(draft_probs, SparseProbs):
         from harness.verify import sparse_kernel  # noqa: PLC0415
@@ -266,8 +307,14 @@ def _draft_prob_of_token(draft_tokens: Tensor, draft_probs: Tensor | SparseProbs
     return draft_probs.gather(2, draft_tokens.unsqueeze(-1)).squeeze(-1)
 
 
-def _final_token(target: SparseProbs, draft_tokens: Tensor, draft_probs: Tensor | SparseProbs | None, stop: Tensor,
-                 p_scale: Tensor, u_last: Tensor) -> Tensor:
+def _final_token(
+    target: SparseProbs,
+    draft_tokens: Tensor,
+    draft_probs: Tensor | SparseProbs | None,
+    stop: Tensor,
+    p_scale: Tensor,
+    u_last: Tensor,
+) -> Tensor:
     """The token after `stop` accepted drafts, as harness.verify.verifiers._final_token, on p's entries."""
     bsz, gamma = draft_tokens.shape
     rows = torch.arange(bsz, device=draft_tokens.device)
@@ -297,15 +344,22 @@ def _check(target: SparseProbs, draft_tokens: Tensor, draft_probs: Tensor | Spar
         raise ValueError(f"target {tuple(target.values.shape)} must be [B, G+1, K] for drafts [{bsz}, {gamma}]")
     if isinstance(draft_probs, SparseProbs):
         if draft_probs.values.shape[:2] != (bsz, gamma) or draft_probs.vocab != target.vocab:
-            raise ValueError(f"sparse draft_probs {tuple(draft_probs.values.shape)} over {draft_probs.vocab} ids must "
-                             f"be [B, G, Kq] = [{bsz}, {gamma}, Kq] over the target's {target.vocab}")
+            raise ValueError(
+                f"sparse draft_probs {tuple(draft_probs.values.shape)} over {draft_probs.vocab} ids must "
+                f"be [B, G, Kq] = [{bsz}, {gamma}, Kq] over the target's {target.vocab}"
+            )
     elif draft_probs is not None and tuple(draft_probs.shape) != (bsz, gamma, target.vocab):
         raise ValueError(f"draft_probs {tuple(draft_probs.shape)} must be [B, G, V] = [{bsz}, {gamma}, {target.vocab}]")
 
 
-def verify_tokenwise_sparse(target: SparseProbs, draft_tokens: Tensor, draft_probs: Tensor | SparseProbs | None, *,
-                            uniforms: Tensor | None = None,
-                            generators: list[torch.Generator] | None = None) -> VerifyOutput:
+def verify_tokenwise_sparse(
+    target: SparseProbs,
+    draft_tokens: Tensor,
+    draft_probs: Tensor | SparseProbs | None,
+    *,
+    uniforms: Tensor | None = None,
+    generators: list[torch.Generator] | None = None,
+) -> VerifyOutput:
     """Token-wise verification (harness.verify.verify_tokenwise) on a sparse target [B, G+1, K]."""
     _check(target, draft_tokens, draft_probs)
     bsz, gamma = draft_tokens.shape
@@ -324,15 +378,17 @@ def _in_vocab(draft_tokens: Tensor, vocab: int) -> Tensor:
     return (draft_tokens >= 0) & (draft_tokens < vocab)
 
 
-def block_weights_sparse(target: SparseProbs, draft_tokens: Tensor, draft_probs: Tensor | SparseProbs | None
-                         ) -> tuple[Tensor, Tensor]:
+def block_weights_sparse(
+    target: SparseProbs, draft_tokens: Tensor, draft_probs: Tensor | SparseProbs | None
+) -> tuple[Tensor, Tensor]:
     """Sun et al.'s p_i and h_i (harness.verify.block_weights) on a sparse target. -> ([B, G+1], [B, G])."""
     _check(target, draft_tokens, draft_probs)
     return _block_weights_sparse(target, draft_tokens, draft_probs)
 
 
-def _block_weights_sparse(target: SparseProbs, draft_tokens: Tensor, draft_probs: Tensor | SparseProbs | None
-                          ) -> tuple[Tensor, Tensor]:
+def _block_weights_sparse(
+    target: SparseProbs, draft_tokens: Tensor, draft_probs: Tensor | SparseProbs | None
+) -> tuple[Tensor, Tensor]:
     """block_weights_sparse without its checks (verify_block_sparse made them)."""
     bsz, gamma = draft_tokens.shape
     device = draft_tokens.device
@@ -354,9 +410,14 @@ def _block_weights_sparse(target: SparseProbs, draft_tokens: Tensor, draft_probs
     return p_acc_t, h
 
 
-def verify_block_sparse(target: SparseProbs, draft_tokens: Tensor, draft_probs: Tensor | SparseProbs | None, *,
-                        uniforms: Tensor | None = None,
-                        generators: list[torch.Generator] | None = None) -> VerifyOutput:
+def verify_block_sparse(
+    target: SparseProbs,
+    draft_tokens: Tensor,
+    draft_probs: Tensor | SparseProbs | None,
+    *,
+    uniforms: Tensor | None = None,
+    generators: list[torch.Generator] | None = None,
+) -> VerifyOutput:
     """Block verification (harness.verify.verify_block) on a sparse target [B, G+1, K]."""
     _check(target, draft_tokens, draft_probs)
     bsz, gamma = draft_tokens.shape

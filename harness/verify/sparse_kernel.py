@@ -39,9 +39,25 @@ def available() -> bool:
 if triton is not None:
 
     @triton.jit
-    def verify_request(b, val_ptr, id_ptr, row_stride, width, draft_ptr, q_ptr, u_ptr, tok_ptr, acc_ptr, vocab,
-                       GAMMA: tl.constexpr, GP: tl.constexpr, K: tl.constexpr, BLOCK_VERIFY: tl.constexpr,
-                       DENSE_Q: tl.constexpr, WRITTEN_HERE: tl.constexpr):
+    def verify_request(
+        b,
+        val_ptr,
+        id_ptr,
+        row_stride,
+        width,
+        draft_ptr,
+        q_ptr,
+        u_ptr,
+        tok_ptr,
+        acc_ptr,
+        vocab,
+        GAMMA: tl.constexpr,
+        GP: tl.constexpr,
+        K: tl.constexpr,
+        BLOCK_VERIFY: tl.constexpr,
+        DENSE_Q: tl.constexpr,
+        WRITTEN_HERE: tl.constexpr,
+    ):
         """Verify step (request) b: its G+1 rows of entries at val_ptr / id_ptr (row b * (G+1) + j, row_stride
         apart, `width` used of K lanes) -> the accepted count at acc_ptr + b and the G+1 tokens at tok_ptr. Entries
         written by other programs of the same launch (WRITTEN_HERE 0: topk_fused's finish, after an acquire) are
@@ -118,16 +134,54 @@ if triton is not None:
         tl.store(acc_ptr + b, stop.to(tl.int64))
 
     @triton.jit
-    def _verify_kernel(val_ptr, id_ptr, row_stride, width, draft_ptr, q_ptr, u_ptr, tok_ptr, acc_ptr, vocab,
-                       GAMMA: tl.constexpr, GP: tl.constexpr, K: tl.constexpr, BLOCK_VERIFY: tl.constexpr,
-                       DENSE_Q: tl.constexpr):
+    def _verify_kernel(
+        val_ptr,
+        id_ptr,
+        row_stride,
+        width,
+        draft_ptr,
+        q_ptr,
+        u_ptr,
+        tok_ptr,
+        acc_ptr,
+        vocab,
+        GAMMA: tl.constexpr,
+        GP: tl.constexpr,
+        K: tl.constexpr,
+        BLOCK_VERIFY: tl.constexpr,
+        DENSE_Q: tl.constexpr,
+    ):
         """Program b: verify_request of step b."""
-        verify_request(tl.program_id(0), val_ptr, id_ptr, row_stride, width, draft_ptr, q_ptr, u_ptr, tok_ptr,
-                       acc_ptr, vocab, GAMMA, GP, K, BLOCK_VERIFY, DENSE_Q, True)
+        verify_request(
+            tl.program_id(0),
+            val_ptr,
+            id_ptr,
+            row_stride,
+            width,
+            draft_ptr,
+            q_ptr,
+            u_ptr,
+            tok_ptr,
+            acc_ptr,
+            vocab,
+            GAMMA,
+            GP,
+            K,
+            BLOCK_VERIFY,
+            DENSE_Q,
+            True,
+        )
 
 
-def verify_entries(values: Tensor, ids: Tensor, vocab: int, draft_tokens: Tensor, draft_probs: Tensor | None,
-                   uniforms: Tensor, block: bool) -> VerifyOutput:
+def verify_entries(
+    values: Tensor,
+    ids: Tensor,
+    vocab: int,
+    draft_tokens: Tensor,
+    draft_probs: Tensor | None,
+    uniforms: Tensor,
+    block: bool,
+) -> VerifyOutput:
     """Block (or token-wise) verification of steps whose target is given as entries: values [B, G+1, W]
     fp32 and ids [B, G+1, W] (int32 or int64; id `vocab` with value 0 is padding; any order along W; a step
     whose entries hold garbage gets a garbage answer but no read outside q),
@@ -148,7 +202,22 @@ def verify_entries(values: Tensor, ids: Tensor, vocab: int, draft_tokens: Tensor
     gp = max(2, triton.next_power_of_2(gamma + 1))
 
     with launch_device(values.device):
-        _verify_kernel[(bsz,)](values, ids, width, width, draft_tokens.contiguous(), q,
-                               uniforms.float().contiguous(), tokens, accepted, vocab, GAMMA=gamma, GP=gp, K=k,
-                               BLOCK_VERIFY=block, DENSE_Q=draft_probs is not None, num_warps=4 if k <= 128 else 8)
+        _verify_kernel[(bsz,)](
+            values,
+            ids,
+            width,
+            width,
+            draft_tokens.contiguous(),
+            q,
+            uniforms.float().contiguous(),
+            tokens,
+            accepted,
+            vocab,
+            GAMMA=gamma,
+            GP=gp,
+            K=k,
+            BLOCK_VERIFY=block,
+            DENSE_Q=draft_probs is not None,
+            num_warps=4 if k <= 128 else 8,
+        )
     return VerifyOutput(num_accepted=accepted, tokens=tokens)

@@ -102,11 +102,38 @@ if triton is not None:
         return b.to(tl.float32, bitcast=True), idx
 
     @triton.jit
-    def _pass_kernel(logits_ptr, stride_row, out_ptr, ids_ptr, maxes_ptr, status_ptr, temp_ptr, top_k_ptr, top_p_ptr,
-                     n_rows, vocab, draft_ptr, q_ptr, u_ptr, tok_ptr, acc_ptr, row0, BLOCK: tl.constexpr,
-                     GROUP: tl.constexpr, FUSE: tl.constexpr, SLOTS: tl.constexpr, TILE_GROUPS: tl.constexpr,
-                     SPARSE: tl.constexpr, REPLACE: tl.constexpr, SUPER: tl.constexpr, VERIFY: tl.constexpr,
-                     GAMMA: tl.constexpr, GP: tl.constexpr, BLOCK_VERIFY: tl.constexpr, DENSE_Q: tl.constexpr):
+    def _pass_kernel(
+        logits_ptr,
+        stride_row,
+        out_ptr,
+        ids_ptr,
+        maxes_ptr,
+        status_ptr,
+        temp_ptr,
+        top_k_ptr,
+        top_p_ptr,
+        n_rows,
+        vocab,
+        draft_ptr,
+        q_ptr,
+        u_ptr,
+        tok_ptr,
+        acc_ptr,
+        row0,
+        BLOCK: tl.constexpr,
+        GROUP: tl.constexpr,
+        FUSE: tl.constexpr,
+        SLOTS: tl.constexpr,
+        TILE_GROUPS: tl.constexpr,
+        SPARSE: tl.constexpr,
+        REPLACE: tl.constexpr,
+        SUPER: tl.constexpr,
+        VERIFY: tl.constexpr,
+        GAMMA: tl.constexpr,
+        GP: tl.constexpr,
+        BLOCK_VERIFY: tl.constexpr,
+        DENSE_Q: tl.constexpr,
+    ):
         """Program (row, block), rows from row0: zeros over the block of the dense output (not SPARSE), and the
         maximum of each of its GROUP-logit groups into the row's maxima (SLOTS a row; past the vocabulary:
         nothing). FUSE: the row's last program to arrive (a counter per row, after the statuses) finishes the row
@@ -118,19 +145,49 @@ if triton is not None:
         offs = groups[:, None] * GROUP + tl.arange(0, GROUP)[None, :]
         inside = offs < vocab
         if not SPARSE:
-            tl.store(out_ptr + tl.cast(row, tl.int64) * vocab + offs, tl.zeros([BLOCK // GROUP, GROUP], tl.float32),
-                     mask=inside)
-        x = tl.load(logits_ptr + tl.cast(row, tl.int64) * stride_row + offs, mask=inside,
-                    other=float("-inf")).to(tl.float32)
-        tl.store(maxes_ptr + tl.cast(row, tl.int64) * SLOTS + groups, tl.max(x, axis=1),
-                 mask=groups * GROUP < vocab)
+            tl.store(
+                out_ptr + tl.cast(row, tl.int64) * vocab + offs,
+                tl.zeros([BLOCK // GROUP, GROUP], tl.float32),
+                mask=inside,
+            )
+        x = tl.load(logits_ptr + tl.cast(row, tl.int64) * stride_row + offs, mask=inside, other=float("-inf")).to(
+            tl.float32
+        )
+        tl.store(maxes_ptr + tl.cast(row, tl.int64) * SLOTS + groups, tl.max(x, axis=1), mask=groups * GROUP < vocab)
         if FUSE:
             tl.debug_barrier()  # every thread's zeros and maxima stored before the release below: the finishing
             # program, which acquires them all, reads the maxima and writes over the zeros
             if tl.atomic_add(status_ptr + n_rows + 1 + row, 1, sem="acq_rel", scope="gpu") == blocks - 1:
-                _finish_row(row, logits_ptr, stride_row, out_ptr, ids_ptr, maxes_ptr, status_ptr, temp_ptr, top_k_ptr,
-                            top_p_ptr, n_rows, vocab, draft_ptr, q_ptr, u_ptr, tok_ptr, acc_ptr, SLOTS, GROUP,
-                            TILE_GROUPS, SPARSE, REPLACE, SUPER, VERIFY, GAMMA, GP, BLOCK_VERIFY, DENSE_Q)
+                _finish_row(
+                    row,
+                    logits_ptr,
+                    stride_row,
+                    out_ptr,
+                    ids_ptr,
+                    maxes_ptr,
+                    status_ptr,
+                    temp_ptr,
+                    top_k_ptr,
+                    top_p_ptr,
+                    n_rows,
+                    vocab,
+                    draft_ptr,
+                    q_ptr,
+                    u_ptr,
+                    tok_ptr,
+                    acc_ptr,
+                    SLOTS,
+                    GROUP,
+                    TILE_GROUPS,
+                    SPARSE,
+                    REPLACE,
+                    SUPER,
+                    VERIFY,
+                    GAMMA,
+                    GP,
+                    BLOCK_VERIFY,
+                    DENSE_Q,
+                )
 
     @triton.jit
     def _write_probs(top, k, temperature, top_p, dst, dst_ids, vocab, SPARSE: tl.constexpr):
@@ -177,8 +234,10 @@ if triton is not None:
         # lane (sm_90 SASS, Triton 3.6); read back contiguously, as few as SLOTS // SUPER allow. The barrier: every
         # thread has read its maxima before any overwrites them
         tl.debug_barrier()
-        tl.store(scratch + _TWO_K * SUPER + tl.arange(0, SLOTS // SUPER),
-                 tl.max(tl.reshape(gkeys, [SLOTS // SUPER, SUPER]), axis=1))
+        tl.store(
+            scratch + _TWO_K * SUPER + tl.arange(0, SLOTS // SUPER),
+            tl.max(tl.reshape(gkeys, [SLOTS // SUPER, SUPER]), axis=1),
+        )
         tl.debug_barrier()
         skeys = tl.load(scratch + _TWO_K * SUPER + tl.arange(0, SLOTS // SUPER))
         slots = tl.arange(0, _TWO_K)
@@ -198,22 +257,99 @@ if triton is not None:
         return _pick(tl.load(scratch + at), picks)
 
     @triton.jit
-    def _finish_kernel(logits_ptr, stride_row, out_ptr, ids_ptr, maxes_ptr, status_ptr, temp_ptr, top_k_ptr,
-                       top_p_ptr, n_rows, vocab, draft_ptr, q_ptr, u_ptr, tok_ptr, acc_ptr, row0, SLOTS: tl.constexpr,
-                       GROUP: tl.constexpr, TILE_GROUPS: tl.constexpr, SPARSE: tl.constexpr, REPLACE: tl.constexpr,
-                       SUPER: tl.constexpr, VERIFY: tl.constexpr, GAMMA: tl.constexpr, GP: tl.constexpr,
-                       BLOCK_VERIFY: tl.constexpr, DENSE_Q: tl.constexpr):
+    def _finish_kernel(
+        logits_ptr,
+        stride_row,
+        out_ptr,
+        ids_ptr,
+        maxes_ptr,
+        status_ptr,
+        temp_ptr,
+        top_k_ptr,
+        top_p_ptr,
+        n_rows,
+        vocab,
+        draft_ptr,
+        q_ptr,
+        u_ptr,
+        tok_ptr,
+        acc_ptr,
+        row0,
+        SLOTS: tl.constexpr,
+        GROUP: tl.constexpr,
+        TILE_GROUPS: tl.constexpr,
+        SPARSE: tl.constexpr,
+        REPLACE: tl.constexpr,
+        SUPER: tl.constexpr,
+        VERIFY: tl.constexpr,
+        GAMMA: tl.constexpr,
+        GP: tl.constexpr,
+        BLOCK_VERIFY: tl.constexpr,
+        DENSE_Q: tl.constexpr,
+    ):
         """Program i: _finish_row of row row0 + i."""
-        _finish_row(row0 + tl.program_id(0), logits_ptr, stride_row, out_ptr, ids_ptr, maxes_ptr, status_ptr, temp_ptr,
-                    top_k_ptr, top_p_ptr, n_rows, vocab, draft_ptr, q_ptr, u_ptr, tok_ptr, acc_ptr, SLOTS, GROUP,
-                    TILE_GROUPS, SPARSE, REPLACE, SUPER, VERIFY, GAMMA, GP, BLOCK_VERIFY, DENSE_Q)
+        _finish_row(
+            row0 + tl.program_id(0),
+            logits_ptr,
+            stride_row,
+            out_ptr,
+            ids_ptr,
+            maxes_ptr,
+            status_ptr,
+            temp_ptr,
+            top_k_ptr,
+            top_p_ptr,
+            n_rows,
+            vocab,
+            draft_ptr,
+            q_ptr,
+            u_ptr,
+            tok_ptr,
+            acc_ptr,
+            SLOTS,
+            GROUP,
+            TILE_GROUPS,
+            SPARSE,
+            REPLACE,
+            SUPER,
+            VERIFY,
+            GAMMA,
+            GP,
+            BLOCK_VERIFY,
+            DENSE_Q,
+        )
 
     @triton.jit
-    def _finish_row(row, logits_ptr, stride_row, out_ptr, ids_ptr, maxes_ptr, status_ptr, temp_ptr, top_k_ptr,
-                    top_p_ptr, n_rows, vocab, draft_ptr, q_ptr, u_ptr, tok_ptr, acc_ptr, SLOTS: tl.constexpr,
-                    GROUP: tl.constexpr, TILE_GROUPS: tl.constexpr, SPARSE: tl.constexpr, REPLACE: tl.constexpr,
-                    SUPER: tl.constexpr, VERIFY: tl.constexpr, GAMMA: tl.constexpr, GP: tl.constexpr,
-                    BLOCK_VERIFY: tl.constexpr, DENSE_Q: tl.constexpr):
+    def _finish_row(
+        row,
+        logits_ptr,
+        stride_row,
+        out_ptr,
+        ids_ptr,
+        maxes_ptr,
+        status_ptr,
+        temp_ptr,
+        top_k_ptr,
+        top_p_ptr,
+        n_rows,
+        vocab,
+        draft_ptr,
+        q_ptr,
+        u_ptr,
+        tok_ptr,
+        acc_ptr,
+        SLOTS: tl.constexpr,
+        GROUP: tl.constexpr,
+        TILE_GROUPS: tl.constexpr,
+        SPARSE: tl.constexpr,
+        REPLACE: tl.constexpr,
+        SUPER: tl.constexpr,
+        VERIFY: tl.constexpr,
+        GAMMA: tl.constexpr,
+        GP: tl.constexpr,
+        BLOCK_VERIFY: tl.constexpr,
+        DENSE_Q: tl.constexpr,
+    ):
         """A row's parameters; a row the kernels take gets its k largest logits from its k largest groups (module
         docstring) and its probabilities written (status 1); another is counted for the caller (status 2, and the
         count after the rows' statuses). VERIFY (SPARSE): the row counts itself into its step's G+1 rows (a counter
@@ -284,8 +420,10 @@ if triton is not None:
                             merged = tl.where(ranks < placed, top, _LOWEST)
                             prev = tl.min(tl.where(ranks < placed, top, _HIGHEST), axis=0)
                         for i in range(placed, total):
-                            m = tl.maximum(tl.max(tl.where(keys < prev, keys, _LOWEST), axis=0),
-                                           tl.max(tl.where(top < prev, top, _LOWEST), axis=0))
+                            m = tl.maximum(
+                                tl.max(tl.where(keys < prev, keys, _LOWEST), axis=0),
+                                tl.max(tl.where(top < prev, top, _LOWEST), axis=0),
+                            )
                             merged = tl.where(ranks == i, m, merged)
                             prev = m
                         top = merged
@@ -294,8 +432,16 @@ if triton is not None:
                 top = tl.sort(tl.where(ranks < k, top, _LOWEST), descending=True)
             dst = out_ptr + tl.cast(row, tl.int64) * (_FAST_K if SPARSE else vocab)
             dst_ids = ids_ptr + tl.cast(row, tl.int64) * _FAST_K
-            _write_probs(top, k, tl.where(greedy, 1.0, temp), tl.load(top_p_ptr + row).to(tl.float32), dst, dst_ids,
-                         vocab, SPARSE)
+            _write_probs(
+                top,
+                k,
+                tl.where(greedy, 1.0, temp),
+                tl.load(top_p_ptr + row).to(tl.float32),
+                dst,
+                dst_ids,
+                vocab,
+                SPARSE,
+            )
             tl.store(status_ptr + row, 1)
         else:
             tl.store(status_ptr + row, 2)
@@ -304,8 +450,25 @@ if triton is not None:
             tl.debug_barrier()  # every thread's entries stored before the release below
             step = row // (GAMMA + 1)
             if tl.atomic_add(status_ptr + 2 * n_rows + 1 + step, 1, sem="acq_rel", scope="gpu") == GAMMA:
-                verify_request(step, out_ptr, ids_ptr, _FAST_K, _FAST_K, draft_ptr, q_ptr, u_ptr, tok_ptr, acc_ptr,
-                               vocab, GAMMA, GP, _FAST_K, BLOCK_VERIFY, DENSE_Q, False)
+                verify_request(
+                    step,
+                    out_ptr,
+                    ids_ptr,
+                    _FAST_K,
+                    _FAST_K,
+                    draft_ptr,
+                    q_ptr,
+                    u_ptr,
+                    tok_ptr,
+                    acc_ptr,
+                    vocab,
+                    GAMMA,
+                    GP,
+                    _FAST_K,
+                    BLOCK_VERIFY,
+                    DENSE_Q,
+                    False,
+                )
 
 
 def available() -> bool:
@@ -316,10 +479,32 @@ def available() -> bool:
 # the range, ascending) the keys that differ from it. Measured on one H200 (docs/kernels.md, "Launch configurations":
 # the variants timed in the same rounds at 4096 rows, top_k 20, every vocabulary of the microbenchmark); every
 # key is exact (the interpreter tests: bitwise the same output whatever the launch), so the table changes speed only.
-_DENSE = {"PASS_BLOCK": 2048, "PASS_WARPS": 4, "GROUPS": 1024, "TILE": 1024, "FUSE": 1, "FINISH_WARPS": 4,
-          "CHUNKS": 1, "HALVING": 0, "REPLACE": 0, "SUPER": 0, "VERIFY": 0}
-_SPARSE = {"PASS_BLOCK": 2048, "PASS_WARPS": 4, "GROUPS": 1024, "TILE": 512, "FUSE": 0, "FINISH_WARPS": 1,
-           "CHUNKS": 1, "HALVING": 0, "REPLACE": 0, "SUPER": 0, "VERIFY": 0}
+_DENSE = {
+    "PASS_BLOCK": 2048,
+    "PASS_WARPS": 4,
+    "GROUPS": 1024,
+    "TILE": 1024,
+    "FUSE": 1,
+    "FINISH_WARPS": 4,
+    "CHUNKS": 1,
+    "HALVING": 0,
+    "REPLACE": 0,
+    "SUPER": 0,
+    "VERIFY": 0,
+}
+_SPARSE = {
+    "PASS_BLOCK": 2048,
+    "PASS_WARPS": 4,
+    "GROUPS": 1024,
+    "TILE": 512,
+    "FUSE": 0,
+    "FINISH_WARPS": 1,
+    "CHUNKS": 1,
+    "HALVING": 0,
+    "REPLACE": 0,
+    "SUPER": 0,
+    "VERIFY": 0,
+}
 DENSE_RANGES: tuple[tuple[int, dict[str, int]], ...] = (
     (0, {}),
     (65_536, {"FUSE": 0, "CHUNKS": 4, "FINISH_WARPS": 1, "REPLACE": 1, "SUPER": 8}),
@@ -378,8 +563,9 @@ class Queued:
     left: Callable[[], Tensor | None]
 
 
-def run(logits: Tensor, temperature: Tensor, top_k: Tensor, top_p: Tensor, config: dict[str, int] | None = None
-        ) -> tuple[Tensor, Tensor | None]:
+def run(
+    logits: Tensor, temperature: Tensor, top_k: Tensor, top_p: Tensor, config: dict[str, int] | None = None
+) -> tuple[Tensor, Tensor | None]:
     """The kernels over a batch. temperature, top_k, top_p: [rows] each, on the logits' device (any dtype).
     -> (out [rows, V] fp32, the rows left to the caller or None). Rows left to the caller (top_k above
     FAST_K or the whole vocabulary) are left unwritten: the caller builds them. One synchronisation (the count
@@ -392,8 +578,9 @@ def run(logits: Tensor, temperature: Tensor, top_k: Tensor, top_p: Tensor, confi
     return queued.out, queued.left()
 
 
-def run_sparse(logits: Tensor, temperature: Tensor, top_k: Tensor, top_p: Tensor, config: dict[str, int] | None = None
-               ) -> tuple[Tensor, Tensor, Tensor | None]:
+def run_sparse(
+    logits: Tensor, temperature: Tensor, top_k: Tensor, top_p: Tensor, config: dict[str, int] | None = None
+) -> tuple[Tensor, Tensor, Tensor | None]:
     """The kernels with a sparse output: no zeros written, each taken row's k probabilities by rank.
     -> (values [rows, FAST_K] fp32, ids [rows, FAST_K] int32: ranks k and above value 0 and id V, the rows left
     to the caller or None; their slots hold nothing). Same arguments and rules as run."""
@@ -401,9 +588,14 @@ def run_sparse(logits: Tensor, temperature: Tensor, top_k: Tensor, top_p: Tensor
     return values, ids, pending()
 
 
-def queue_sparse(logits: Tensor, temperature: Tensor, top_k: Tensor, top_p: Tensor,
-                 config: dict[str, int] | None = None, max_top_k: int | None = None
-                 ) -> tuple[Tensor, Tensor, Callable[[], Tensor | None]]:
+def queue_sparse(
+    logits: Tensor,
+    temperature: Tensor,
+    top_k: Tensor,
+    top_p: Tensor,
+    config: dict[str, int] | None = None,
+    max_top_k: int | None = None,
+) -> tuple[Tensor, Tensor, Callable[[], Tensor | None]]:
     """run_sparse without its synchronisation: the kernels are queued and (values, ids, left) come back at
     once, `left()` the synchronisation that reads which rows the caller must build (None: no row). Work
     queued on the outputs before left() runs after the kernels, as any work on the stream. max_top_k: the host's
@@ -416,9 +608,15 @@ def queue_sparse(logits: Tensor, temperature: Tensor, top_k: Tensor, top_p: Tens
     return queued.out, queued.ids, queued.left
 
 
-def queue_step(logits: Tensor, temperature: Tensor, top_k: Tensor, top_p: Tensor, step: Step,
-               config: dict[str, int] | None = None, max_top_k: int | None = None
-               ) -> tuple[Tensor, Tensor, VerifyOutput, Callable[[], Tensor | None]]:
+def queue_step(
+    logits: Tensor,
+    temperature: Tensor,
+    top_k: Tensor,
+    top_p: Tensor,
+    step: Step,
+    config: dict[str, int] | None = None,
+    max_top_k: int | None = None,
+) -> tuple[Tensor, Tensor, VerifyOutput, Callable[[], Tensor | None]]:
     """queue_sparse with the step's verification inside the finish: one launch of the kernels (FUSE) or a pass
     and a finish, and no verify kernel. -> (values, ids, the verifier's output, left); a step with a row left to
     the caller has tokens made from unwritten entries: the caller verifies it again once left() has named it."""
@@ -450,9 +648,14 @@ def bounded(max_top_k: int | None, vocab: int) -> bool:
 def kernel_shapes(vocab: int, cfg: dict[str, int], sparse: bool) -> dict[str, int]:
     """The constexprs both kernels take, for a vocabulary and a launch configuration (launch_config's keys)."""
     group = group_size(vocab, cfg["GROUPS"])
-    return {"SLOTS": max(16, next_power_of_2(triton.cdiv(vocab, group))),  # a tensor of at least 16 (Triton's smallest)
-            "GROUP": group, "TILE_GROUPS": max(1, cfg["TILE"] // group), "SPARSE": sparse, "REPLACE": cfg["REPLACE"],
-            "SUPER": cfg["SUPER"]}
+    return {
+        "SLOTS": max(16, next_power_of_2(triton.cdiv(vocab, group))),  # a tensor of at least 16 (Triton's smallest)
+        "GROUP": group,
+        "TILE_GROUPS": max(1, cfg["TILE"] // group),
+        "SPARSE": sparse,
+        "REPLACE": cfg["REPLACE"],
+        "SUPER": cfg["SUPER"],
+    }
 
 
 def step_shapes(step: Step | None) -> dict[str, int]:
@@ -460,8 +663,13 @@ def step_shapes(step: Step | None) -> dict[str, int]:
     if step is None:
         return {"VERIFY": 0, "GAMMA": 1, "GP": 2, "BLOCK_VERIFY": 0, "DENSE_Q": 0}
     gamma = step.drafts.shape[1]
-    return {"VERIFY": 1, "GAMMA": gamma, "GP": max(2, next_power_of_2(gamma + 1)), "BLOCK_VERIFY": int(step.block),
-            "DENSE_Q": int(step.q is not None)}
+    return {
+        "VERIFY": 1,
+        "GAMMA": gamma,
+        "GP": max(2, next_power_of_2(gamma + 1)),
+        "BLOCK_VERIFY": int(step.block),
+        "DENSE_Q": int(step.q is not None),
+    }
 
 
 def row_slices(n: int, chunks: int, halving: bool) -> list[tuple[int, int]]:
@@ -485,8 +693,12 @@ def row_slices(n: int, chunks: int, halving: bool) -> list[tuple[int, int]]:
     return list(zip(starts, sizes, strict=True))
 
 
-def _pass_then_finish(slices: list[tuple[int, int]], launch_pass: Callable[[int, int], None],
-                      launch_finish: Callable[[int, int], None], device: torch.device) -> None:
+def _pass_then_finish(
+    slices: list[tuple[int, int]],
+    launch_pass: Callable[[int, int], None],
+    launch_finish: Callable[[int, int], None],
+    device: torch.device,
+) -> None:
     """The pass and the finish kernel over the slices of rows (row_slices). On CUDA each slice's finish runs on a
     high-priority side stream as soon as the slice's pass is done, so that it fills the SMs beside the next
     slices' passes (the pass is bound by memory, the finish by latency), and the current stream waits for every
@@ -512,8 +724,16 @@ def _side_stream(index: int) -> torch.cuda.Stream:
     return torch.cuda.Stream(device=index, priority=-100)
 
 
-def _launch(logits: Tensor, temperature: Tensor, top_k: Tensor, top_p: Tensor, config: dict[str, int] | None,
-            sparse: bool = False, step: Step | None = None, max_top_k: int | None = None) -> Queued:
+def _launch(
+    logits: Tensor,
+    temperature: Tensor,
+    top_k: Tensor,
+    top_p: Tensor,
+    config: dict[str, int] | None,
+    sparse: bool = False,
+    step: Step | None = None,
+    max_top_k: int | None = None,
+) -> Queued:
     """Queue the kernels. The host's work before the first pass is kept to what the pass reads or writes (the
     maxima, the status words, the dense output): a sparse pass that only reads starts before the outputs exist."""
     n, vocab = logits.shape
@@ -545,17 +765,35 @@ def _launch(logits: Tensor, temperature: Tensor, top_k: Tensor, top_p: Tensor, c
 
     def args(need_outputs: bool) -> tuple:
         out, ids, tokens, accepted = written() if need_outputs else (maxes,) * 4
-        drafts, q, u = ((step.drafts, maxes if step.q is None else step.q, step.uniforms) if step is not None
-                        else (maxes,) * 3)
-        return (logits, logits.stride(0), out, ids, maxes, status, temperature, top_k, top_p, n, vocab, drafts, q, u,
-                tokens, accepted)
+        drafts, q, u = (
+            (step.drafts, maxes if step.q is None else step.q, step.uniforms) if step is not None else (maxes,) * 3
+        )
+        return (
+            logits,
+            logits.stride(0),
+            out,
+            ids,
+            maxes,
+            status,
+            temperature,
+            top_k,
+            top_p,
+            n,
+            vocab,
+            drafts,
+            q,
+            u,
+            tokens,
+            accepted,
+        )
 
     # a pass that does not finish rows compiles once for every merge, pick and step (their constexprs unused)
     pass_shapes = {**shapes, **verify} if fuse else {**shapes, "REPLACE": 0, "SUPER": 0, **step_shapes(None)}
 
     def launch_pass(row0: int, rows: int) -> None:
-        _pass_kernel[(rows * blocks,)](*args(bool(fuse) or not sparse), row0, BLOCK=block, FUSE=fuse, **pass_shapes,
-                                       num_warps=cfg["PASS_WARPS"])
+        _pass_kernel[(rows * blocks,)](
+            *args(bool(fuse) or not sparse), row0, BLOCK=block, FUSE=fuse, **pass_shapes, num_warps=cfg["PASS_WARPS"]
+        )
 
     def launch_finish(row0: int, rows: int) -> None:
         _finish_kernel[(rows,)](*args(True), row0, **shapes, **verify, num_warps=cfg["FINISH_WARPS"])

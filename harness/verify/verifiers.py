@@ -50,14 +50,17 @@ def last_with_mass(probs: Tensor) -> Tensor:
     token can be sampled, and any index would be made up)."""
     mass = (probs > 0).long()
     if not bool(mass.any(dim=-1).all()):
-        raise ValueError("a row of the target distribution has no probability mass: non-finite logits, or "
-                         "sampling parameters that keep no token (top_p <= 0, a NaN temperature); no token can be "
-                         "sampled from it")
+        raise ValueError(
+            "a row of the target distribution has no probability mass: non-finite logits, or "
+            "sampling parameters that keep no token (top_p <= 0, a NaN temperature); no token can be "
+            "sampled from it"
+        )
     return mass.cumsum(dim=-1).argmax(dim=-1)
 
 
-def _uniforms(uniforms: Tensor | None, generators: list[torch.Generator] | None, shape: tuple[int, int],
-              device: torch.device) -> Tensor:
+def _uniforms(
+    uniforms: Tensor | None, generators: list[torch.Generator] | None, shape: tuple[int, int], device: torch.device
+) -> Tensor:
     if (uniforms is None) == (generators is None):
         raise ValueError("give exactly one of `uniforms` or `generators`")
     if uniforms is None:
@@ -112,8 +115,14 @@ def _emit(draft_tokens: Tensor, n_acc: Tensor, last: Tensor) -> VerifyOutput:
     return VerifyOutput(num_accepted=n_acc, tokens=tokens)
 
 
-def _final_token(target_probs: Tensor, draft_tokens: Tensor, draft_probs: Tensor | None, stop: Tensor,
-                 p_scale: Tensor, u_last: Tensor) -> Tensor:
+def _final_token(
+    target_probs: Tensor,
+    draft_tokens: Tensor,
+    draft_probs: Tensor | None,
+    stop: Tensor,
+    p_scale: Tensor,
+    u_last: Tensor,
+) -> Tensor:
     """Sample the token after `stop` accepted drafts: from the residual where stop < G, else the bonus.
 
     Residual = norm(max(p_scale * p(.|prefix_stop) - q(.|prefix_stop), 0)); falls back to p where the
@@ -144,12 +153,19 @@ def _check_shapes(target_probs: Tensor, draft_tokens: Tensor, draft_probs: Tenso
     if target_probs.dim() != 3 or target_probs.shape[:2] != (bsz, gamma + 1):
         raise ValueError(f"target_probs {tuple(target_probs.shape)} must be [B, G+1, V] for drafts [{bsz}, {gamma}]")
     if draft_probs is not None and tuple(draft_probs.shape) != (bsz, gamma, target_probs.shape[2]):
-        raise ValueError(f"draft_probs {tuple(draft_probs.shape)} must be [B, G, V] = [{bsz}, {gamma}, {target_probs.shape[2]}]")
+        raise ValueError(
+            f"draft_probs {tuple(draft_probs.shape)} must be [B, G, V] = [{bsz}, {gamma}, {target_probs.shape[2]}]"
+        )
 
 
-def verify_tokenwise(target_probs: Tensor, draft_tokens: Tensor, draft_probs: Tensor | None, *,
-                     uniforms: Tensor | None = None,
-                     generators: list[torch.Generator] | None = None) -> VerifyOutput:
+def verify_tokenwise(
+    target_probs: Tensor,
+    draft_tokens: Tensor,
+    draft_probs: Tensor | None,
+    *,
+    uniforms: Tensor | None = None,
+    generators: list[torch.Generator] | None = None,
+) -> VerifyOutput:
     """Chain verification (Leviathan et al.): accept x_i with probability min(1, p/q), stop at the first
     rejection and sample from norm(max(p - q, 0)); when all G are accepted, sample a bonus from p_G.
 
@@ -198,9 +214,14 @@ def _block_weights(target_probs: Tensor, draft_tokens: Tensor, draft_probs: Tens
     return p_acc_t, h
 
 
-def verify_block(target_probs: Tensor, draft_tokens: Tensor, draft_probs: Tensor | None, *,
-                 uniforms: Tensor | None = None,
-                 generators: list[torch.Generator] | None = None) -> VerifyOutput:
+def verify_block(
+    target_probs: Tensor,
+    draft_tokens: Tensor,
+    draft_probs: Tensor | None,
+    *,
+    uniforms: Tensor | None = None,
+    generators: list[torch.Generator] | None = None,
+) -> VerifyOutput:
     """Block verification (Sun et al., ICLR 2025): draw eta_i ~ U(0,1) for i = 1..G, tau = the largest i
     with eta_i < h_i (0 if none), no early stop; emit x_1..x_tau and one token from p_G (tau = G) or
     from norm(max(p_tau p(.|prefix_tau) - q(.|prefix_tau), 0)). Same arguments as verify_tokenwise.

@@ -40,8 +40,8 @@ def row_counts(row: np.ndarray, k: int, group: int, tile_groups: int) -> tuple[i
     candidates = iterations = replace = 0
     for start in range(0, len(order), tile_groups):
         keys = []
-        for g in order[start:start + tile_groups]:
-            values, ids = padded[g * group:(g + 1) * group], np.arange(g * group, (g + 1) * group)
+        for g in order[start : start + tile_groups]:
+            values, ids = padded[g * group : (g + 1) * group], np.arange(g * group, (g + 1) * group)
             keep = (values > kth) | ((values == kth) & (ids <= last))
             keys += list(zip(values[keep].tolist(), (-ids[keep]).tolist(), strict=True))  # lower id ranks first
         candidates += len(keys)
@@ -68,9 +68,11 @@ def main() -> None:
         rows = bank.load_rows(bank.find_bank(None), model)[0] if model else None
         x = make_family(name, ROWS, vocab, seed=0, device=torch.device("cpu"), bank_rows=rows).float().numpy()
         counts = np.array([row_counts(row, k, group, tile_groups) for row in x])
-        print(f"{name:11s} candidates: median {int(np.median(counts[:, 0])):5d}, max {counts[:, 0].max():5d};"
-              f" merge iterations: median {int(np.median(counts[:, 1])):3d}, max {counts[:, 1].max():3d};"
-              f" REPLACE: median {int(np.median(counts[:, 2])):3d}, max {counts[:, 2].max():3d}")
+        print(
+            f"{name:11s} candidates: median {int(np.median(counts[:, 0])):5d}, max {counts[:, 0].max():5d};"
+            f" merge iterations: median {int(np.median(counts[:, 1])):3d}, max {counts[:, 1].max():3d};"
+            f" REPLACE: median {int(np.median(counts[:, 2])):3d}, max {counts[:, 2].max():3d}"
+        )
 
 
 if __name__ == "__main__":

@@ -44,8 +44,11 @@ GAMMA, TOP_K = 7, 20
 def cell(vocab: int, rows: int) -> dict[str, float]:
     x = make_family("iid", rows, vocab, seed=0, device=torch.device("cuda"))
     steps = rows // (GAMMA + 1)
-    t, k, p = (torch.ones(rows, device="cuda"), torch.full((rows,), TOP_K, device="cuda"),
-               torch.full((rows,), 0.95, device="cuda"))
+    t, k, p = (
+        torch.ones(rows, device="cuda"),
+        torch.full((rows,), TOP_K, device="cuda"),
+        torch.full((rows,), 0.95, device="cuda"),
+    )
     drafts = x.view(steps, GAMMA + 1, vocab)[:, :GAMMA].argmax(dim=-1)
     u = torch.rand(steps, GAMMA + 1, device="cuda")
     buf = torch.empty(rows, vocab, device="cuda")
@@ -71,26 +74,36 @@ def fit(floors: list[float], times: list[float]) -> tuple[float, float]:
 
 def main() -> None:
     vocabs = [int(v) for v in (sys.argv[1] if len(sys.argv) > 1 else "32000,49152,128256,248320").split(",")]
-    lines = [f"{torch.cuda.get_device_name()}; iid logits, top_k {TOP_K}, top_p 0.95, T 1; median us of 20 "
-             "interleaved rounds, each call on the GPU as the previous one left it; fixed + slope x floor fitted "
-             f"over rows {', '.join(map(str, ROWS))}; dense against the copy floor, step against one read"]
+    lines = [
+        f"{torch.cuda.get_device_name()}; iid logits, top_k {TOP_K}, top_p 0.95, T 1; median us of 20 "
+        "interleaved rounds, each call on the GPU as the previous one left it; fixed + slope x floor fitted "
+        f"over rows {', '.join(map(str, ROWS))}; dense against the copy floor, step against one read"
+    ]
     out = Path(os.environ.get("OUT", ".")) / "fixed_cost.log"
     for vocab in vocabs:
         cells = {rows: cell(vocab, rows) for rows in ROWS}
         torch.cuda.empty_cache()
-        lines.append(f"== vocab {vocab:,}: empty Triton kernel {statistics.median(c['empty_triton'] for c in cells.values()):.1f} us")
+        lines.append(
+            f"== vocab {vocab:,}: empty Triton kernel {statistics.median(c['empty_triton'] for c in cells.values()):.1f} us"
+        )
         lines.append("rows | copy | read | dense (x copy) | step (x read) | step_sync (x read)")
         for rows, c in cells.items():
-            lines.append(f"{rows} | {c['copy']:.1f} | {c['read']:.1f} | {c['dense']:.1f} ({c['dense'] / c['copy']:.2f}x) "
-                         f"| {c['step']:.1f} ({c['step'] / c['read']:.2f}x) | {c['step_sync']:.1f} "
-                         f"({c['step_sync'] / c['read']:.2f}x)")
+            lines.append(
+                f"{rows} | {c['copy']:.1f} | {c['read']:.1f} | {c['dense']:.1f} ({c['dense'] / c['copy']:.2f}x) "
+                f"| {c['step']:.1f} ({c['step'] / c['read']:.2f}x) | {c['step_sync']:.1f} "
+                f"({c['step_sync'] / c['read']:.2f}x)"
+            )
         for path, floor in (("dense", "copy"), ("step", "read"), ("step_sync", "read")):
             fixed, slope = fit([c[floor] for c in cells.values()], [c[path] for c in cells.values()])
-            model = ", ".join(f"{rows}: {slope + fixed / c[floor]:.2f}x model / {c[path] / c[floor]:.2f}x measured"
-                              for rows, c in cells.items())
-            lines.append(f"{path}: fixed {fixed:.1f} us + {slope:.3f} x {floor}; ratio = {slope:.3f} + {fixed:.1f} us / "
-                         f"{floor}: {model}")
-        print("\n".join(lines[-(len(ROWS) + 5):]), flush=True)
+            model = ", ".join(
+                f"{rows}: {slope + fixed / c[floor]:.2f}x model / {c[path] / c[floor]:.2f}x measured"
+                for rows, c in cells.items()
+            )
+            lines.append(
+                f"{path}: fixed {fixed:.1f} us + {slope:.3f} x {floor}; ratio = {slope:.3f} + {fixed:.1f} us / "
+                f"{floor}: {model}"
+            )
+        print("\n".join(lines[-(len(ROWS) + 5) :]), flush=True)
         out.write_text("\n".join(lines) + "\n")
 
 

@@ -66,9 +66,11 @@ def one(vocab: int, device: torch.device) -> list[str]:
     sleep = lambda: torch.cuda._sleep(SLEEP_CYCLES)  # noqa: E731
     alone, queued = _events(call), _events(call, sleep) - _events(lambda: None, sleep)
     floor = _events(lambda: copy.copy_(x))
-    return [f"V={vocab}: copy {floor:.3f} ms; alone {alone:.3f} ms ({alone / floor:.2f}x), queued behind a sleep "
-            f"{queued:.3f} ms ({queued / floor:.2f}x): the GPU waits {alone - queued:.3f} ms for the host",
-            f"    kernels (device ms a call): {kernel_times(call)}"]
+    return [
+        f"V={vocab}: copy {floor:.3f} ms; alone {alone:.3f} ms ({alone / floor:.2f}x), queued behind a sleep "
+        f"{queued:.3f} ms ({queued / floor:.2f}x): the GPU waits {alone - queued:.3f} ms for the host",
+        f"    kernels (device ms a call): {kernel_times(call)}",
+    ]
 
 
 def main() -> None:

@@ -80,8 +80,11 @@ def call_parts(x, t, k, p) -> dict[str, list[float]]:
             end = time.perf_counter()
             params = next(m for m in marks if m[0] == "params")
             launches = [m for m in marks if m[0] != "params"]
-            steps = [("the builder's entry", params[1] - begin), ("row_params", params[2] - params[1]),
-                     ("prep in _launch before launch 1", launches[0][1] - params[2])]
+            steps = [
+                ("the builder's entry", params[1] - begin),
+                ("row_params", params[2] - params[1]),
+                ("prep in _launch before launch 1", launches[0][1] - params[2]),
+            ]
             for i, (name, start, stop) in enumerate(launches):
                 steps.append((f"launch {i + 1} ({name.strip('_').replace('_kernel', '')})", stop - start))
                 if i + 1 < len(launches):
@@ -110,13 +113,19 @@ def per_launch_us(launch) -> float:
 def main() -> None:
     device = torch.device("cuda")
     vocabs = [int(v) for v in sys.argv[1:]] or [32000, 49152, 128256, 151936]
-    lines = [f"{torch.cuda.get_device_name()}; torch {torch.__version__}, triton {triton.__version__}; {ROWS} rows, "
-             f"iid, top_k 20, top_p 0.95, T 1, fp32; host microseconds, median of {CALLS} calls"]
+    lines = [
+        f"{torch.cuda.get_device_name()}; torch {torch.__version__}, triton {triton.__version__}; {ROWS} rows, "
+        f"iid, top_k 20, top_p 0.95, T 1, fp32; host microseconds, median of {CALLS} calls"
+    ]
     buf = torch.zeros(16, device=device)
-    lines.append(f"Triton launch of a kernel that does nothing (14 runtime arguments, 3 constexprs): "
-                 f"{per_launch_us(lambda: _noop[(1,)](*([buf] * 7), *range(7), A=1, B=2, C=3)):.1f} us a launch")
-    lines.append(f"torch: a small kernel (buf.add_(1)) {per_launch_us(lambda: buf.add_(1)):.1f} us a launch; torch.empty "
-                 f"of a 4096-row buffer {per_launch_us(lambda: torch.empty(4096 * 1024, dtype=torch.int32, device=device)):.1f} us")
+    lines.append(
+        f"Triton launch of a kernel that does nothing (14 runtime arguments, 3 constexprs): "
+        f"{per_launch_us(lambda: _noop[(1,)](*([buf] * 7), *range(7), A=1, B=2, C=3)):.1f} us a launch"
+    )
+    lines.append(
+        f"torch: a small kernel (buf.add_(1)) {per_launch_us(lambda: buf.add_(1)):.1f} us a launch; torch.empty "
+        f"of a 4096-row buffer {per_launch_us(lambda: torch.empty(4096 * 1024, dtype=torch.int32, device=device)):.1f} us"
+    )
     gen = torch.Generator(device=device).manual_seed(0)
     for vocab in vocabs:
         x = torch.randn(ROWS, vocab, device=device, generator=gen)

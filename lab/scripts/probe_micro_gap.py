@@ -19,8 +19,11 @@ from harness.micro.inputs import rotated_copies
 
 STEPS, GAMMA = 512, 7
 BANK = Path(__file__).resolve().parents[2] / "tests" / "fixtures" / "logit_bank"
-WAYS = {"all": None, "sparse_fused+read": ["sparse_fused", "read_floor"],
-        "with dense_topk_fused": ["sparse_fused", "read_floor", "dense_topk_fused"]}
+WAYS = {
+    "all": None,
+    "sparse_fused+read": ["sparse_fused", "read_floor"],
+    "with dense_topk_fused": ["sparse_fused", "read_floor", "dense_topk_fused"],
+}
 
 
 def main() -> None:
@@ -32,11 +35,15 @@ def main() -> None:
         inputs = rotated_copies(x, 256 * 2**20)
         for way, names in WAYS.items():
             timed = {n: calls[n] for n in (names or calls)}
-            med = {n: statistics.median(t) for n, t in
-                   measure.time_interleaved(timed, inputs, warmup=3, repeats=15).items()}
+            med = {
+                n: statistics.median(t)
+                for n, t in measure.time_interleaved(timed, inputs, warmup=3, repeats=15).items()
+            }
             cells = ", ".join(f"{n} {m:.3f}" for n, m in med.items())
-            print(f"{fam} {vocab:,} [{way}]: {cells}; sparse_fused / read {med['sparse_fused'] / med['read_floor']:.2f}x",
-                  flush=True)
+            print(
+                f"{fam} {vocab:,} [{way}]: {cells}; sparse_fused / read {med['sparse_fused'] / med['read_floor']:.2f}x",
+                flush=True,
+            )
 
 
 if __name__ == "__main__":

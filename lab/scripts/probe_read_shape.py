@@ -30,8 +30,17 @@ from harness.micro import measure  # noqa: E402
 from harness.micro.families import make_family  # noqa: E402
 from harness.verify import topk_fused  # noqa: E402
 
-READS = [(1024, 4, 1, 0), (1024, 4, 1, 1), (2048, 4, 1, 0), (4096, 4, 1, 0), (4096, 8, 1, 0), (8192, 8, 1, 0),
-         (1024, 4, 4, 0), (1024, 4, 8, 0), (2048, 8, 4, 0)]
+READS = [
+    (1024, 4, 1, 0),
+    (1024, 4, 1, 1),
+    (2048, 4, 1, 0),
+    (4096, 4, 1, 0),
+    (4096, 8, 1, 0),
+    (8192, 8, 1, 0),
+    (1024, 4, 4, 0),
+    (1024, 4, 8, 0),
+    (2048, 8, 4, 0),
+]
 TESTS = [(1024, 4, 1), (2048, 4, 1), (4096, 8, 1), (1024, 4, 4)]
 CONFIGS = {  # (lab/results/verify-step-h200-sparse/probe_read_shape.log timed the earlier design's keys)
     "base": {},  # the sparse mode's default (2,048-logit blocks, 4 warps, a finish kernel of its own)
@@ -77,9 +86,11 @@ def read_call(block: int, warps: int, unroll: int, evict: int):
         rows, vocab = x.shape
         per_row = triton.cdiv(vocab, block * unroll)
         out = torch.empty(rows * per_row, device=x.device, dtype=torch.float32)
-        _read[(rows * per_row,)](x, out, vocab, x.stride(0), per_row, BLOCK=block, UNROLL=unroll, EVICT=evict,
-                                 num_warps=warps)
+        _read[(rows * per_row,)](
+            x, out, vocab, x.stride(0), per_row, BLOCK=block, UNROLL=unroll, EVICT=evict, num_warps=warps
+        )
         return out
+
     return call
 
 
@@ -88,16 +99,19 @@ def test_call(block: int, warps: int, unroll: int, t: torch.Tensor):
         rows, vocab = x.shape
         per_row = triton.cdiv(vocab, block * unroll)
         out = torch.empty(rows * per_row, device=x.device, dtype=torch.int32)
-        _test[(rows * per_row,)](x, t, out, vocab, x.stride(0), per_row, BLOCK=block, UNROLL=unroll,
-                                 num_warps=warps)
+        _test[(rows * per_row,)](x, t, out, vocab, x.stride(0), per_row, BLOCK=block, UNROLL=unroll, num_warps=warps)
         return out
+
     return call
 
 
 def cell(family: str, vocab: int, rows: int = 4096) -> tuple[list[str], str]:
     x = make_family(family, rows, vocab, seed=0, device=torch.device("cuda"))
-    t, k, p = (torch.ones(rows, device="cuda"), torch.full((rows,), 20, device="cuda"),
-               torch.full((rows,), 0.95, device="cuda"))
+    t, k, p = (
+        torch.ones(rows, device="cuda"),
+        torch.full((rows,), 20, device="cuda"),
+        torch.full((rows,), 0.95, device="cuda"),
+    )
     # a threshold like the pass's: the row's 64th largest logit
     thr = x.topk(64, dim=-1).values[:, -1].contiguous()
     calls = {"read": lambda x: x.amax(dim=-1)}
@@ -111,7 +125,9 @@ def cell(family: str, vocab: int, rows: int = 4096) -> tuple[list[str], str]:
     med = {n: statistics.median(ms) for n, ms in times.items()}
     floor = med["read"]
     names = list(calls)
-    return names, f"| {family} | {vocab:,} | " + " | ".join(f"{med[n]:.3f} ({med[n] / floor:.2f}x)" for n in names) + " |"
+    return names, f"| {family} | {vocab:,} | " + " | ".join(
+        f"{med[n]:.3f} ({med[n] / floor:.2f}x)" for n in names
+    ) + " |"
 
 
 def main() -> None:
@@ -122,8 +138,11 @@ def main() -> None:
         for family in families:
             names, line = cell(family, vocab)
             if not lines:
-                lines = [f"{torch.cuda.get_device_name()}: ms (x torch's row maximum), 4096 rows fp32, median of 15",
-                         "| family | vocab | " + " | ".join(names) + " |", "|---|---:|" + "---:|" * len(names)]
+                lines = [
+                    f"{torch.cuda.get_device_name()}: ms (x torch's row maximum), 4096 rows fp32, median of 15",
+                    "| family | vocab | " + " | ".join(names) + " |",
+                    "|---|---:|" + "---:|" * len(names),
+                ]
                 print("\n".join(lines), flush=True)
             lines.append(line)
             print(line, flush=True)

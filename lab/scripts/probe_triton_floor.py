@@ -65,9 +65,14 @@ def calls_for(vocab: int, t, k, p) -> dict:
         _copy[grid](x, out, maxes, status, t, k, p, ROWS, vocab, BLOCK=BLOCK)
         return out
 
-    return {"copy": buf.copy_, "torch_alloc": torch_alloc, "triton_copy": triton_copy, "triton_prep": triton_prep,
-            "fused_nosync": lambda x: topk_fused._launch(x, t, k, p, None)[0],
-            "topk_fused": lambda x: builders.topk_fused_probs(x, t, k, p)}
+    return {
+        "copy": buf.copy_,
+        "torch_alloc": torch_alloc,
+        "triton_copy": triton_copy,
+        "triton_prep": triton_prep,
+        "fused_nosync": lambda x: topk_fused._launch(x, t, k, p, None)[0],
+        "topk_fused": lambda x: builders.topk_fused_probs(x, t, k, p),
+    }
 
 
 def main() -> None:
@@ -79,8 +84,10 @@ def main() -> None:
     k = torch.full((ROWS,), 20, dtype=torch.int64, device=device)
     p = torch.full((ROWS,), 0.95, device=device)
     gen = torch.Generator(device=device).manual_seed(0)
-    lines = [f"{torch.cuda.get_device_name()}; torch {torch.__version__}, triton {triton.__version__}; {ROWS} rows, "
-             f"fp32, iid; median ms of {REPEATS} interleaved rounds (x the copy floor)"]
+    lines = [
+        f"{torch.cuda.get_device_name()}; torch {torch.__version__}, triton {triton.__version__}; {ROWS} rows, "
+        f"fp32, iid; median ms of {REPEATS} interleaved rounds (x the copy floor)"
+    ]
     for vocab in vocabs:
         copies = [torch.randn(ROWS, vocab, device=device, generator=gen) for _ in range(2)]
         calls = calls_for(vocab, t, k, p)

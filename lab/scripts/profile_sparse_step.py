@@ -53,18 +53,24 @@ def trace_calls(fn) -> list[dict]:
         path = Path(tmp) / "trace.json"
         prof.export_chrome_trace(str(path))
         events = [e for e in json.loads(path.read_text())["traceEvents"] if e.get("ph") == "X"]
-    calls = sorted((e for e in events if e.get("name") == "timed_call" and e.get("cat") == "user_annotation"),
-                   key=lambda e: e["ts"])
-    launches = [e for e in events if e.get("cat") in ("cuda_runtime", "cuda_driver")
-                and "correlation" in e.get("args", {})]
-    gpu = {e["args"]["correlation"]: e for e in events if e.get("cat") in GPU_CATS and "correlation" in e.get("args", {})}
+    calls = sorted(
+        (e for e in events if e.get("name") == "timed_call" and e.get("cat") == "user_annotation"),
+        key=lambda e: e["ts"],
+    )
+    launches = [
+        e for e in events if e.get("cat") in ("cuda_runtime", "cuda_driver") and "correlation" in e.get("args", {})
+    ]
+    gpu = {
+        e["args"]["correlation"]: e for e in events if e.get("cat") in GPU_CATS and "correlation" in e.get("args", {})
+    }
     return [one_call(c, launches, gpu) for c in calls]
 
 
 def one_call(call: dict, launches: list[dict], gpu: dict[int, dict]) -> dict:
     start, end = call["ts"], call["ts"] + call["dur"]
-    work = [gpu[e["args"]["correlation"]] for e in launches
-            if start <= e["ts"] <= end and e["args"]["correlation"] in gpu]
+    work = [
+        gpu[e["args"]["correlation"]] for e in launches if start <= e["ts"] <= end and e["args"]["correlation"] in gpu
+    ]
     if not work:
         return {}
     first = min(w["ts"] for w in work)
@@ -77,8 +83,15 @@ def one_call(call: dict, launches: list[dict], gpu: dict[int, dict]) -> dict:
     kernels: dict[str, float] = defaultdict(float)
     for w in work:
         kernels[w["name"][:40]] += w["dur"]
-    return {"pre": first - start, "pass": (min(passes) - start) if passes else float("nan"), "gpu": last - first,
-            "busy": busy, "tail": end - last, "total": max(end, last) - start, "kernels": dict(kernels)}
+    return {
+        "pre": first - start,
+        "pass": (min(passes) - start) if passes else float("nan"),
+        "gpu": last - first,
+        "busy": busy,
+        "tail": end - last,
+        "total": max(end, last) - start,
+        "kernels": dict(kernels),
+    }
 
 
 def summary(label: str, figures: list[dict]) -> list[str]:
@@ -88,9 +101,12 @@ def summary(label: str, figures: list[dict]) -> list[str]:
     med = {k: statistics.median(f[k] for f in figures) for k in ("pre", "pass", "gpu", "busy", "tail", "total")}
     names = sorted({n for f in figures for n in f["kernels"]})
     kern = ", ".join(f"{n} {statistics.median(f['kernels'].get(n, 0.0) for f in figures):.1f}" for n in names)
-    return [f"  {label:>14}: total {med['total']:7.1f} us = pre {med['pre']:5.1f} (first pass at {med['pass']:5.1f}) "
-            f"+ gpu {med['gpu']:7.1f} (busy {med['busy']:7.1f}, bubbles {med['gpu'] - med['busy']:5.1f}) + tail "
-            f"{med['tail']:6.1f}", f"  {'':>14}  kernels (us): {kern}"]
+    return [
+        f"  {label:>14}: total {med['total']:7.1f} us = pre {med['pre']:5.1f} (first pass at {med['pass']:5.1f}) "
+        f"+ gpu {med['gpu']:7.1f} (busy {med['busy']:7.1f}, bubbles {med['gpu'] - med['busy']:5.1f}) + tail "
+        f"{med['tail']:6.1f}",
+        f"  {'':>14}  kernels (us): {kern}",
+    ]
 
 
 def cell(vocab: int, family: str, names: list[str]) -> list[str]:
@@ -98,15 +114,24 @@ def cell(vocab: int, family: str, names: list[str]) -> list[str]:
     model = FAMILIES[family].bank
     bank_rows = bank.load_rows(bank.find_bank(None) or Path("tests/fixtures/logit_bank"), model)[0] if model else None
     x = make_family(family, rows, vocab, seed=0, device=torch.device("cuda"), bank_rows=bank_rows)
-    t, k, p = (torch.ones(rows, device="cuda"), torch.full((rows,), TOP_K, device="cuda"),
-               torch.full((rows,), 0.95, device="cuda"))
+    t, k, p = (
+        torch.ones(rows, device="cuda"),
+        torch.full((rows,), TOP_K, device="cuda"),
+        torch.full((rows,), 0.95, device="cuda"),
+    )
     drafts = x.view(STEPS, GAMMA + 1, vocab)[:, :GAMMA].argmax(dim=-1)
     u = torch.rand(STEPS, GAMMA + 1, device="cuda")
     lines = [f"== {family} {vocab:,}: {rows} x {vocab:,} fp32"]
     for name in names:
         config, bound = VARIANTS[name]
-        lines += summary(name, trace_calls(lambda config=config, bound=bound: verify_step(
-            x, t, k, p, drafts, None, block=True, fused=True, uniforms=u, max_top_k=bound, config=config)))
+        lines += summary(
+            name,
+            trace_calls(
+                lambda config=config, bound=bound: verify_step(
+                    x, t, k, p, drafts, None, block=True, fused=True, uniforms=u, max_top_k=bound, config=config
+                )
+            ),
+        )
     lines += summary("run_sparse", trace_calls(lambda: topk_fused.run_sparse(x, t, k, p)))
     lines += summary("read", trace_calls(lambda: x.amax(dim=-1)))
     return lines
@@ -116,8 +141,10 @@ def main() -> None:
     vocabs = [int(v) for v in (sys.argv[1] if len(sys.argv) > 1 else "248320,32000").split(",")]
     families = (sys.argv[2] if len(sys.argv) > 2 else "iid,smollm2").split(",")
     names = (sys.argv[3] if len(sys.argv) > 3 else "old_sync,default_sync,default").split(",")
-    lines = [f"{torch.cuda.get_device_name()}; torch.profiler trace, each call on an idle GPU, median of {CALLS} "
-             f"calls; variants: " + "; ".join(f"{n}={VARIANTS[n]}" for n in names)]
+    lines = [
+        f"{torch.cuda.get_device_name()}; torch.profiler trace, each call on an idle GPU, median of {CALLS} "
+        f"calls; variants: " + "; ".join(f"{n}={VARIANTS[n]}" for n in names)
+    ]
     out = Path(os.environ.get("OUT", ".")) / "profile_sparse_step.log"
     for vocab in vocabs:
         for family in families:

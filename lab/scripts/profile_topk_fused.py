@@ -29,8 +29,11 @@ SLEEP_CYCLES = 4_000_000  # about 2 ms on an H200
 
 def batch(rows: int) -> tuple[list[torch.Tensor], tuple[torch.Tensor, torch.Tensor, torch.Tensor]]:
     xs = [torch.randn(rows, VOCAB, device="cuda") for _ in range(2)]
-    return xs, (torch.ones(rows, device="cuda"), torch.full((rows,), 20, device="cuda"),
-                torch.full((rows,), 0.95, device="cuda"))
+    return xs, (
+        torch.ones(rows, device="cuda"),
+        torch.full((rows,), 20, device="cuda"),
+        torch.full((rows,), 0.95, device="cuda"),
+    )
 
 
 def kernel_table() -> str:

@@ -33,34 +33,46 @@ def check(root: Path) -> list[str]:
     rec = campaign_frame(root)
     measured = rec[~rec["warmup"]]
     problems, lines = [], []
-    per_arm = measured.groupby("arm").agg(ct=("completion_tokens", "sum"), vct=("spec_verify_ct", "sum"),
-                                          ncd=("spec_num_correct_drafts", "sum"))
-    spans = measured.groupby(["arm", "run_id"]).agg(ct=("completion_tokens", "sum"), t0=("t_sent", "min"),
-                                                    t1=("t_end", "max"))
+    per_arm = measured.groupby("arm").agg(
+        ct=("completion_tokens", "sum"), vct=("spec_verify_ct", "sum"), ncd=("spec_num_correct_drafts", "sum")
+    )
+    spans = measured.groupby(["arm", "run_id"]).agg(
+        ct=("completion_tokens", "sum"), t0=("t_sent", "min"), t1=("t_end", "max")
+    )
     spans["span"] = spans["t1"] - spans["t0"]
     tput = spans.groupby("arm").apply(lambda g: g["ct"].sum() / g["span"].sum(), include_groups=False)
-    mine = {"acceptance_length": per_arm["ct"] / per_arm["vct"], "correct_drafts_per_step": per_arm["ncd"] / per_arm["vct"],
-            "throughput": tput}
+    mine = {
+        "acceptance_length": per_arm["ct"] / per_arm["vct"],
+        "correct_drafts_per_step": per_arm["ncd"] / per_arm["vct"],
+        "throughput": tput,
+    }
     for key, values in mine.items():
         for arm, value in values.items():
             theirs = summary["pooled"][key]["values"][arm]
             same = math.isclose(value, theirs, rel_tol=REL, abs_tol=1e-12)
-            lines.append(f"{root.name} {key} {arm}: recomputed {value:.6f}, published {theirs:.6f} "
-                         f"{'equal' if same else 'DIFFERENT'}")
+            lines.append(
+                f"{root.name} {key} {arm}: recomputed {value:.6f}, published {theirs:.6f} "
+                f"{'equal' if same else 'DIFFERENT'}"
+            )
             if not same:
                 problems.append(lines[-1])
     for path in sorted(root.glob("runs/*/manifest.json")):
         man = json.loads(path.read_text())
         run = measured[measured["run_id"] == man["run_id"]]
         delta = man["server_counters"]["delta"]
-        for col, counter in (("completion_tokens", "tokens_predicted_total"), ("proposed", "spec_decode_num_draft_tokens_total"),
-                             ("spec_num_correct_drafts", "spec_decode_num_accepted_tokens_total")):
+        for col, counter in (
+            ("completion_tokens", "tokens_predicted_total"),
+            ("proposed", "spec_decode_num_draft_tokens_total"),
+            ("spec_num_correct_drafts", "spec_decode_num_accepted_tokens_total"),
+        ):
             if run[col].sum() != delta[counter]:
                 problems.append(f"{man['run_id']}: sum {col} {run[col].sum()} != /metrics {counter} {delta[counter]}")
     texts = measured.pivot_table(index=["base_seed", "item_id"], columns="arm", values="output_text", aggfunc="first")
     differing = int((texts.nunique(axis=1) > 1).sum())
-    lines.append(f"{root.name}: {len(texts)} paired requests, {differing} with differing output text across arms; "
-                 f"per-run sums vs /metrics deltas: {sum('!=' in p for p in problems)} mismatch(es)")
+    lines.append(
+        f"{root.name}: {len(texts)} paired requests, {differing} with differing output text across arms; "
+        f"per-run sums vs /metrics deltas: {sum('!=' in p for p in problems)} mismatch(es)"
+    )
     if differing:
         problems.append(f"{root.name}: {differing} paired requests differ in output")
     print("\n".join(lines))

@@ -30,9 +30,20 @@ from triton.compiler import ASTSource
 sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
 from harness.verify import topk_fused  # noqa: E402
 
-SIGNATURE = {"logits_ptr": "*fp32", "stride_row": "i32", "out_ptr": "*fp32", "ids_ptr": "*i32", "maxes_ptr": "*fp32",
-             "status_ptr": "*i32", "temp_ptr": "*fp32", "top_k_ptr": "*i64", "top_p_ptr": "*fp32", "n_rows": "i32",
-             "vocab": "i32", "row0": "i32"}
+SIGNATURE = {
+    "logits_ptr": "*fp32",
+    "stride_row": "i32",
+    "out_ptr": "*fp32",
+    "ids_ptr": "*i32",
+    "maxes_ptr": "*fp32",
+    "status_ptr": "*i32",
+    "temp_ptr": "*fp32",
+    "top_k_ptr": "*i64",
+    "top_p_ptr": "*fp32",
+    "n_rows": "i32",
+    "vocab": "i32",
+    "row0": "i32",
+}
 
 
 def finish_sass(vocab: int, options: dict, sparse: bool = True) -> str:
@@ -71,8 +82,10 @@ def main() -> None:
     for options in json.loads(sys.argv[2]) if len(sys.argv) > 2 else [{}, {"REPLACE": 1}]:
         total, sizes = loop_sizes(finish_sass(vocab, options, sparse))
         loops = ", ".join(f"{n} x {size}" for size, n in sorted(sizes.items()))
-        print(f"{vocab:,} ids, {'sparse' if sparse else 'dense'}, {json.dumps(options)}: {total} instructions; "
-              f"loops (count x instructions): {loops}")
+        print(
+            f"{vocab:,} ids, {'sparse' if sparse else 'dense'}, {json.dumps(options)}: {total} instructions; "
+            f"loops (count x instructions): {loops}"
+        )
 
 
 if __name__ == "__main__":

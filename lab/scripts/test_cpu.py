@@ -52,11 +52,16 @@ def summary(path: Path, top: int) -> str:
         m = per_module[r["id"].split("::")[0]]
         m[0], m[1], m[2], m[3] = m[0] + r["own"], m[1] + r["children"], m[2] + r["wall"], m[3] + 1
     own, kids, wall = (sum(m[i] for m in per_module.values()) for i in range(3))
-    out = [f"{len(rows)} tests: {own + kids:.0f} CPU-s ({own:.0f} in the test processes, {kids:.0f} in their children), "
-           f"{wall:.0f} s of test wall time summed over workers",
-           "| module | CPU-s | own | children | wall s | tests |", "|---|---:|---:|---:|---:|---:|"]
+    out = [
+        f"{len(rows)} tests: {own + kids:.0f} CPU-s ({own:.0f} in the test processes, {kids:.0f} in their children), "
+        f"{wall:.0f} s of test wall time summed over workers",
+        "| module | CPU-s | own | children | wall s | tests |",
+        "|---|---:|---:|---:|---:|---:|",
+    ]
     ranked = sorted(per_module.items(), key=lambda kv: -(kv[1][0] + kv[1][1]))
-    out += [f"| {name} | {m[0] + m[1]:.1f} | {m[0]:.1f} | {m[1]:.1f} | {m[2]:.1f} | {m[3]} |" for name, m in ranked[:top]]
+    out += [
+        f"| {name} | {m[0] + m[1]:.1f} | {m[0]:.1f} | {m[1]:.1f} | {m[2]:.1f} | {m[3]} |" for name, m in ranked[:top]
+    ]
     return "\n".join(out)
 
 

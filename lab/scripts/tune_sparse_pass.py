@@ -80,8 +80,11 @@ def cell(family: str, vocab: int, configs: dict, queued_ms: float, rows: int = 4
     model = FAMILIES[family].bank
     bank_rows = bank.load_rows(bank.find_bank(None), model)[0] if model else None
     x = make_family(family, rows, vocab, seed=0, device=torch.device("cuda"), bank_rows=bank_rows)
-    t, k, p = (torch.ones(rows, device="cuda"), torch.full((rows,), 20, device="cuda"),
-               torch.full((rows,), 0.95, device="cuda"))
+    t, k, p = (
+        torch.ones(rows, device="cuda"),
+        torch.full((rows,), 20, device="cuda"),
+        torch.full((rows,), 0.95, device="cuda"),
+    )
     calls = {n: (lambda x, c=c: topk_fused.run_sparse(x, t, k, p, c)[0]) for n, c in configs.items()}
     calls["read"] = lambda x: x.amax(dim=-1)
     ref_values, ref_ids, ref_left = topk_fused.run_sparse(x, t, k, p)
@@ -110,10 +113,12 @@ def main() -> None:
     configs = {n: CONFIGS[n] for n in names}
     queued_ms = float(os.environ.get("QUEUED_MS", "0"))
     timing = f"each call queued behind a {queued_ms:g} ms GPU wait" if queued_ms else "each call on an idle GPU"
-    lines = [f"{torch.cuda.get_device_name()}: run_sparse ms (x the read floor), 4096 rows, median of 15 rounds, "
-             f"{timing}; base = {topk_fused.launch_config(0, sparse=True)}",
-             "| family | vocab | read | " + " | ".join(configs) + " | entries |",
-             "|---|---:|---:|" + "---:|" * len(configs) + "---|"]
+    lines = [
+        f"{torch.cuda.get_device_name()}: run_sparse ms (x the read floor), 4096 rows, median of 15 rounds, "
+        f"{timing}; base = {topk_fused.launch_config(0, sparse=True)}",
+        "| family | vocab | read | " + " | ".join(configs) + " | entries |",
+        "|---|---:|---:|" + "---:|" * len(configs) + "---|",
+    ]
     for vocab in vocabs:
         for family in families:
             lines.append(cell(family, vocab, configs, queued_ms))

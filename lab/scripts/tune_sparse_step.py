@@ -55,15 +55,21 @@ def cell(family: str, vocab: int, names: list[str], queued_ms: float, repeats: i
     model = FAMILIES[family].bank
     bank_rows = bank.load_rows(bank.find_bank(None) or Path("tests/fixtures/logit_bank"), model)[0] if model else None
     x = make_family(family, rows, vocab, seed=0, device=torch.device("cuda"), bank_rows=bank_rows)
-    t, k, p = (torch.ones(rows, device="cuda"), torch.full((rows,), TOP_K, device="cuda"),
-               torch.full((rows,), 0.95, device="cuda"))
+    t, k, p = (
+        torch.ones(rows, device="cuda"),
+        torch.full((rows,), TOP_K, device="cuda"),
+        torch.full((rows,), 0.95, device="cuda"),
+    )
     drafts = x.view(STEPS, GAMMA + 1, vocab)[:, :GAMMA].argmax(dim=-1)
     u = torch.rand(STEPS, GAMMA + 1, generator=torch.Generator().manual_seed(2)).cuda()
 
     def step(name: str):
         config, bound = VARIANTS[name]
-        return lambda x: verify_step(x, t, k, p, drafts, None, block=True, fused=True, uniforms=u, max_top_k=bound,
-                                     config=config).tokens
+        return lambda x: (
+            verify_step(
+                x, t, k, p, drafts, None, block=True, fused=True, uniforms=u, max_top_k=bound, config=config
+            ).tokens
+        )
 
     calls = {n: step(n) for n in names}
     calls["run_sparse"] = lambda x: topk_fused.run_sparse(x, t, k, p)[0]
@@ -89,13 +95,16 @@ def main() -> None:
     queued_ms = float(os.environ.get("QUEUED_MS", "0"))
     repeats = int(os.environ.get("REPEATS", "15"))
     timing = f"each call queued behind a {queued_ms:g} ms GPU wait" if queued_ms else "each call on an idle GPU"
-    lines = [f"{torch.cuda.get_device_name()}: verify_step(fused=True) ms (x the read floor), {STEPS} steps x "
-             f"{GAMMA + 1} rows, top_k {TOP_K}, median of {repeats} rounds, {timing}; variants (launch_config "
-             "overrides, max_top_k): " + "; ".join(f"{n}={VARIANTS[n]}" for n in names)
-             + f"; run_sparse = the builder alone with launch_config; defaults: dense {topk_fused.DENSE_RANGES}, "
-             f"sparse {topk_fused.SPARSE_RANGES}",
-             "| family | vocab | read | " + " | ".join([*names, "run_sparse"]) + " | tokens |",
-             "|---|---:|---:|" + "---:|" * (len(names) + 1) + "---|"]
+    lines = [
+        f"{torch.cuda.get_device_name()}: verify_step(fused=True) ms (x the read floor), {STEPS} steps x "
+        f"{GAMMA + 1} rows, top_k {TOP_K}, median of {repeats} rounds, {timing}; variants (launch_config "
+        "overrides, max_top_k): "
+        + "; ".join(f"{n}={VARIANTS[n]}" for n in names)
+        + f"; run_sparse = the builder alone with launch_config; defaults: dense {topk_fused.DENSE_RANGES}, "
+        f"sparse {topk_fused.SPARSE_RANGES}",
+        "| family | vocab | read | " + " | ".join([*names, "run_sparse"]) + " | tokens |",
+        "|---|---:|---:|" + "---:|" * (len(names) + 1) + "---|",
+    ]
     out = Path(os.environ.get("OUT", ".")) / os.environ.get("LOG", "tune_sparse_step.log")
     for vocab in vocabs:
         for family in families:

@@ -54,11 +54,19 @@ def against_build(path: str):
         if left is not None:
             out[left] = builders.topk_first_probs(x[left], t[left], k[left], p[left])
         return out
+
     return build
 
 
-def one_cell(vocab: int, family: str, variants: dict[str, dict[str, int]], repeats: int, bank: str | None,
-             against=None, queued_ms: float = 0.0) -> list[str]:
+def one_cell(
+    vocab: int,
+    family: str,
+    variants: dict[str, dict[str, int]],
+    repeats: int,
+    bank: str | None,
+    against=None,
+    queued_ms: float = 0.0,
+) -> list[str]:
     device = torch.device("cuda")
     model = FAMILIES[family].bank
     rows = load_rows(Path(bank), model)[0] if model else None
@@ -84,8 +92,10 @@ def one_cell(vocab: int, family: str, variants: dict[str, dict[str, int]], repea
     med = {n: statistics.median(v) for n, v in times.items()}
     lines = [f"vocab {vocab:,} {family}: copy {med['copy']:.3f} ms, topk_first {med['topk_first']:.3f} ms"]
     for name in variants:
-        lines.append(f"  {name:>14}: {med[name]:.3f} ms = {med[name] / med['copy']:.2f}x copy, "
-                     f"{med[name] / med['topk_first']:.2f}x topk_first; {checks[name]}")
+        lines.append(
+            f"  {name:>14}: {med[name]:.3f} ms = {med[name] / med['copy']:.2f}x copy, "
+            f"{med[name] / med['topk_first']:.2f}x topk_first; {checks[name]}"
+        )
     del copies, buf, ref
     torch.cuda.empty_cache()
     return lines
@@ -97,12 +107,20 @@ def main() -> None:
     parser.add_argument("--families", default="iid,sorted,bf16,clustered,lm_like,padding")
     parser.add_argument("--variant", action="append", default=[], help="NAME=JSON overrides of launch_config()")
     parser.add_argument("--repeats", type=int, default=20)
-    parser.add_argument("--queued-ms", type=float, default=0.0,
-                        help="queue each timed call behind a GPU busy-wait of this many ms (0: an idle GPU)")
+    parser.add_argument(
+        "--queued-ms",
+        type=float,
+        default=0.0,
+        help="queue each timed call behind a GPU busy-wait of this many ms (0: an idle GPU)",
+    )
     parser.add_argument("--bank", default="tests/fixtures/logit_bank", help="the logit bank of the real families")
-    parser.add_argument("--against", action="append", default=[],
-                        help="[NAME=]FILE: a topk_fused.py (another commit's) timed in the same rounds as NAME "
-                             "(default: against); repeatable")
+    parser.add_argument(
+        "--against",
+        action="append",
+        default=[],
+        help="[NAME=]FILE: a topk_fused.py (another commit's) timed in the same rounds as NAME "
+        "(default: against); repeatable",
+    )
     args = parser.parse_args()
     if not torch.cuda.is_available():
         sys.exit("tune_topk_fused: needs a CUDA device")
@@ -113,10 +131,13 @@ def main() -> None:
         against[name or "against"] = against_build(path)
     out = Path(os.environ.get("OUT", ".")) / "tuning.log"
     timing = f"queued behind a {args.queued_ms:g} ms GPU wait" if args.queued_ms else "on an idle GPU"
-    lines = [f"{torch.cuda.get_device_name()}; {ROWS} rows, top_k {TOP_K}, top_p {TOP_P}, fp32, {timing}; variants: "
-             + "; ".join(f"{n}={json.dumps(c)}" for n, c in variants.items())
-             + "".join(f"; {t.rpartition('=')[0] or 'against'} = the kernels of {t.rpartition('=')[2]}"
-                       for t in args.against)]
+    lines = [
+        f"{torch.cuda.get_device_name()}; {ROWS} rows, top_k {TOP_K}, top_p {TOP_P}, fp32, {timing}; variants: "
+        + "; ".join(f"{n}={json.dumps(c)}" for n, c in variants.items())
+        + "".join(
+            f"; {t.rpartition('=')[0] or 'against'} = the kernels of {t.rpartition('=')[2]}" for t in args.against
+        )
+    ]
     for vocab in (int(v) for v in args.vocabs.split(",")):
         for family in args.families.split(","):
             cell = one_cell(vocab, family, variants, args.repeats, args.bank, against, args.queued_ms)

@@ -89,10 +89,14 @@ def test_summary_numbers_are_the_reports(golden, tmp_path):
         if c is None:  # e.g. queueing time: no change
             assert got is None, metric
             continue
-        assert (got["estimate"] is None and not math.isfinite(c.estimate)) or got["estimate"] == pytest.approx(c.estimate)
+        assert (got["estimate"] is None and not math.isfinite(c.estimate)) or got["estimate"] == pytest.approx(
+            c.estimate
+        )
         assert got["n"] == c.n and got["significant"] == c.significant
-    assert doc["counts"]["score"]["block"] == {"count": int(pooled.at["correct", "block"]),
-                                               "of": int(pooled.at["planned", "block"])}
+    assert doc["counts"]["score"]["block"] == {
+        "count": int(pooled.at["correct", "block"]),
+        "of": int(pooled.at["planned", "block"]),
+    }
     seed = next(r for r in doc["per_seed"] if r["base_seed"] == 200 and r["arm"] == "block")
     assert seed["acceptance_length"] == pytest.approx(70 / 20)  # (45 + 25) / (15 + 5)
     assert doc["acceptance_by_position"]["arms"]["token"]["rate_by_position"][1] == pytest.approx(7 / 42)

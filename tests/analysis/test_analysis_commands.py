@@ -6,12 +6,35 @@ from analysis.commands import EnvDiff, Hunk, env_diffs, normalise, token_hunks
 
 
 def test_port_run_id_and_base_seed_are_masked():
-    cmd = ["python", "-m", "srv", "--port", "31001", "--random-seed", "980406", "--log-file",
-           "/r/runs/003-block/server.log", "--port=31002", "--random-seed=980406", "--max-running-requests", "980406"]
+    cmd = [
+        "python",
+        "-m",
+        "srv",
+        "--port",
+        "31001",
+        "--random-seed",
+        "980406",
+        "--log-file",
+        "/r/runs/003-block/server.log",
+        "--port=31002",
+        "--random-seed=980406",
+        "--max-running-requests",
+        "980406",
+    ]
     assert normalise(cmd, "003-block", 980406) == [
-        "python", "-m", "srv", "--port", "<port>", "--random-seed", "<base_seed>", "--log-file",
-        "/r/runs/<run_id>/server.log", "--port=<port>", "--random-seed=<base_seed>",
-        "--max-running-requests", "980406",  # not a seed flag: a real value
+        "python",
+        "-m",
+        "srv",
+        "--port",
+        "<port>",
+        "--random-seed",
+        "<base_seed>",
+        "--log-file",
+        "/r/runs/<run_id>/server.log",
+        "--port=<port>",
+        "--random-seed=<base_seed>",
+        "--max-running-requests",
+        "980406",  # not a seed flag: a real value
     ]
     assert normalise(["--random-seed", "7"], "x", 980406) == ["--random-seed", "7"]  # another seed: kept
 
@@ -20,10 +43,14 @@ def test_hunks_name_the_flag_before_a_changed_value():
     base = ["srv", "--max-running-requests", "8", "--flag"]
     other = ["srv", "--max-running-requests", "16", "--flag", "--speculative-use-block-verification"]
     hunks = token_hunks(base, other)
-    assert hunks == [Hunk(("8",), ("16",), "--max-running-requests"),
-                     Hunk((), ("--speculative-use-block-verification",), "--flag")]
-    assert [str(h) for h in hunks] == ["after `--max-running-requests`: `8` -> `16`",
-                                       "+ `--speculative-use-block-verification`"]
+    assert hunks == [
+        Hunk(("8",), ("16",), "--max-running-requests"),
+        Hunk((), ("--speculative-use-block-verification",), "--flag"),
+    ]
+    assert [str(h) for h in hunks] == [
+        "after `--max-running-requests`: `8` -> `16`",
+        "+ `--speculative-use-block-verification`",
+    ]
     assert str(token_hunks(["a", "b"], ["a"])[0]) == "after `a`: - `b`"
 
 

@@ -35,20 +35,23 @@ def check(report, name):
 CLEAN_BLOCK_AL = 142 / 42  # the block arm's pooled acceptance length in the clean fixture
 
 
-@pytest.mark.parametrize(("change", "reason"), [
-    (lambda r: r.update(completion_tokens=-40), "completion_tokens is negative"),
-    (lambda r: r.update(spec_verify_ct=-5), "spec_verify_ct is negative"),
-    (lambda r: r.update(spec_verify_ct=2.5), "spec_verify_ct is negative or not an integer"),
-    (lambda r: r.update(spec_num_correct_drafts=-1), "spec_num_correct_drafts is negative"),
-    (lambda r: r.update(spec_verify_ct=0), "no verify step but more than one completion token"),
-    (lambda r: r.update(completion_tokens=61), "completion_tokens exceeds the request's max_new_tokens"),
-    (lambda r: r.update(t_end=r["t_sent"] - 1), "t_end is before t_sent"),
-    (lambda r: r.update(t_first_token=r["t_end"] + 1), "t_first_token is outside"),
-    (lambda r: r.update(t_end=None), "t_sent or t_end is missing"),  # its tokens would count in a shorter window
-    (lambda r: r.pop("t_sent"), "t_sent or t_end is missing"),
-    (lambda r: r.update(t_end=10104.5), "t_sent or t_end is outside its run"),  # the run's window ends at 500 s
-    (lambda r: r.update(t_sent=-500.0), "t_sent or t_end is outside its run"),  # it starts at 0
-])
+@pytest.mark.parametrize(
+    ("change", "reason"),
+    [
+        (lambda r: r.update(completion_tokens=-40), "completion_tokens is negative"),
+        (lambda r: r.update(spec_verify_ct=-5), "spec_verify_ct is negative"),
+        (lambda r: r.update(spec_verify_ct=2.5), "spec_verify_ct is negative or not an integer"),
+        (lambda r: r.update(spec_num_correct_drafts=-1), "spec_num_correct_drafts is negative"),
+        (lambda r: r.update(spec_verify_ct=0), "no verify step but more than one completion token"),
+        (lambda r: r.update(completion_tokens=61), "completion_tokens exceeds the request's max_new_tokens"),
+        (lambda r: r.update(t_end=r["t_sent"] - 1), "t_end is before t_sent"),
+        (lambda r: r.update(t_first_token=r["t_end"] + 1), "t_first_token is outside"),
+        (lambda r: r.update(t_end=None), "t_sent or t_end is missing"),  # its tokens would count in a shorter window
+        (lambda r: r.pop("t_sent"), "t_sent or t_end is missing"),
+        (lambda r: r.update(t_end=10104.5), "t_sent or t_end is outside its run"),  # the run's window ends at 500 s
+        (lambda r: r.update(t_sent=-500.0), "t_sent or t_end is outside its run"),  # it starts at 0
+    ],
+)
 def test_impossible_values_fail_the_audit_and_stay_out_of_the_figures(tmp_path, change, reason, clean_campaign):
     camp = clean_campaign
     edit_measured_record(camp, "q1", change)
@@ -63,17 +66,21 @@ def test_impossible_values_fail_the_audit_and_stay_out_of_the_figures(tmp_path, 
 
 def test_a_plain_first_token_without_a_verify_step_is_valid(tmp_path, clean_campaign):
     camp = clean_campaign
-    edit_measured_record(camp, "q1", lambda r: r.update(completion_tokens=1, spec_verify_ct=0,
-                                                        spec_num_correct_drafts=0, meta_info=None))
+    edit_measured_record(
+        camp, "q1", lambda r: r.update(completion_tokens=1, spec_verify_ct=0, spec_num_correct_drafts=0, meta_info=None)
+    )
     assert check(build_report([camp]), VALUES_CHECK).status == "ok"
 
 
-@pytest.mark.parametrize(("value", "reason"), [
-    (float("nan"), "completion_tokens=nan is not finite"),
-    (float("inf"), "completion_tokens=inf is not finite"),
-    (10**400, "completion_tokens=inf is not finite, or too large for a float"),
-    ("40", "completion_tokens='40' is not a number"),
-])
+@pytest.mark.parametrize(
+    ("value", "reason"),
+    [
+        (float("nan"), "completion_tokens=nan is not finite"),
+        (float("inf"), "completion_tokens=inf is not finite"),
+        (10**400, "completion_tokens=inf is not finite, or too large for a float"),
+        ("40", "completion_tokens='40' is not a number"),
+    ],
+)
 def test_non_finite_huge_and_mistyped_numbers_are_bad_lines(tmp_path, capsys, value, reason, clean_campaign):
     camp = clean_campaign
     edit_measured_record(camp, "q1", lambda r: r.update(completion_tokens=value))
@@ -109,14 +116,17 @@ def test_out_of_range_request_seed_is_a_bad_line(tmp_path, clean_campaign):
     assert any("request_seed=1180591620717411303424 is out of the 64-bit integer range" in d for d in readable.details)
 
 
-@pytest.mark.parametrize(("key", "value", "message"), [
-    ("base_seed", "abc", "base_seed='abc' is of type str; expected int"),
-    ("concurrency", float("nan"), "concurrency=nan is of type float; expected int"),
-    ("request_rate", float("inf"), "request_rate=inf is not finite"),
-    ("repeat", 2**70, "repeat=1180591620717411303424 is out of the 64-bit integer range"),
-    ("status", 3, "status=3 is of type int; expected str"),
-    ("log_checks", {"passed": "yes"}, "log_checks.passed='yes' is of type str; expected bool"),
-])
+@pytest.mark.parametrize(
+    ("key", "value", "message"),
+    [
+        ("base_seed", "abc", "base_seed='abc' is of type str; expected int"),
+        ("concurrency", float("nan"), "concurrency=nan is of type float; expected int"),
+        ("request_rate", float("inf"), "request_rate=inf is not finite"),
+        ("repeat", 2**70, "repeat=1180591620717411303424 is out of the 64-bit integer range"),
+        ("status", 3, "status=3 is of type int; expected str"),
+        ("log_checks", {"passed": "yes"}, "log_checks.passed='yes' is of type str; expected bool"),
+    ],
+)
 def test_mistyped_manifest_is_refused_naming_file_and_key(tmp_path, capsys, key, value, message, clean_campaign):
     camp = clean_campaign
     manifest = camp / "runs" / "r1-block-100" / "manifest.json"
@@ -134,11 +144,14 @@ def test_mistyped_campaign_plan_is_refused_naming_file_and_key(tmp_path, capsys,
     assert "campaign.json: plan[1].base_seed=[1] is of type list; expected int" in err
 
 
-@pytest.mark.parametrize(("change", "message"), [
-    (lambda c: c["plan"][1].update(base_seed=None), "campaign.json: plan[1].base_seed is missing or null"),
-    (lambda c: c["plan"][0].pop("repeat"), "campaign.json: plan[0].repeat is missing or null"),
-    (lambda c: c.update(baseline="zzz"), "campaign.json: baseline 'zzz' is not one of the campaign's arms"),
-])
+@pytest.mark.parametrize(
+    ("change", "message"),
+    [
+        (lambda c: c["plan"][1].update(base_seed=None), "campaign.json: plan[1].base_seed is missing or null"),
+        (lambda c: c["plan"][0].pop("repeat"), "campaign.json: plan[0].repeat is missing or null"),
+        (lambda c: c.update(baseline="zzz"), "campaign.json: baseline 'zzz' is not one of the campaign's arms"),
+    ],
+)
 def test_a_plan_that_cannot_pair_its_runs_is_refused(capsys, clean_campaign, change, message):
     edit_json(clean_campaign / "campaign.json", change)
     assert main([str(clean_campaign)]) == 2
@@ -150,6 +163,7 @@ def test_a_campaign_of_one_arm_says_nothing_is_compared(clean_campaign):
     def one_arm(c):
         c["arms"] = [a for a in c["arms"] if a["name"] == "token"]
         c["plan"] = [r for r in c["plan"] if r["arm"] == "token"]
+
     edit_json(clean_campaign / "campaign.json", one_arm)
     for run in ("r1-block-100", "r2-block-200"):
         shutil.rmtree(clean_campaign / "runs" / run)
@@ -161,12 +175,15 @@ def test_a_negative_bootstrap_seed_is_refused(capsys, clean_campaign):
     assert "--seed must be >= 0, got -1" in capsys.readouterr().err
 
 
-@pytest.mark.parametrize(("value", "message"), [
-    (True, "workload.items[1].seed_offset=True is a boolean; expected int or null"),
-    (2**64, "workload.items[1].seed_offset=18446744073709551616 is out of the 64-bit integer range"),
-    (1.5, "workload.items[1].seed_offset=1.5 is of type float; expected int or null"),
-    ("7", "workload.items[1].seed_offset='7' is of type str; expected int or null"),
-])
+@pytest.mark.parametrize(
+    ("value", "message"),
+    [
+        (True, "workload.items[1].seed_offset=True is a boolean; expected int or null"),
+        (2**64, "workload.items[1].seed_offset=18446744073709551616 is out of the 64-bit integer range"),
+        (1.5, "workload.items[1].seed_offset=1.5 is of type float; expected int or null"),
+        ("7", "workload.items[1].seed_offset='7' is of type str; expected int or null"),
+    ],
+)
 def test_mistyped_workload_item_is_refused_naming_its_index(capsys, clean_campaign, value, message):
     """The item list is checked column-wise first (a campaign lists up to 10^5 items); any doubt falls back to
     the element-wise walk, which names the first bad element."""
@@ -234,8 +251,9 @@ def no_drafts(rec: dict) -> None:
     """A speculative request that proposed nothing: an all-zero histogram, spec_num_proposed_drafts 0."""
     meta = rec.get("meta_info") or {}
     if "spec_correct_drafts_histogram" in meta:
-        meta.update(spec_correct_drafts_histogram=[0] * len(meta["spec_correct_drafts_histogram"]),
-                    spec_num_proposed_drafts=0)
+        meta.update(
+            spec_correct_drafts_histogram=[0] * len(meta["spec_correct_drafts_histogram"]), spec_num_proposed_drafts=0
+        )
 
 
 def test_a_speculative_arm_that_proposed_no_drafts_fails_the_audit(tmp_path, capsys, clean_campaign):
@@ -243,7 +261,9 @@ def test_a_speculative_arm_that_proposed_no_drafts_fails_the_audit(tmp_path, cap
     every_record(camp, no_drafts, arms=("block",))
     drafts = check(build_report([camp]), "Speculative arms proposed drafts")
     assert drafts.status == "fail" and len(drafts.details) == 1, drafts
-    assert drafts.details[0].startswith("arm block: its 4 used request(s)") and "proposed no drafts" in drafts.details[0]
+    assert (
+        drafts.details[0].startswith("arm block: its 4 used request(s)") and "proposed no drafts" in drafts.details[0]
+    )
     assert main([str(camp)]) == 1 and main([str(camp), "--strict"]) == 1
     figures_are_numbers(camp)
     assert "AUDIT FAILED: Speculative arms proposed drafts" in capsys.readouterr().err
@@ -257,6 +277,7 @@ def test_nan_or_infinity_in_every_record_fails_the_report_and_prints_no_nan(tmp_
 
     def poison(rec: dict) -> None:
         rec.update({k: value for k, v in rec.items() if isinstance(v, int | float) and not isinstance(v, bool)})
+
     every_record(camp, poison)
     assert main([str(camp)]) == 1  # without --strict: a failed audit is a failed command
     assert "AUDIT FAILED" in capsys.readouterr().err
@@ -271,21 +292,24 @@ def test_the_arm_without_speculation_has_no_per_position_rates(tmp_path, clean_c
     tables and summary.json's rates, named as "n/a: no drafts"; block's rates as before."""
     camp = clean_campaign
     for run in ("r0-token-100", "r3-token-200"):
-        edit_json(camp / "runs" / run / "manifest.json", lambda m: m.update(command=[
-            "NONE" if a == "DFLASH" else a for a in m["command"]]))
+        edit_json(
+            camp / "runs" / run / "manifest.json",
+            lambda m: m.update(command=["NONE" if a == "DFLASH" else a for a in m["command"]]),
+        )
 
     def plain(rec: dict) -> None:
         rec.update(spec_verify_ct=None, spec_num_correct_drafts=None)
         if rec.get("meta_info"):
             rec["meta_info"] = {k: v for k, v in rec["meta_info"].items() if not k.startswith("spec_")}
+
     every_record(camp, plain, arms=("token",))
     assert main([str(camp), "--no-strict"]) in (0, 1)
     doc = json.loads((camp / "summary.json").read_text())["acceptance_by_position"]
     assert list(doc["arms"]) == ["block"] and doc["no_drafts"] == ["token"] and doc["changes"] == {}
     assert None not in doc["arms"]["block"]["rate_by_position"]
     report = (camp / "report.md").read_text()
-    section = report[report.index("## Acceptance per draft position"):]
-    section = section[:section.index("\n## ", 1)]
+    section = report[report.index("## Acceptance per draft position") :]
+    section = section[: section.index("\n## ", 1)]
     assert "| Position 1 " in section and "| token" not in section and "`token`: n/a: no drafts" in section
     pr = (camp / "pr.md").read_text()
     assert "(`token`: n/a: no drafts)" in pr

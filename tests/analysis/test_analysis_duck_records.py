@@ -15,23 +15,98 @@ from analysis import duck_records
 from analysis.read_records import DUCK_FIELDS, read_records_file, read_scores_file
 
 BASE = {
-    "schema_version": 2, "campaign_id": "c1", "run_id": "r0-token-100", "arm": "token", "base_seed": 100,
-    "repeat": 0, "item_id": "q1", "seed_offset": 1, "request_seed": 101, "category": "algebra", "warmup": False,
-    "prompt_tokens": 50, "completion_tokens": 40, "spec_verify_ct": 20, "spec_num_correct_drafts": 20,
-    "max_new_tokens": 60, "finish_reason": "stop", "hit_cap": False, "t_scheduled": 100.0, "t_sent": 100.0,
-    "t_first_token": 100.5, "t_end": 104.5, "n_chunks": 3, "error": None, "output_text": "so \\boxed{5}",
-    "reference_answer": "5", "request_index": 0, "chunk_us": [100000, 200000, 400000], "chunk_tokens": [1, 3, 36],
-    "meta_info": {"spec_accept_length": 2.0, "spec_num_proposed_drafts": 140,
-                  "spec_correct_drafts_histogram": [0, 20, 0, 0, 0, 0, 0, 0], "e2e_latency": 4.5},
+    "schema_version": 2,
+    "campaign_id": "c1",
+    "run_id": "r0-token-100",
+    "arm": "token",
+    "base_seed": 100,
+    "repeat": 0,
+    "item_id": "q1",
+    "seed_offset": 1,
+    "request_seed": 101,
+    "category": "algebra",
+    "warmup": False,
+    "prompt_tokens": 50,
+    "completion_tokens": 40,
+    "spec_verify_ct": 20,
+    "spec_num_correct_drafts": 20,
+    "max_new_tokens": 60,
+    "finish_reason": "stop",
+    "hit_cap": False,
+    "t_scheduled": 100.0,
+    "t_sent": 100.0,
+    "t_first_token": 100.5,
+    "t_end": 104.5,
+    "n_chunks": 3,
+    "error": None,
+    "output_text": "so \\boxed{5}",
+    "reference_answer": "5",
+    "request_index": 0,
+    "chunk_us": [100000, 200000, 400000],
+    "chunk_tokens": [1, 3, 36],
+    "meta_info": {
+        "spec_accept_length": 2.0,
+        "spec_num_proposed_drafts": 140,
+        "spec_correct_drafts_histogram": [0, 20, 0, 0, 0, 0, 0, 0],
+        "e2e_latency": 4.5,
+    },
 }
 
 # a value of every JSON type, and the numbers a reader may round, clip or refuse
-VALUES = [None, True, False, 0, -0.0, 2.0, 1.5, 1e3, 2**53 + 1, 2**63, -(2**63) - 1, 10**400, float("nan"),
-          float("inf"), float("-inf"), "40", "abc", "", "é \"q\"", [1], [], {"x": 1}, {}]
-FIELDS = ["schema_version", "run_id", "request_seed", "warmup", "completion_tokens", "t_sent", "hit_cap",
-          "error", "finish_reason", "spec_verify_ct"]
-LISTS = [[], [1.5], [0.5, "x"], [1, None], [2**53 + 1], [2**63], [-(2**63) - 1], [float("nan")],
-         [float("inf")], [1e3], [-3, 0], "x", 5, {"a": 1}, [[1]]]
+VALUES = [
+    None,
+    True,
+    False,
+    0,
+    -0.0,
+    2.0,
+    1.5,
+    1e3,
+    2**53 + 1,
+    2**63,
+    -(2**63) - 1,
+    10**400,
+    float("nan"),
+    float("inf"),
+    float("-inf"),
+    "40",
+    "abc",
+    "",
+    'é "q"',
+    [1],
+    [],
+    {"x": 1},
+    {},
+]
+FIELDS = [
+    "schema_version",
+    "run_id",
+    "request_seed",
+    "warmup",
+    "completion_tokens",
+    "t_sent",
+    "hit_cap",
+    "error",
+    "finish_reason",
+    "spec_verify_ct",
+]
+LISTS = [
+    [],
+    [1.5],
+    [0.5, "x"],
+    [1, None],
+    [2**53 + 1],
+    [2**63],
+    [-(2**63) - 1],
+    [float("nan")],
+    [float("inf")],
+    [1e3],
+    [-3, 0],
+    "x",
+    5,
+    {"a": 1},
+    [[1]],
+]
 
 
 @pytest.fixture(scope="module")
@@ -65,10 +140,20 @@ def line(record: dict) -> str:
 
 def test_records_as_the_harness_writes_them_stay_on_the_fast_reader(reader, tmp_path):
     floats = [0.1 + 0.2, 1e-300, 5e-324, 1.7976931348623157e308, 123456.78901234567, 1 / 3, -2.5e-7]
-    lines = [line({**BASE, "request_index": i, "t_end": 100.0 + f, "t_first_token": f,
-                   "meta_info": {**BASE["meta_info"], "spec_accept_length": f}}) for i, f in enumerate(floats)]
+    lines = [
+        line(
+            {
+                **BASE,
+                "request_index": i,
+                "t_end": 100.0 + f,
+                "t_first_token": f,
+                "meta_info": {**BASE["meta_info"], "spec_accept_length": f},
+            }
+        )
+        for i, f in enumerate(floats)
+    ]
     lines.append(line({**BASE, "meta_info": None, "request_seed": 2**63 - 1, "chunk_us": [2**53 - 1]}))
-    lines.append(line({**BASE, "meta_info": {"spec_accept_histogram": [3, 1]}, "error": "timeout: \u00e9 \"q\""}))
+    lines.append(line({**BASE, "meta_info": {"spec_accept_histogram": [3, 1]}, "error": 'timeout: \u00e9 "q"'}))
     assert assert_same(tmp_path, lines, reader)
 
 
@@ -88,14 +173,38 @@ def test_a_list_of_anything_in_an_integer_list(reader, tmp_path, field, value):
     assert_same(tmp_path, [line(BASE), line(record)], reader)
 
 
-@pytest.mark.parametrize("meta", ["x", 5, [], {}, {"spec_accept_length": "1"}, {"spec_num_proposed_drafts": True},
-                                  {"spec_accept_length": float("nan")}, {"spec_accept_histogram": None}])
+@pytest.mark.parametrize(
+    "meta",
+    [
+        "x",
+        5,
+        [],
+        {},
+        {"spec_accept_length": "1"},
+        {"spec_num_proposed_drafts": True},
+        {"spec_accept_length": float("nan")},
+        {"spec_accept_histogram": None},
+    ],
+)
 def test_meta_info_of_any_shape(reader, tmp_path, meta):
     assert_same(tmp_path, [line({**BASE, "meta_info": meta}), line(BASE)], reader)
 
 
-@pytest.mark.parametrize("text", ["null\n", "[1]\n", "\"abc\"\n", "5\n", "{}\n", "{\"run_id\": \"a\", \"run_id\": \"b\"}\n",
-                                  "{\"run_id\": \"\\ud800\"}\n", "{\"warmup\": tru\n", "\n", "  \n"])
+@pytest.mark.parametrize(
+    "text",
+    [
+        "null\n",
+        "[1]\n",
+        '"abc"\n',
+        "5\n",
+        "{}\n",
+        '{"run_id": "a", "run_id": "b"}\n',
+        '{"run_id": "\\ud800"}\n',
+        '{"warmup": tru\n',
+        "\n",
+        "  \n",
+    ],
+)
 def test_lines_that_are_no_record(reader, tmp_path, text):
     assert_same(tmp_path, [line(BASE), text, line(BASE)], reader)
     assert_same(tmp_path, [text], reader)
@@ -112,8 +221,14 @@ def test_a_truncated_last_line_and_invalid_utf8_leave_the_fast_reader(reader, tm
 def test_the_fast_reader_refuses_what_it_would_misread(reader, tmp_path):
     """The cases DuckDB converts on its own (1.5 -> 2 in an integer field, "40" -> 40, true -> 1, anything ->
     text): the fast reader leaves each to the line-by-line one, which names the line."""
-    for field, value in [("request_seed", 1.5), ("completion_tokens", "40"), ("spec_verify_ct", True),
-                         ("run_id", 5), ("warmup", 1), ("chunk_us", [1.5, 2])]:
+    for field, value in [
+        ("request_seed", 1.5),
+        ("completion_tokens", "40"),
+        ("spec_verify_ct", True),
+        ("run_id", 5),
+        ("warmup", 1),
+        ("chunk_us", [1.5, 2]),
+    ]:
         assert not assert_same(tmp_path, [line(BASE), line({**BASE, field: value})], reader), (field, value)
 
 
@@ -130,20 +245,28 @@ def test_the_one_looseness_digits_and_booleans_inside_an_integer_list(reader, tm
 def test_values_stay_bitwise_equal_through_the_text_they_are_read_from(reader, tmp_path):
     """Scalars go through their JSON text (DuckDB's re-serialisation): every double must come back as written."""
     import random  # noqa: PLC0415
+
     rng = random.Random(7)
-    floats = [rng.uniform(-1e6, 1e6) for _ in range(200)] + [math.ldexp(rng.random(), rng.randint(-1070, 1020))
-                                                             for _ in range(200)]
+    floats = [rng.uniform(-1e6, 1e6) for _ in range(200)] + [
+        math.ldexp(rng.random(), rng.randint(-1070, 1020)) for _ in range(200)
+    ]
     lines = [line({**BASE, "request_index": i, "t_sent": f, "t_scheduled": -f}) for i, f in enumerate(floats)]
     (fast, _, fast_slow), _ = read_both(tmp_path, lines, reader)
     assert not fast_slow
-    assert fast.column("t_sent").to_pylist() == floats and fast.column("t_scheduled").to_pylist() == [-f for f in floats]
+    assert fast.column("t_sent").to_pylist() == floats and fast.column("t_scheduled").to_pylist() == [
+        -f for f in floats
+    ]
 
 
 def test_a_score_line_beyond_64_bits_is_a_bad_line(tmp_path):
     """Found beside the records reader's checks: the line-by-line scores reader raised OverflowError on it."""
     path = tmp_path / "scores.jsonl"
-    path.write_text(json.dumps({"request_index": 0, "correct": True}) + "\n"
-                    + json.dumps({"request_index": 2**70, "correct": True}) + "\n")
+    path.write_text(
+        json.dumps({"request_index": 0, "correct": True})
+        + "\n"
+        + json.dumps({"request_index": 2**70, "correct": True})
+        + "\n"
+    )
     table, bad = read_scores_file(path)
     assert table.to_pylist() == [{"request_index": 0, "correct": True}] and [b.line for b in bad] == [2]
 

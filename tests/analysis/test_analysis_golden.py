@@ -80,8 +80,12 @@ def test_item_bootstrap_interval_by_hand(clean):
     matrix, layouts, _ = item_matrix(m)
     boot = bootstrap_sums(matrix, 2000, np.random.default_rng(0))
     lay = layouts["pooled"]
-    cols = (lay.col(0, 1, "tokens"), lay.col(0, 1, "verify_steps"), lay.col(0, 0, "tokens"),
-            lay.col(0, 0, "verify_steps"))
+    cols = (
+        lay.col(0, 1, "tokens"),
+        lay.col(0, 1, "verify_steps"),
+        lay.col(0, 0, "tokens"),
+        lay.col(0, 0, "verify_steps"),
+    )
     c = item_change(matrix.sum(axis=0), boot, cols, 2, min_items=2)
     assert (c.estimate, c.lo, c.hi) == (pytest.approx(0.42), pytest.approx(37 / 30 - 1), pytest.approx(0.5))
     assert c.significant
@@ -117,7 +121,9 @@ def test_decode_throughput_is_measured_and_latency_percentiles_are_pooled(clean)
     assert pooled.at["decode_tps", "block"] == pytest.approx(138 / 6.6)
     # per-request rate, mean over the arm's requests: token 39/4, 9/1, 29/3, 19/2
     assert pooled.at["decode_rate_mean", "token"] == pytest.approx(np.mean([39 / 4, 9, 29 / 3, 19 / 2]))
-    assert "decode_tps" in pooled.index and "Decode tok/s (mean request rate x concurrency)" not in squash(clean.markdown)
+    assert "decode_tps" in pooled.index and "Decode tok/s (mean request rate x concurrency)" not in squash(
+        clean.markdown
+    )
     # TTFT pooled over the arm's four requests: 0.5, 0.2, 0.5, 0.2 s -> p50 0.35 s
     assert pooled.at["ttft_p50", "token"] == pytest.approx(350.0)
     # e2e token: 4.5, 1.2, 3.5, 2.2 -> p50 (2.2 + 3.5) / 2, p90 at 2.7 of 3: 3.5 + 0.7 x 1.0
@@ -181,9 +187,13 @@ def test_markdown_tables_match_the_shape_of_the_published_ab(clean):
     md = squash(clean.markdown)
     assert "## Audit: PASSED" in md
     assert "| Metric | token (baseline) | block | Change block vs token [95% CI] |" in md
-    assert "| Acceptance length (includes bonus) | 2.3810 | 3.3810 | +42.00% (no interval: 2 items, fewer than 10) |" in md
-    assert ("| Output throughput (tokens/s) | 12.50 | 20.29 | +61.00% (range of pair ratios [+40.00%, +85.14%], "
-            "2 pairs, no interval) |") in md
+    assert (
+        "| Acceptance length (includes bonus) | 2.3810 | 3.3810 | +42.00% (no interval: 2 items, fewer than 10) |" in md
+    )
+    assert (
+        "| Output throughput (tokens/s) | 12.50 | 20.29 | +61.00% (range of pair ratios [+40.00%, +85.14%], "
+        "2 pairs, no interval) |"
+    ) in md
     assert "| Boxed score over entire response | 3/4 | 3/4 |  |" in md
     assert "| Responses hitting the 60-token cap | 0/4 | 1/4 |  |" in md
     assert "| 100 | 2.2727 | 3.2727 | 11.11 | 20.57 | 1/2 | 2/2 | +44.00% (no interval: 2 items, fewer than 10) |" in md
@@ -191,8 +201,14 @@ def test_markdown_tables_match_the_shape_of_the_published_ab(clean):
     assert "cannot give p below 0.5" in md
     assert "scored in the client's event loop" in md and "Closed loop" in md
     assert "Foreign CPU" in md and "| not recorded |" in md
-    assert md.index("## Audit") < md.index("## Results") < md.index("## Power") < md.index("## Per seed") \
-        < md.index("## Setup") < md.index("## Method")
+    assert (
+        md.index("## Audit")
+        < md.index("## Results")
+        < md.index("## Power")
+        < md.index("## Per seed")
+        < md.index("## Setup")
+        < md.index("## Method")
+    )
 
 
 # ---------------------------------------------------------------------------------------------
@@ -202,14 +218,23 @@ def test_markdown_tables_match_the_shape_of_the_published_ab(clean):
 def test_missing_duplicated_and_errored_requests_are_counted_and_listed(holes):
     cov = holes.audit.coverage
     assert cov.loc["token"].to_dict() == {
-        "planned": 4, "used": 3, "missing": 0, "duplicated": 1, "extra_records": 1, "errored": 1,
-        "unfinished_run": 0, "unplanned_records": 0,
+        "planned": 4,
+        "used": 3,
+        "missing": 0,
+        "duplicated": 1,
+        "extra_records": 1,
+        "errored": 1,
+        "unfinished_run": 0,
+        "unplanned_records": 0,
     }
     assert cov.loc["block", ["planned", "used", "missing", "duplicated", "errored"]].tolist() == [4, 3, 1, 0, 0]
     assert holes.audit.missing[["arm", "base_seed", "item_id"]].values.tolist() == [["block", 200, "q2"]]
-    assert holes.audit.duplicated[["arm", "base_seed", "item_id", "records"]].values.tolist() == [["token", 100, "q1", 2]]
+    assert holes.audit.duplicated[["arm", "base_seed", "item_id", "records"]].values.tolist() == [
+        ["token", 100, "q1", 2]
+    ]
     assert holes.audit.errored[["arm", "base_seed", "item_id", "error"]].values.tolist() == [
-        ["token", 200, "q2", "HTTP 500: boom"]]
+        ["token", 200, "q2", "HTTP 500: boom"]
+    ]
     assert not holes.audit.passed
     assert [c.name for c in holes.audit.failed] == ["Coverage (each planned request once, finished, outside warmup)"]
 

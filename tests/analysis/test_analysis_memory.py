@@ -79,7 +79,12 @@ print(before, arenas())
 
 @pytest.mark.skipif(platform.libc_ver()[0] != "glibc", reason="mallopt's arena limit is glibc's")
 def test_threads_started_after_one_malloc_arena_take_no_arena_of_their_own() -> None:
-    out = subprocess.run([sys.executable, "-c", ARENAS_SCRIPT], capture_output=True, text=True, check=True,
-                         cwd=Path(__file__).resolve().parents[2])
+    out = subprocess.run(
+        [sys.executable, "-c", ARENAS_SCRIPT],
+        capture_output=True,
+        text=True,
+        check=True,
+        cwd=Path(__file__).resolve().parents[2],
+    )
     before, after = (int(x) for x in out.stdout.split())
     assert after == before, out.stdout

@@ -37,7 +37,11 @@ def test_cli_writes_report_and_figures_next_to_the_campaign(tmp_path, capsys):
     out = capsys.readouterr().out
     assert f"wrote {camp / 'report.md'}" in out and "audit: passed" in out
     assert (camp / "report.md").read_text().startswith("# A/B report: golden")
-    assert sorted(p.name for p in (camp / "figures").iterdir()) == ["accept_by_position.png", "accept_histogram.png", "per_seed.png"]
+    assert sorted(p.name for p in (camp / "figures").iterdir()) == [
+        "accept_by_position.png",
+        "accept_histogram.png",
+        "per_seed.png",
+    ]
 
 
 def test_cli_exit_status_strict_and_refusals(tmp_path, capsys):
@@ -102,6 +106,7 @@ def test_checked_metadata_mismatch_is_refused_unless_allowed(tmp_path, capsys):
 
 def test_a_a_campaign_reports_its_noise_floor(tmp_path):
     camp = copy_campaign(CLEAN, tmp_path / "golden" / "aa")
+
     def as_aa(c: dict) -> None:
         c["arms"][1].update(args=[])
         c.setdefault("config", {}).setdefault("experiment", {})["aa"] = True  # an A/A by declaration
@@ -115,8 +120,10 @@ def test_a_a_campaign_reports_its_noise_floor(tmp_path):
     assert "## Noise floor (A/A)" in squash(report.markdown)
     assert "| Acceptance length | +42.00% (no interval: 2 items, fewer than 10) | n/a |" in squash(report.markdown)
     # two run pairs: no interval; the floor shown is the largest pair ratio's distance from 1
-    assert "| Output throughput | +61.00% (range of pair ratios [+40.00%, +85.14%], 2 pairs, no interval) | " \
-           "\u00b185.14% (largest pair ratio, 2 pairs) |" in squash(report.markdown)
+    assert (
+        "| Output throughput | +61.00% (range of pair ratios [+40.00%, +85.14%], 2 pairs, no interval) | "
+        "\u00b185.14% (largest pair ratio, 2 pairs) |" in squash(report.markdown)
+    )
     assert "Both arms send the same request seeds" in squash(report.markdown)
     assert "this A/A campaign's pairs: the run-to-run noise" in squash(report.markdown)
 
@@ -157,9 +164,9 @@ def test_server_accept_length_disagreement_and_unfinished_run_fail(tmp_path):
     report = build_report([camp])
     failed = {c.name: c for c in report.audit.failed}
     assert failed["Server's spec_accept_length matches the recomputed one"].summary == (
-        "8 requests report spec_accept_length; 1 differ from completion_tokens/spec_verify_ct")
-    assert failed["Runs finished, log checks passed"].details == (
-        "golden/c1/r3-token-200 (token): status running",)
+        "8 requests report spec_accept_length; 1 differ from completion_tokens/spec_verify_ct"
+    )
+    assert failed["Runs finished, log checks passed"].details == ("golden/c1/r3-token-200 (token): status running",)
     assert report.audit.coverage.at["token", "unfinished_run"] == 2
     assert report.tables.pooled.at["acceptance_length", "token"] == pytest.approx(50 / 22)  # seed 100 only
 
@@ -207,7 +214,10 @@ def test_a_speculative_arm_whose_server_reports_no_verify_counts_fails_the_audit
     assert [c.name for c in report.audit.failed] == ["Speculative runs report their verify counts"]
     check = report.audit.failed[0]
     assert check.summary.startswith("4 of 8 requests of speculative runs carry no spec_verify_ct")
-    assert len(check.details) == 4 and "--speculative-algorithm DFLASH, but meta_info carries no spec_verify_ct" in check.details[0]
+    assert (
+        len(check.details) == 4
+        and "--speculative-algorithm DFLASH, but meta_info carries no spec_verify_ct" in check.details[0]
+    )
     assert "Audit: FAILED" in report.markdown
 
 
@@ -220,17 +230,23 @@ def test_three_arms_are_each_compared_with_the_baseline(tmp_path):
             path.write_text(path.read_text().replace(src.name, dst.name).replace('"block"', '"block2"'))
 
     def add_arm(c):
-        c["arms"].append({"name": "block2", "args": ["--speculative-use-block-verification"], "env": {},
-                          "python": None})
-        extra = [dict(p, run_id=p["run_id"].replace("block", "block2"), arm="block2", index=10 + p["index"])
-                 for p in c["plan"] if p["arm"] == "block"]
+        c["arms"].append(
+            {"name": "block2", "args": ["--speculative-use-block-verification"], "env": {}, "python": None}
+        )
+        extra = [
+            dict(p, run_id=p["run_id"].replace("block", "block2"), arm="block2", index=10 + p["index"])
+            for p in c["plan"]
+            if p["arm"] == "block"
+        ]
         c["plan"] += extra
 
     edit_json(camp / "campaign.json", add_arm)
     report = build_report([camp])
     assert report.arms == ["token", "block", "block2"] and report.audit.passed, report.audit.failed
-    assert "| Metric | token (baseline) | block | block2 | Change block vs token [95% CI] | " \
-           "Change block2 vs token [95% CI] |" in squash(report.markdown)
+    assert (
+        "| Metric | token (baseline) | block | block2 | Change block vs token [95% CI] | "
+        "Change block2 vs token [95% CI] |" in squash(report.markdown)
+    )
     assert report.comparison.get("pooled", "all", "acceptance_length", "block2").estimate == pytest.approx(0.42)
 
 

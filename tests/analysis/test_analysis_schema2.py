@@ -124,8 +124,9 @@ def test_a_used_request_without_one_score_line_fails_the_audit(tmp_path, damage)
 def test_foreign_load_is_flagged_in_the_audit_the_runs_and_the_changes(v2):
     c = check(v2, "Runs taken on a quiet machine")
     assert c.status == "warn" and c.summary.startswith("1 of 4 runs taken under foreign load")
-    assert c.details == ("golden/golden-c1/r3-token-200 (token): other processes used 30% of all CPUs during "
-                         "the run (> 10%)",)
+    assert c.details == (
+        "golden/golden-c1/r3-token-200 (token): other processes used 30% of all CPUs during the run (> 10%)",
+    )
     md = squash(v2.markdown)
     assert "| r3-token-200 | token | 200 | 0 | 2 | 2.5000 | n/a |" in md
     assert "| 30.0% FLAGGED |" in md and "| 2.0% |" in md
@@ -146,8 +147,10 @@ def test_open_loop_latency_counts_from_the_scheduled_arrival(tmp_path):
     for path in camp.glob("runs/*/manifest.json"):
         edit_json(path, lambda m: m.update(request_rate=2.0))
     # every request was scheduled 0.1 s (q1) and 0.3 s (q2) before it was sent
-    edit_records(camp / "runs" / "r0-token-100" / "records.jsonl",
-                 lambda r: r.update(t_scheduled=r["t_sent"] - (0.1 if r["item_id"] == "q1" else 0.3)))
+    edit_records(
+        camp / "runs" / "r0-token-100" / "records.jsonl",
+        lambda r: r.update(t_scheduled=r["t_sent"] - (0.1 if r["item_id"] == "q1" else 0.3)),
+    )
     report = build_report([camp], n_boot=50)
     runs = report.tables.per_run.set_index("run_id")
     # TTFT r0: q1 0.5 + 0.1, q2 0.2 + 0.3 -> p50 0.55 s; closed loop it was 0.35 s
@@ -174,8 +177,10 @@ def _aa_streams(tmp_path: Path, block_stream: int, shift_seeds: bool) -> Path:
         edit_json(man, lambda m: m.update(command=[t for t in m["command"] if "block-verification" not in t]))
     if shift_seeds:
         for records in camp.glob("runs/*-block-*/records.jsonl"):
-            edit_records(records, lambda r: r.update(
-                request_seed=None if r["request_seed"] is None else r["request_seed"] + 2**32))
+            edit_records(
+                records,
+                lambda r: r.update(request_seed=None if r["request_seed"] is None else r["request_seed"] + 2**32),
+            )
     return camp
 
 
@@ -216,8 +221,10 @@ def test_six_pairs_give_intervals_and_the_power_table(tmp_path):
     assert "## Power" in squash(report.markdown)
     (line,) = power_summary(report)
     n = [f"{int(power.at[('block', 'throughput'), f'pairs_for_{p}pct']):,}" for p in (1, 2, 5)]
-    assert line.startswith("power, block vs token (run pairs for a 1% / 2% / 5% change at 80% power, from 6 pair(s)): "
-                           f"throughput {' / '.join(n)}; ")
+    assert line.startswith(
+        "power, block vs token (run pairs for a 1% / 2% / 5% change at 80% power, from 6 pair(s)): "
+        f"throughput {' / '.join(n)}; "
+    )
     assert "(95%:" in squash(report.markdown)  # the SD's own uncertainty, in the report
 
 
@@ -248,8 +255,9 @@ def test_chunk_lists_flatten_across_sliced_empty_and_null_chunks():
     from analysis.load import _list_parts  # noqa: PLC0415
 
     lists = pa.array([[1, 2], [3], None, [], [4, 5, 6]], pa.list_(pa.int64()))
-    stale = pa.ListArray.from_arrays(pa.array([0, 2, 4, 5], pa.int32()), pa.array([7, 8, 9, 10, 11], pa.int64()),
-                                     mask=pa.array([False, True, False]))
+    stale = pa.ListArray.from_arrays(
+        pa.array([0, 2, 4, 5], pa.int32()), pa.array([7, 8, 9, 10, 11], pa.int64()), mask=pa.array([False, True, False])
+    )
     column = pa.chunked_array([lists.slice(1, 3), pa.array([], pa.list_(pa.int64())), stale, lists])
     offsets, values, present = _list_parts([column], len(column))
     assert offsets.tolist() == [0, 1, 1, 1, 3, 3, 4, 6, 7, 7, 7, 10]
@@ -266,8 +274,10 @@ def test_chunk_lists_flatten_across_sliced_empty_and_null_chunks():
 
 def test_a_mistyped_chunk_list_is_a_bad_line(tmp_path):
     camp = copy_campaign(V2, tmp_path / "golden" / "c1")
-    edit_records(camp / "runs" / "r1-block-100" / "records.jsonl",
-                 lambda r: r.update(chunk_us=[0.5, "x"]) if r["item_id"] == "q2" and not r["warmup"] else None)
+    edit_records(
+        camp / "runs" / "r1-block-100" / "records.jsonl",
+        lambda r: r.update(chunk_us=[0.5, "x"]) if r["item_id"] == "q2" and not r["warmup"] else None,
+    )
     report = build_report([camp], n_boot=50)
     assert report.audit.failed[0].name == "Records readable"
     assert any("chunk_us is not a list of integers" in b.reason for b in report.data.bad_lines)
@@ -320,16 +330,30 @@ def test_chunk_checks_equal_a_record_by_record_reading(tmp_path):
     tok_lists = [rng.integers(0, 4, k) for k in tok_len]
     ct = np.array([t.sum() + (rng.random() < 0.1) for t in tok_lists], dtype=float)
     offsets = lambda lists: np.concatenate([[0], np.cumsum([len(x) for x in lists])])  # noqa: E731
-    chunks = Chunks(offsets(us_lists), np.concatenate(us_lists).astype(np.int64), np.ones(n, bool),
-                    offsets(tok_lists), np.concatenate(tok_lists).astype(np.int64), np.ones(n, bool))
+    chunks = Chunks(
+        offsets(us_lists),
+        np.concatenate(us_lists).astype(np.int64),
+        np.ones(n, bool),
+        offsets(tok_lists),
+        np.concatenate(tok_lists).astype(np.int64),
+        np.ones(n, bool),
+    )
     records = pd.DataFrame({"completion_tokens": ct, "_run": 0, "_line": np.arange(n), "item_id": "q"})
     path = tmp_path / "records.jsonl"  # the lines a message names: one a record
     path.write_text("{}\n" * n)
-    data = SimpleNamespace(chunks=chunks, records=records, slow_files=[],
-                           runs=pd.DataFrame({"campaign": ["c"], "run_id": ["r"], "records_path": [str(path)]}))
+    data = SimpleNamespace(
+        chunks=chunks,
+        records=records,
+        slow_files=[],
+        runs=pd.DataFrame({"campaign": ["c"], "run_id": ["r"], "records_path": [str(path)]}),
+    )
     check = check_chunks(data, SimpleNamespace(used=np.ones(n, bool)))
     flagged = {int(line.split(" line ")[1].split(" ")[0]) - 1 for line in check.details}
-    want = {i for i in range(n)
-            if np.any(np.diff(us_lists[i]) < 0) or us_len[i] != tok_len[i]
-            or (us_len[i] == tok_len[i] and tok_lists[i].sum() != ct[i])}
+    want = {
+        i
+        for i in range(n)
+        if np.any(np.diff(us_lists[i]) < 0)
+        or us_len[i] != tok_len[i]
+        or (us_len[i] == tok_len[i] and tok_lists[i].sum() != ct[i])
+    }
     assert flagged == want and len(want) > 20

@@ -155,8 +155,10 @@ def test_six_pairs_give_a_t_interval_on_log_ratios_holding_the_estimate():
     c = paired_change(pairs, np.random.default_rng(0))
     d = np.log(ratios)  # by hand: mean +- t(0.975, 5) sd / sqrt(6), t(0.975, 5) = 2.5706
     half = 2.570582 * d.std(ddof=1) / math.sqrt(6)
-    assert (c.lo, c.hi) == (pytest.approx(math.expm1(d.mean() - half), rel=1e-6),
-                            pytest.approx(math.expm1(d.mean() + half), rel=1e-6))
+    assert (c.lo, c.hi) == (
+        pytest.approx(math.expm1(d.mean() - half), rel=1e-6),
+        pytest.approx(math.expm1(d.mean() + half), rel=1e-6),
+    )
     assert c.lo < c.estimate < c.hi
     assert c.p_value == pytest.approx(2 / 64) and c.significant  # all six faster: the exact p is 2/2^6
 
@@ -191,7 +193,9 @@ def test_pairs_needed_is_the_fewest_also_above_a_thousand_pairs(sd):
 
 def test_an_sd_from_three_pairs_leaves_pairs_needed_uncertain_by_0_3_to_40():
     lo, hi = sd_interval(1.0, 3)  # chi-square with 2 degrees of freedom
-    assert lo == pytest.approx(math.sqrt(2 / sps.chi2.ppf(0.975, 2))) and hi == pytest.approx(math.sqrt(2 / sps.chi2.ppf(0.025, 2)))
+    assert lo == pytest.approx(math.sqrt(2 / sps.chi2.ppf(0.975, 2))) and hi == pytest.approx(
+        math.sqrt(2 / sps.chi2.ppf(0.025, 2))
+    )
     assert lo**2 == pytest.approx(0.271, abs=1e-3) and hi**2 == pytest.approx(39.5, abs=0.1)
     n, n_lo, n_hi = (pairs_needed(0.02, 0.05 * x) for x in (1.0, lo, hi))
     assert n_lo < n < n_hi  # fmt_pairs shows all three: the report never prints the middle one alone
@@ -263,8 +267,9 @@ def test_itl_sort_packed_keys_and_float_fallback_give_the_weighted_percentiles()
         both = (run == 0) | (run == 2)
         got, count = s.pooled([0, 2], PERCENTILES)
         assert count == tokens[both].sum()
-        assert got == pytest.approx(weighted_percentiles(value[both], tokens[both].astype(float), PERCENTILES),
-                                    abs=1e-9)
+        assert got == pytest.approx(
+            weighted_percentiles(value[both], tokens[both].astype(float), PERCENTILES), abs=1e-9
+        )
 
 
 def test_sign_flip_p_value_equals_scipys_exact_permutation_test():
@@ -275,8 +280,9 @@ def test_sign_flip_p_value_equals_scipys_exact_permutation_test():
         for shift in (0.0, 0.02, -0.05):
             d = rng.normal(shift, 0.03, size=n)
             ours, exact = sign_flip_pvalue(d, np.random.default_rng(0))
-            ref = sps.permutation_test((d,), np.mean, permutation_type="samples", alternative="two-sided",
-                                   n_resamples=np.inf).pvalue
+            ref = sps.permutation_test(
+                (d,), np.mean, permutation_type="samples", alternative="two-sided", n_resamples=np.inf
+            ).pvalue
             assert exact and ours == pytest.approx(ref, abs=1e-12), (n, shift, ours, ref)
 
 
@@ -310,7 +316,7 @@ def test_itl_in_one_pass_equals_the_general_path_and_selection_equals_sorting(mo
     assert np.array_equal(fast.keys, slow.keys)
     mask = (1 << 20) - 1
     for runs in ([0], [1], [3], [0, 2, 4], [0, 1, 2, 3, 4, 5]):
-        keys = np.sort(np.concatenate([slow.keys[slow.bounds[r]:slow.bounds[r + 1]] for r in runs]))
+        keys = np.sort(np.concatenate([slow.keys[slow.bounds[r] : slow.bounds[r + 1]] for r in runs]))
         value, weight = (keys >> 20) / 1e9, (keys & mask).astype(float)
         want = weighted_percentiles(value, weight, PERCENTILES, presorted=True)
         got, count = fast.pooled(runs, PERCENTILES)
@@ -320,7 +326,7 @@ def test_itl_in_one_pass_equals_the_general_path_and_selection_equals_sorting(mo
             np.testing.assert_array_equal(fast.run_percentiles(runs[0], PERCENTILES), want)
         if len(keys):
             every = np.arange(0, int(weight.sum()), 997)
-            parts = [fast.keys[fast.bounds[r]:fast.bounds[r + 1]] for r in runs]
+            parts = [fast.keys[fast.bounds[r] : fast.bounds[r + 1]] for r in runs]
             np.testing.assert_array_equal(select_keys(parts, every), np.repeat(keys, keys & mask)[every])
     big = Chunks(offsets, us, np.ones(n, bool), offsets, np.where(tok > 0, 2**20, 0), tok_present)
     fallback = itl_by_run(big, rows, run_of_record[rows], 6)
@@ -332,8 +338,10 @@ def test_selection_of_tied_keys_and_of_keys_within_one_bucket(monkeypatch):
 
     monkeypatch.setattr(itl, "_SMALL", 4)
     rng = np.random.default_rng(2)
-    for keys in ((5 << 20) + rng.integers(1, 100, 1000),  # one ns value: every bucket is one key
-                 np.r_[np.full(300, (7 << 20) + 3), (rng.integers(-9, 9, 200) << 20) + 1]):  # ties, negatives
+    for keys in (
+        (5 << 20) + rng.integers(1, 100, 1000),  # one ns value: every bucket is one key
+        np.r_[np.full(300, (7 << 20) + 3), (rng.integers(-9, 9, 200) << 20) + 1],
+    ):  # ties, negatives
         ordered = np.sort(keys)
         repeated = np.repeat(ordered, ordered & ((1 << 20) - 1))
         positions = np.arange(len(repeated))

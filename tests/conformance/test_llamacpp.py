@@ -39,13 +39,25 @@ from harness.runner.server.spec import build_spec
 from workloads.base import Item
 
 EXPERIMENTS = ("llamacpp_spec_vs_none", "llamacpp_draft_max")
-SMALL = ("experiment=llamacpp_spec_vs_none", "experiment.base_seeds=[980406]", "workload.n_items=3",
-         "sampling.max_new_tokens=24", "client.concurrency=1", "load_sample_s=0.1")
+SMALL = (
+    "experiment=llamacpp_spec_vs_none",
+    "experiment.base_seeds=[980406]",
+    "workload.n_items=3",
+    "sampling.max_new_tokens=24",
+    "client.concurrency=1",
+    "load_sample_s=0.1",
+)
 
 
 def item() -> Item:
-    return Item(item_id="7", seed_offset=7, prompt="What is 2 + 2?", messages=[{"role": "user", "content": "2+2?"}],
-                answer="4", category=None)
+    return Item(
+        item_id="7",
+        seed_offset=7,
+        prompt="What is 2 + 2?",
+        messages=[{"role": "user", "content": "2+2?"}],
+        answer="4",
+        category=None,
+    )
 
 
 # ---------------------------------------------------------------------- unit
@@ -64,8 +76,12 @@ def test_payload_turns_off_the_prompt_cache_and_sends_the_seed():
 def test_counts_come_from_the_timings():
     timings = {"predicted_n": 20, "draft_n": 30, "draft_n_accepted": 7, "prompt_n": 40}
     meta = meta_info("stop", {"completion_tokens": 20, "prompt_tokens": 40}, timings)
-    assert (meta["completion_tokens"], meta["spec_verify_ct"], meta["spec_num_correct_drafts"],
-            meta["spec_num_proposed_drafts"]) == (20, 12, 7, 30)
+    assert (
+        meta["completion_tokens"],
+        meta["spec_verify_ct"],
+        meta["spec_num_correct_drafts"],
+        meta["spec_num_proposed_drafts"],
+    ) == (20, 12, 7, 30)
     assert meta["raw"]["timings"] is timings and meta["finish_reason"] == {"type": "stop"}
     plain = meta_info("length", {"completion_tokens": 5}, {"predicted_n": 5})  # nothing drafted: keys absent
     assert (plain["spec_verify_ct"], plain["spec_num_correct_drafts"], plain["spec_num_proposed_drafts"]) == (4, 0, 0)
@@ -81,11 +97,16 @@ def test_stream_reader_counts_each_chunks_tokens():
         {"choices": [{"finish_reason": None, "index": 0, "delta": {"role": "assistant", "content": None}}]},
         {"choices": [{"finish_reason": None, "index": 0, "delta": {"content": "The"}}], "timings": {"predicted_n": 1}},
         {"choices": [{"finish_reason": None, "index": 0, "delta": {"content": " cat"}}], "timings": {"predicted_n": 2}},
-        {"choices": [{"finish_reason": None, "index": 0, "delta": {"content": "."}}],
-         "timings": {"predicted_n": 3, "draft_n": 4}},
+        {
+            "choices": [{"finish_reason": None, "index": 0, "delta": {"content": "."}}],
+            "timings": {"predicted_n": 3, "draft_n": 4},
+        },
         {"choices": [{"finish_reason": "stop", "index": 0, "delta": {}}]},
-        {"choices": [], "usage": {"completion_tokens": 4, "prompt_tokens": 9},
-         "timings": {"predicted_n": 4, "draft_n": 4, "draft_n_accepted": 2}},
+        {
+            "choices": [],
+            "usage": {"completion_tokens": 4, "prompt_tokens": 9},
+            "timings": {"predicted_n": 4, "draft_n": 4, "draft_n_accepted": 2},
+        },
     ]
     reader, out = LlamaStream(), Outcome(t_scheduled=0.0)
     for t, event in enumerate(events):
@@ -97,13 +118,17 @@ def test_stream_reader_counts_each_chunks_tokens():
 
 
 def test_metrics_parser_and_deltas():
-    text = ("# HELP llamacpp:n_decode_total x\n# TYPE llamacpp:n_decode_total counter\nllamacpp:n_decode_total 62\n"
-            "llamacpp:tokens_predicted_total 60\nllamacpp:spec_decode_num_accepted_tokens_per_pos_total"
-            '{position="0"} 1\nllamacpp:predicted_tokens_seconds 44.6261\n')
+    text = (
+        "# HELP llamacpp:n_decode_total x\n# TYPE llamacpp:n_decode_total counter\nllamacpp:n_decode_total 62\n"
+        "llamacpp:tokens_predicted_total 60\nllamacpp:spec_decode_num_accepted_tokens_per_pos_total"
+        '{position="0"} 1\nllamacpp:predicted_tokens_seconds 44.6261\n'
+    )
     metrics = parse_metrics(text)
     assert metrics == {"n_decode_total": 62.0, "tokens_predicted_total": 60.0, "predicted_tokens_seconds": 44.6261}
-    assert counter_delta(metrics, {**metrics, "n_decode_total": 70.0}) == {"n_decode_total": 8.0,
-                                                                           "tokens_predicted_total": 0.0}
+    assert counter_delta(metrics, {**metrics, "n_decode_total": 70.0}) == {
+        "n_decode_total": 8.0,
+        "tokens_predicted_total": 0.0,
+    }
 
 
 def test_binary_given_but_not_executable_is_refused(tmp_path, monkeypatch):
@@ -116,12 +141,15 @@ def test_binary_given_but_not_executable_is_refused(tmp_path, monkeypatch):
         find_binary(None)
 
 
-@pytest.mark.parametrize(("overrides", "said"), [
-    (["experiment.arms.1.seed_stream=1"], "does not fit llama-server's 32-bit seed"),
-    (["experiment.base_seeds=[4294967290]"], "does not fit llama-server's 32-bit seed"),
-    (["experiment.warmup.flush_cache=true"], "llama-server has no /flush_cache"),
-    (["client.route=generate"], "llama-server does not serve"),
-])
+@pytest.mark.parametrize(
+    ("overrides", "said"),
+    [
+        (["experiment.arms.1.seed_stream=1"], "does not fit llama-server's 32-bit seed"),
+        (["experiment.base_seeds=[4294967290]"], "does not fit llama-server's 32-bit seed"),
+        (["experiment.warmup.flush_cache=true"], "llama-server has no /flush_cache"),
+        (["client.route=generate"], "llama-server does not serve"),
+    ],
+)
 def test_refused_before_anything_launches(tmp_path, overrides, said):
     done = bench_process(tmp_path, "experiment=llamacpp_spec_vs_none", "dry_run=true", *overrides, timeout=120)
     assert done.returncode == 2, done.stdout + done.stderr
@@ -131,17 +159,25 @@ def test_refused_before_anything_launches(tmp_path, overrides, said):
 # ---------------------------------------------------------------------- the real binary
 
 
-@pytest.mark.parametrize(("args", "flag", "said"), [
-    (["--spec-typo", "ngram-simple"], "--spec-typo", "invalid argument"),
-    (["--draft-max", "4"], "--draft-max", "the argument has been removed"),
-    (["--spec-type", "ngram-bogus"], "--spec-type", "unknown speculative type"),
-])
+@pytest.mark.parametrize(
+    ("args", "flag", "said"),
+    [
+        (["--spec-typo", "ngram-simple"], "--spec-typo", "invalid argument"),
+        (["--draft-max", "4"], "--draft-max", "the argument has been removed"),
+        (["--spec-type", "ngram-bogus"], "--spec-type", "unknown speculative type"),
+    ],
+)
 def test_the_binary_refuses_a_bad_flag_naming_its_config_key(tmp_path, args, flag, said):
     require_llama_server()
     arm_args = "[" + ",".join(args) + "]"
     for dry in ("true", "false"):
-        done = bench_process(tmp_path, "experiment=llamacpp_spec_vs_none", f"experiment.arms.1.args={arm_args}",
-                             f"dry_run={dry}", timeout=120)
+        done = bench_process(
+            tmp_path,
+            "experiment=llamacpp_spec_vs_none",
+            f"experiment.arms.1.args={arm_args}",
+            f"dry_run={dry}",
+            timeout=120,
+        )
         text = " ".join((done.stdout + done.stderr).split())
         assert done.returncode == 2, text
         assert f"{flag} (from experiment.arms.1.args)" in text and said in text and "argv preflight FAILED" in text
@@ -161,7 +197,7 @@ def test_every_shipped_argv_parses():
 def shipped_log_checks() -> tuple[set[str], set[str]]:
     must, must_not = set(), set()
     for name in EXPERIMENTS:
-        checks = (yaml.safe_load((CONFIG_DIR / "experiment" / f"{name}.yaml").read_text())["server"]["log_checks"])
+        checks = yaml.safe_load((CONFIG_DIR / "experiment" / f"{name}.yaml").read_text())["server"]["log_checks"]
         must |= set(checks.get("must", []))
         must_not |= set(checks.get("must_not", []))
     return must, must_not
@@ -169,10 +205,22 @@ def shipped_log_checks() -> tuple[set[str], set[str]]:
 
 async def started(args: list[str], tmp_path: Path, name: str) -> tuple[Path, list]:
     """A real llama-server with `args` through the harness's own launcher: its log and its /slots."""
-    server = ServerConfig(backend="llamacpp", model_path="hf:smollm2-135m-instruct", seed_arg="--seed",
-                          ready_timeout_s=60, args=["--threads", "1", "--no-webui", *args])
-    spec = build_spec(server, ArmConfig(name=name), port=free_port(), base_seed=1, gpu=None,
-                      log_path=tmp_path / f"{name}.log", slots=1)
+    server = ServerConfig(
+        backend="llamacpp",
+        model_path="hf:smollm2-135m-instruct",
+        seed_arg="--seed",
+        ready_timeout_s=60,
+        args=["--threads", "1", "--no-webui", *args],
+    )
+    spec = build_spec(
+        server,
+        ArmConfig(name=name),
+        port=free_port(),
+        base_seed=1,
+        gpu=None,
+        log_path=tmp_path / f"{name}.log",
+        slots=1,
+    )
     from harness.runner.server.control import get_json  # noqa: PLC0415
 
     async with Server(spec) as proc:
@@ -226,8 +274,9 @@ def test_campaign_end_to_end(campaign):
     assert sorted(measured) == ["ngram", "none"] and all(len(rs) == 3 for rs in measured.values())
     text = {arm: [r["output_text"] for r in sorted(rs, key=lambda r: r["item_id"])] for arm, rs in measured.items()}
     assert text["none"] == text["ngram"]  # greedy: llama.cpp's speculation is lossless
-    assert all(r["spec_num_correct_drafts"] == 0 and r["meta_info"]["spec_num_proposed_drafts"] == 0
-               for r in measured["none"])
+    assert all(
+        r["spec_num_correct_drafts"] == 0 and r["meta_info"]["spec_num_proposed_drafts"] == 0 for r in measured["none"]
+    )
     assert sum(r["meta_info"]["spec_num_proposed_drafts"] for r in measured["ngram"]) > 0
     for path in campaign.glob("runs/*/manifest.json"):
         man = json.loads(path.read_text())
@@ -276,8 +325,9 @@ def test_audit_fails_tampered_counts(campaign, tmp_path):
 def test_make_target_prints_where_the_binary_is():
     """`python -m harness.runner.server.llamacpp_build` (make llamacpp) finds the cached build without building again."""
     binary, _ = require_llama_server()
-    done = subprocess.run([sys.executable, "-m", "harness.runner.server.llamacpp_build"], capture_output=True, text=True,
-                          timeout=120)
+    done = subprocess.run(
+        [sys.executable, "-m", "harness.runner.server.llamacpp_build"], capture_output=True, text=True, timeout=120
+    )
     assert done.returncode == 0, done.stderr
     assert "nothing to build" in done.stdout or "nothing built" in done.stdout
     assert binary in done.stdout or "LLAMA_SERVER" in done.stdout

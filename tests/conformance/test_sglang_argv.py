@@ -44,10 +44,14 @@ def python() -> str:
 
 def composed(name: str, python: str, *overrides: str) -> BenchConfig:
     register_configs()
-    arms = [f"experiment.arms.{i}.python={python}" for i in range(2)] if name == "dflash_verify_probs_speedbench" else []
+    arms = (
+        [f"experiment.arms.{i}.python={python}" for i in range(2)] if name == "dflash_verify_probs_speedbench" else []
+    )
     with initialize_config_dir(config_dir=str(CONFIG_DIR), version_base="1.3"):
-        node = compose(config_name="bench", overrides=[f"experiment={name}", f"server.python={python}",
-                                                       *PLACEHOLDERS, *arms, *overrides])
+        node = compose(
+            config_name="bench",
+            overrides=[f"experiment={name}", f"server.python={python}", *PLACEHOLDERS, *arms, *overrides],
+        )
     return to_typed(node)
 
 
@@ -68,8 +72,13 @@ def planned_argvs_of(cfg: BenchConfig) -> list[PlannedArgv]:
     return [planned_argv(launch) for launch in planned_launches(cfg)]
 
 
-def variant(cfg: BenchConfig, label: str, replace: dict[str, str] | None = None, add: list[str] | None = None,
-            arm: str = "block") -> PlannedArgv:
+def variant(
+    cfg: BenchConfig,
+    label: str,
+    replace: dict[str, str] | None = None,
+    add: list[str] | None = None,
+    arm: str = "block",
+) -> PlannedArgv:
     """An arm's first planned argv with tokens replaced / added (a hand-made mistake)."""
     item = next(i for i in planned_argvs_of(cfg) if i.arm == arm)
     args = tuple((replace or {}).get(a, a) for a in item.args) + tuple(add or [])
@@ -78,7 +87,9 @@ def variant(cfg: BenchConfig, label: str, replace: dict[str, str] | None = None,
 
 def mistakes(cfg: BenchConfig) -> list[PlannedArgv]:
     return [
-        variant(cfg, "misspelled", replace={"--speculative-use-block-verification": "--speculative-use-blok-verification"}),
+        variant(
+            cfg, "misspelled", replace={"--speculative-use-block-verification": "--speculative-use-blok-verification"}
+        ),
         variant(cfg, "bad_choice", replace={"flashinfer": "flashinfo"}),
         variant(cfg, "bad_type", replace={"8": "eight"}),
         variant(cfg, "block_ngram", replace={"DFLASH": "NGRAM"}),
@@ -112,13 +123,16 @@ def test_every_planned_argv_of_every_sglang_experiment_is_accepted(python, shipp
         assert stages["speculative"] in ("passed", "stopped"), outcome.line()
 
 
-@pytest.mark.parametrize("label, expected_flag, stage, words", [
-    ("misspelled", "--speculative-use-blok-verification", "parse", "unrecognized arguments"),
-    ("bad_choice", "--attention-backend", "parse", "invalid choice: 'flashinfo'"),
-    ("bad_type", "--max-running-requests", "parse", "invalid int value: 'eight'"),
-    ("block_ngram", "--speculative-use-block-verification", "speculative", "only supports EAGLE"),
-    ("block_on_cpu", "--speculative-use-block-verification", "speculative", "only supports CUDA"),
-])
+@pytest.mark.parametrize(
+    "label, expected_flag, stage, words",
+    [
+        ("misspelled", "--speculative-use-blok-verification", "parse", "unrecognized arguments"),
+        ("bad_choice", "--attention-backend", "parse", "invalid choice: 'flashinfo'"),
+        ("bad_type", "--max-running-requests", "parse", "invalid int value: 'eight'"),
+        ("block_ngram", "--speculative-use-block-verification", "speculative", "only supports EAGLE"),
+        ("block_on_cpu", "--speculative-use-block-verification", "speculative", "only supports CUDA"),
+    ],
+)
 def test_what_sglang_refuses_fails_with_the_flag_named(report, label, expected_flag, stage, words):
     outcome = report.outcome_of(label)
     assert not outcome.ok and outcome.flag == expected_flag, outcome.line()
@@ -141,8 +155,9 @@ def test_dry_run_says_sglang_accepted_every_argv(python):
 
 
 def test_dry_run_fails_naming_the_misspelled_flag_and_its_config_key(python):
-    code, text = dry_run(composed("dspark_block_vs_token", python,
-                                  "experiment.arms.1.args=[--speculative-use-blok-verification]"))
+    code, text = dry_run(
+        composed("dspark_block_vs_token", python, "experiment.arms.1.args=[--speculative-use-blok-verification]")
+    )
     assert code == EXIT_CODE
     assert "REFUSED by SGLang" in text and "argv preflight FAILED" in text
     assert "--speculative-use-blok-verification (from experiment.arms.1.args)" in text

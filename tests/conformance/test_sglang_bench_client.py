@@ -34,9 +34,20 @@ pytestmark = [pytest.mark.sglang, pytest.mark.slow]
 NUM_PROMPTS = 32
 INPUT_LEN, OUTPUT_LEN, RANGE_RATIO = 64, 32, 0.5
 NUM_DRAFT_TOKENS = 8
-SERVER_ARGS = ["--model-path", "embedded:mini", "--speculative-algorithm", "DFLASH", "--draft-mode", "sampled",
-               "--speculative-num-draft-tokens", str(NUM_DRAFT_TOKENS), "--decode-log-interval", "1",
-               "--random-seed", "3"]
+SERVER_ARGS = [
+    "--model-path",
+    "embedded:mini",
+    "--speculative-algorithm",
+    "DFLASH",
+    "--draft-mode",
+    "sampled",
+    "--speculative-num-draft-tokens",
+    str(NUM_DRAFT_TOKENS),
+    "--decode-log-interval",
+    "1",
+    "--random-seed",
+    "3",
+]
 OFFLINE = {"HF_HUB_OFFLINE": "1", "HF_DATASETS_OFFLINE": "1", "TRANSFORMERS_OFFLINE": "1"}
 CLIENT_TIMEOUT_S = 120
 
@@ -79,11 +90,33 @@ print(json.dumps(done))
 
 
 def client_argv(port: int, backend: str, output: Path) -> list[str]:
-    return ["--backend", backend, "--host", HOST, "--port", str(port), "--dataset-name", "random-ids",
-            "--num-prompts", str(NUM_PROMPTS), "--random-input-len", str(INPUT_LEN),
-            "--random-output-len", str(OUTPUT_LEN), "--random-range-ratio", str(RANGE_RATIO), "--seed", "1",
-            "--flush-cache", "--disable-tqdm", "--output-file", str(output), "--output-details",
-            "--ready-check-timeout-sec", "10"]
+    return [
+        "--backend",
+        backend,
+        "--host",
+        HOST,
+        "--port",
+        str(port),
+        "--dataset-name",
+        "random-ids",
+        "--num-prompts",
+        str(NUM_PROMPTS),
+        "--random-input-len",
+        str(INPUT_LEN),
+        "--random-output-len",
+        str(OUTPUT_LEN),
+        "--random-range-ratio",
+        str(RANGE_RATIO),
+        "--seed",
+        "1",
+        "--flush-cache",
+        "--disable-tqdm",
+        "--output-file",
+        str(output),
+        "--output-details",
+        "--ready-check-timeout-sec",
+        "10",
+    ]
 
 
 @pytest.fixture(scope="module")
@@ -91,9 +124,14 @@ def client_runs(server, tmp_path_factory) -> dict[str, dict]:
     """Every backend's run: exit code, stdout, the server's /server_info after it, and its output JSON line."""
     out_dir = tmp_path_factory.mktemp("client")
     runs = {b: client_argv(server.port, b, out_dir / f"{b}.jsonl") for b in BACKENDS}
-    proc = subprocess.run([sys.executable, "-c", CLIENT_RUNS, server.url, json.dumps(runs)], cwd=out_dir,
-                          env={**os.environ, **OFFLINE}, capture_output=True, text=True,
-                          timeout=CLIENT_TIMEOUT_S * len(BACKENDS))
+    proc = subprocess.run(
+        [sys.executable, "-c", CLIENT_RUNS, server.url, json.dumps(runs)],
+        cwd=out_dir,
+        env={**os.environ, **OFFLINE},
+        capture_output=True,
+        text=True,
+        timeout=CLIENT_TIMEOUT_S * len(BACKENDS),
+    )
     assert proc.returncode == 0, f"exit {proc.returncode}\n{proc.stdout[-4000:]}\n{proc.stderr[-4000:]}"
     done = json.loads(proc.stdout.strip().splitlines()[-1])
     for backend, run in done.items():

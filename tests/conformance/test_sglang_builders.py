@@ -94,8 +94,10 @@ class _Batch:
 def _runtime_config_stub() -> SimpleNamespace:
     """What `from_schedule_batch` reads from SGLang's runtime config: no deterministic inference,
     no custom logit processor, no watermark (a server's defaults)."""
-    return SimpleNamespace(deterministic=SimpleNamespace(enable_deterministic_inference=False),
-                           features=SimpleNamespace(enable_custom_logit_processor=False, enable_watermark=False))
+    return SimpleNamespace(
+        deterministic=SimpleNamespace(enable_deterministic_inference=False),
+        features=SimpleNamespace(enable_custom_logit_processor=False, enable_watermark=False),
+    )
 
 
 @pytest.fixture(scope="module")
@@ -114,8 +116,12 @@ def real_sampling_info(sg: SimpleNamespace, reqs: list[Req], vocab: int):
     params = [sg.params.SamplingParams(temperature=r.temperature, top_k=r.top_k, top_p=r.top_p) for r in reqs]
     for p in params:
         p.verify(vocab)
-    reqs_ns = [SimpleNamespace(sampling_params=p, custom_logit_processor=None, return_sampling_mask=False,
-                               sampling_logprobs_mode=None) for p in params]
+    reqs_ns = [
+        SimpleNamespace(
+            sampling_params=p, custom_logit_processor=None, return_sampling_mask=False, sampling_logprobs_mode=None
+        )
+        for p in params
+    ]
     return sg.batch_info.SamplingBatchInfo.from_schedule_batch(_Batch(reqs_ns), vocab)
 
 
@@ -124,20 +130,29 @@ def sglang_probs(sg: SimpleNamespace, reqs: list[Req], logits: Tensor, dtn: int 
     info = real_sampling_info(sg, reqs, logits.shape[-1])
     max_top_k, uniform = impls.dflash_top_k_hints(info.top_ks)
     out = sg.dflash.build_speculative_verify_target_probs(
-        next_token_logits=logits, sampling_info=info, draft_token_num=dtn, bs=len(reqs), max_top_k=max_top_k,
-        uniform_top_k_value=uniform, use_sparse_topk=True)
+        next_token_logits=logits,
+        sampling_info=info,
+        draft_token_num=dtn,
+        bs=len(reqs),
+        max_top_k=max_top_k,
+        uniform_top_k_value=uniform,
+        use_sparse_topk=True,
+    )
     assert out.shape == (len(reqs), dtn, logits.shape[-1]), out.shape
     return out.reshape(logits.shape)
 
 
 def row_params(reqs: list[Req], dtn: int = 1) -> RowParams:
     """Per-row parameters [len(reqs) * dtn], each request repeated dtn times (as SGLang does)."""
+
     def col(values: list, dtype: torch.dtype) -> Tensor:
         return torch.tensor(values, dtype=dtype).repeat_interleave(dtn)
 
-    return RowParams(temperature=col([r.temperature for r in reqs], torch.float32),
-                     top_k=col([r.top_k for r in reqs], torch.int64),
-                     top_p=col([r.top_p for r in reqs], torch.float32))
+    return RowParams(
+        temperature=col([r.temperature for r in reqs], torch.float32),
+        top_k=col([r.top_k for r in reqs], torch.int64),
+        top_p=col([r.top_p for r in reqs], torch.float32),
+    )
 
 
 def project_probs(name: str, reqs: list[Req], logits: Tensor, dtn: int = 1) -> Tensor:
@@ -157,6 +172,7 @@ def project_top_p_rule(probs: Tensor, top_ps: Tensor) -> Tensor:
 def sglang_with_project_top_p(sg) -> Callable[..., Tensor]:
     """SGLang's builder with only its CPU top-p function replaced by the project's rule (for the one
     call: plain `sglang_probs` calls stay SGLang's own)."""
+
     def call(reqs: list[Req], logits: Tensor, dtn: int = 1) -> Tensor:
         with pytest.MonkeyPatch.context() as mp:
             mp.setattr(sg.dflash, "top_p_normalize_probs_torch", project_top_p_rule)
@@ -178,8 +194,10 @@ def assert_bitwise(got: Tensor, want: Tensor, what: str) -> None:
         return
     rows = (got != want).any(dim=-1).nonzero().flatten().tolist()
     kept = ((got > 0).sum(-1) - (want > 0).sum(-1))[rows].tolist()
-    raise AssertionError(f"{what}: {len(rows)} of {got.shape[0]} rows differ, rows {rows[:12]}; kept-count "
-                         f"differences {kept[:12]}; max |diff| {float((got - want).abs().max()):.3e}")
+    raise AssertionError(
+        f"{what}: {len(rows)} of {got.shape[0]} rows differ, rows {rows[:12]}; kept-count "
+        f"differences {kept[:12]}; max |diff| {float((got - want).abs().max()):.3e}"
+    )
 
 
 def differing_rows(a: Tensor, b: Tensor) -> set[int]:
@@ -224,8 +242,9 @@ def check_top_p_rows(sg, with_rule, reqs: list[Req], logits: Tensor, dtn: int, n
     got = project_probs(name, reqs, logits, dtn)
     assert_bitwise(got, with_rule(reqs, logits, dtn), f"{name} vs SGLang with the project's top-p rule")
     plain = sglang_probs(sg, reqs, logits, dtn)
-    cpu_counts = sglang_cpu_top_p_counts(sglang_probs(sg, without_top_p(reqs), logits, dtn),
-                                         row_params(reqs, dtn).top_p)
+    cpu_counts = sglang_cpu_top_p_counts(
+        sglang_probs(sg, without_top_p(reqs), logits, dtn), row_params(reqs, dtn).top_p
+    )
     assert torch.equal((plain > 0).sum(-1), cpu_counts), f"{name}: SGLang's kept counts are not its CPU rule's"
     counted = set(((got > 0).sum(-1) != cpu_counts).nonzero().flatten().tolist())
     assert differing_rows(got, plain) == counted, f"{name}: rows differing from SGLang are not the named ones"
@@ -237,8 +256,16 @@ def check_top_p_rows(sg, with_rule, reqs: list[Req], logits: Tensor, dtn: int, n
 # ---------------------------------------------------------------------------------------------
 
 ADAPTER_CASES = {
-    "mixed": [Req(0.0, -1, 1.0), Req(1e-7, 20, 0.9), Req(1e-6, -1, 1.0), Req(0.7, 20, 0.95), Req(1.0, 1, 1.0),
-              Req(1.3, 4096, 0.5), Req(1.0, 50000, 1.0), Req(2.0, 32000, 1.0)],
+    "mixed": [
+        Req(0.0, -1, 1.0),
+        Req(1e-7, 20, 0.9),
+        Req(1e-6, -1, 1.0),
+        Req(0.7, 20, 0.95),
+        Req(1.0, 1, 1.0),
+        Req(1.3, 4096, 0.5),
+        Req(1.0, 50000, 1.0),
+        Req(2.0, 32000, 1.0),
+    ],
     "whole vocabulary, no top-p": [Req(1.0, -1, 1.0), Req(0.6, -1, 1.0)],
     "all greedy": [Req(0.0, -1, 1.0), Req(0.0, 20, 0.9), Req(0.5, 1, 1.0)],
     "bounded top_k": [Req(0.8, 20, 0.95), Req(0.8, 2049, 1.0)],
@@ -261,8 +288,11 @@ def test_adapter_call_equals_sglang_with_its_real_sampling_info(sg):
     reqs, dtn = ADAPTER_CASES["mixed"], 2
     logits = make_logits(len(reqs) * dtn, 32000, seed=11)
     fn = sg.dflash.build_speculative_verify_target_probs
-    assert_bitwise(impls.sglang_call(fn, row_params(reqs), dtn)(logits), sglang_probs(sg, reqs, logits, dtn),
-                   "adapter vs real SamplingBatchInfo")
+    assert_bitwise(
+        impls.sglang_call(fn, row_params(reqs), dtn)(logits),
+        sglang_probs(sg, reqs, logits, dtn),
+        "adapter vs real SamplingBatchInfo",
+    )
 
 
 # ---------------------------------------------------------------------------------------------
@@ -357,7 +387,7 @@ def test_temperature_of_exactly_1e6_samples_as_in_sglang(sg):
     `<=` made the row greedy (one token)."""
     assert sg.params.SamplingParams(temperature=1e-6).top_k == sg.params.TOP_K_ALL  # not greedy in SGLang
     logits = torch.full((2, 64), -5.0)
-    logits[:, 3], logits[:, 9] = 0.5, 0.5 - 2.0 ** -24
+    logits[:, 3], logits[:, 9] = 0.5, 0.5 - 2.0**-24
     reqs = [Req(1e-6, 20, 1.0), Req(1e-6, -1, 1.0)]
     want = sglang_probs(sg, reqs, logits)
     assert (want > 0).sum(-1).tolist() == [2, 2], want[:, [3, 9]]
@@ -472,7 +502,7 @@ def tied_rows(top_ks: list[int], vocab: int, seed: int) -> Tensor:
         row = torch.randn(vocab, generator=g) - 10.0
         perm = torch.randperm(vocab, generator=g)
         row[perm[: k - 3]] = torch.rand(k - 3, generator=g) + 5.0
-        row[perm[k - 3: k + 4]] = 2.0
+        row[perm[k - 3 : k + 4]] = 2.0
         rows.append(row)
     return torch.stack(rows)
 

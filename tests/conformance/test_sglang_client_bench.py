@@ -15,9 +15,30 @@ pytestmark = [pytest.mark.sglang, pytest.mark.slow]
 
 def test_both_clients_read_the_same_stub(tmp_path):
     import_sglang("sglang.benchmark.serving")  # skips (or, when required, fails) without the SGLang environment
-    code = client_bench.main(["--streams", "3", "--waves", "2", "--short-tokens", "12", "--step-ms", "1",
-                              "--long-tokens", "48", "--long-streams", "2", "--long-requests", "2",
-                              "--long-chunk-tokens", "8", "--long-step-ms", "1", "--out", str(tmp_path)])
+    code = client_bench.main(
+        [
+            "--streams",
+            "3",
+            "--waves",
+            "2",
+            "--short-tokens",
+            "12",
+            "--step-ms",
+            "1",
+            "--long-tokens",
+            "48",
+            "--long-streams",
+            "2",
+            "--long-requests",
+            "2",
+            "--long-chunk-tokens",
+            "8",
+            "--long-step-ms",
+            "1",
+            "--out",
+            str(tmp_path),
+        ]
+    )
     assert code == 0
     (run,) = tmp_path.iterdir()
     report = orjson.loads((run / "client_bench.json").read_bytes())

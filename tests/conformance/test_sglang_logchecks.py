@@ -39,12 +39,18 @@ from harness.runner.server.spec import merge_log_checks
 pytestmark = pytest.mark.sglang
 
 LOGGER_METHODS = {"debug", "info", "warning", "error", "critical", "exception"}
-PLACEHOLDERS = ["server.model_path=/models/target", "server.draft_model_path=/models/draft",
-                "experiment.arms.0.python=/envs/a/bin/python", "experiment.arms.1.python=/envs/b/bin/python"]
+PLACEHOLDERS = [
+    "server.model_path=/models/target",
+    "server.draft_model_path=/models/draft",
+    "experiment.arms.0.python=/envs/a/bin/python",
+    "experiment.arms.1.python=/envs/b/bin/python",
+]
 # (file, argument expression) -> (its values, the assignment in that file that says so)
 KNOWN_VALUES = {
-    ("dflash_worker_v2.py", "self._selector_sampling_enabled"): ((True, False),
-                                                                 "self._selector_sampling_enabled = not _is_npu"),
+    ("dflash_worker_v2.py", "self._selector_sampling_enabled"): (
+        (True, False),
+        "self._selector_sampling_enabled = not _is_npu",
+    ),
 }
 LOG_PREFIX = "[2026-11-30 12:00:00 TP0] "  # what SGLang's handler puts before each message
 EMBEDDED_MODEL = "embedded:mini"  # the log lines do not depend on the preset; mini starts fastest
@@ -87,9 +93,14 @@ def log_formats(root: Path) -> list[LogFormat]:
     found = []
     for path in sorted(root.rglob("*.py")):
         for node in ast.walk(ast.parse(path.read_text())):
-            if not (isinstance(node, ast.Call) and isinstance(node.func, ast.Attribute)
-                    and node.func.attr in LOGGER_METHODS and node.args
-                    and isinstance(node.args[0], ast.Constant) and isinstance(node.args[0].value, str)):
+            if not (
+                isinstance(node, ast.Call)
+                and isinstance(node.func, ast.Attribute)
+                and node.func.attr in LOGGER_METHODS
+                and node.args
+                and isinstance(node.args[0], ast.Constant)
+                and isinstance(node.args[0].value, str)
+            ):
                 continue
             values = [arg_values(path, a) for a in node.args[1:]]
             known = tuple(values) if all(v is not None for v in values) else None
@@ -150,8 +161,11 @@ def algorithm_files(cfg: BenchConfig, formats: list[LogFormat]) -> list[LogForma
 
 
 def test_every_regex_of_the_sglang_experiments_matches_a_line_its_algorithm_logs(experiments, formats):
-    checked = {(name, rx): matching(rx, algorithm_files(cfg, formats)) for name, cfg in sglang_ones(experiments).items()
-               for rx in regexes(cfg)}
+    checked = {
+        (name, rx): matching(rx, algorithm_files(cfg, formats))
+        for name, cfg in sglang_ones(experiments).items()
+        for rx in regexes(cfg)
+    }
     assert len(checked) >= 4  # dflash and dspark block-vs-token: a must and a must_not each
     assert [key for key, where in checked.items() if not where] == []
 
@@ -189,16 +203,22 @@ def sglang_cases(formats: list[LogFormat]) -> list[tuple[str, str, list[str], bo
 
 
 def test_checks_pass_on_sglangs_sampled_lines_and_fail_on_greedy_ones(experiments, formats, tmp_path):
-    results = [(exp, arm, lines, check_log(log_file(tmp_path, lines), checks_of(experiments[exp], arm)).passed)
-               for exp, arm, lines, _ in sglang_cases(formats)]
+    results = [
+        (exp, arm, lines, check_log(log_file(tmp_path, lines), checks_of(experiments[exp], arm)).passed)
+        for exp, arm, lines, _ in sglang_cases(formats)
+    ]
     expected = [(exp, arm, lines, ok) for exp, arm, lines, ok in sglang_cases(formats)]
     assert results == expected
 
 
 def test_the_embedded_server_uses_sglangs_format_strings(formats):
     sglang = {f.fmt for f in formats}
-    for line in (engine.DFLASH_SELECTOR_LINE, engine.DFLASH_GREEDY_LINE, engine.DSPARK_PROPOSAL_LINE,
-                 engine.DFLASH_NO_EFFECT_LINE):
+    for line in (
+        engine.DFLASH_SELECTOR_LINE,
+        engine.DFLASH_GREEDY_LINE,
+        engine.DSPARK_PROPOSAL_LINE,
+        engine.DFLASH_NO_EFFECT_LINE,
+    ):
         assert line in sglang, line
     assert engine.DSPARK_NO_EFFECT_LINE not in sglang  # the embedded server's own (SGLang has none for DSPARK)
 
@@ -244,11 +264,19 @@ def passes(checks: LogChecks, text: str, tmp_path: Path) -> bool:
 
 def test_embedded_experiments_check_lines_the_embedded_server_prints(experiments, tmp_path):
     # a real model's experiments check lines of its loading too: tests/engine/test_real_model.py reads them off its server
-    arms = [(name, arm.name) for name, cfg in experiments.items()
-            if cfg.server.backend == "embedded" and not is_real(cfg.server.model_path) and regexes(cfg)
-            for arm in cfg.experiment.arms]
-    assert {name for name, _ in arms} == {"embedded_block_vs_token", "embedded_verify_probs",
-                                          "embedded_verify_probs_fused", "embedded_perf", "embedded_verify_sparse"}
+    arms = [
+        (name, arm.name)
+        for name, cfg in experiments.items()
+        if cfg.server.backend == "embedded" and not is_real(cfg.server.model_path) and regexes(cfg)
+        for arm in cfg.experiment.arms
+    ]
+    assert {name for name, _ in arms} == {
+        "embedded_block_vs_token",
+        "embedded_verify_probs",
+        "embedded_verify_probs_fused",
+        "embedded_perf",
+        "embedded_verify_sparse",
+    }
     for name, arm in arms:
         log = startup_log(embedded_arm_flags(experiments[name], arm))
         assert passes(checks_of(experiments[name], arm), log, tmp_path), (name, arm, log)
@@ -256,12 +284,16 @@ def test_embedded_experiments_check_lines_the_embedded_server_prints(experiments
     assert not passes(checks_of(experiments["embedded_block_vs_token"], "block"), greedy, tmp_path)
 
 
-@pytest.mark.parametrize("experiment, sampled, greedy", [
-    ("dflash_block_vs_token", "dflash_sampled_block", "dflash_greedy_block"),
-    ("dspark_block_vs_token", "dspark_sampled_block", "dspark_greedy_block"),
-])
-def test_sglang_experiments_checks_read_the_embedded_servers_log_alike(experiments, tmp_path, experiment, sampled,
-                                                                       greedy):
+@pytest.mark.parametrize(
+    "experiment, sampled, greedy",
+    [
+        ("dflash_block_vs_token", "dflash_sampled_block", "dflash_greedy_block"),
+        ("dspark_block_vs_token", "dspark_sampled_block", "dspark_greedy_block"),
+    ],
+)
+def test_sglang_experiments_checks_read_the_embedded_servers_log_alike(
+    experiments, tmp_path, experiment, sampled, greedy
+):
     checks = checks_of(experiments[experiment], "block")
     sampled_log, greedy_log = startup_log(GREEDY_OR_SAMPLED[sampled]), startup_log(GREEDY_OR_SAMPLED[greedy])
     assert passes(checks, sampled_log, tmp_path), sampled_log

@@ -32,12 +32,24 @@ def micro_runs(tmp_path_factory) -> dict[tuple[int, float], Path]:
     top_p; each job's folder by its (top_k, top_p), read from its own results."""
     import_sglang()  # fails (or skips) with the reason when SGLang is absent
     out = tmp_path_factory.mktemp("micro")
-    proc = run_python("-m", "harness.micro", "-m", "micro.vocab=[4096]", "micro.logits=[iid]", "micro.rows=[4,16]",
-                      f"micro.top_k={','.join(str(k) for k, _ in CASES)}",
-                      f"micro.top_p={','.join(str(p) for _, p in CASES)}", "micro.temperature=0.8",
-                      "micro.padding_fraction=0.25", "micro.impls=[full_vocab,sglang]", "micro.repeats=2",
-                      "micro.warmup=1", "micro.min_rotate_bytes=65536", "micro.device=cpu",
-                      f"micro.out_dir={out}/${{hydra:job.num}}")
+    proc = run_python(
+        "-m",
+        "harness.micro",
+        "-m",
+        "micro.vocab=[4096]",
+        "micro.logits=[iid]",
+        "micro.rows=[4,16]",
+        f"micro.top_k={','.join(str(k) for k, _ in CASES)}",
+        f"micro.top_p={','.join(str(p) for _, p in CASES)}",
+        "micro.temperature=0.8",
+        "micro.padding_fraction=0.25",
+        "micro.impls=[full_vocab,sglang]",
+        "micro.repeats=2",
+        "micro.warmup=1",
+        "micro.min_rotate_bytes=65536",
+        "micro.device=cpu",
+        f"micro.out_dir={out}/${{hydra:job.num}}",
+    )
     assert proc.returncode == 0, proc.stderr[-3000:]
     assert "skipped" not in proc.stdout
     jobs = {}
@@ -85,6 +97,8 @@ def test_on_a_cuda_host_without_sgl_kernel_the_row_names_the_missing_module():
     proc = run_python("-c", SIMULATED_CUDA_HOST)
     assert proc.returncode == 0, proc.stderr[-3000:]
     got = json.loads(proc.stdout.strip().splitlines()[-1])
-    assert got == {"available": False,
-                   "note": f"sglang {sglang.__version__} installed but sglang.srt.speculative.dflash_utils needs the "
-                           "module 'sgl_kernel', which is not installed (SGLang's compiled CUDA kernel wheel): skipped"}
+    assert got == {
+        "available": False,
+        "note": f"sglang {sglang.__version__} installed but sglang.srt.speculative.dflash_utils needs the "
+        "module 'sgl_kernel', which is not installed (SGLang's compiled CUDA kernel wheel): skipped",
+    }

@@ -9,6 +9,10 @@ pytestmark = pytest.mark.sglang
 def test_sglang_imports_at_the_pinned_version():
     sglang = import_sglang()
     assert sglang.__version__ == pinned_sglang_version()
-    for module in ("sglang.srt.speculative.dflash_utils", "sglang.kernels.ops.speculative.reject_sampling",
-                   "sglang.srt.server_args", "sglang.benchmark.serving"):
+    for module in (
+        "sglang.srt.speculative.dflash_utils",
+        "sglang.kernels.ops.speculative.reject_sampling",
+        "sglang.srt.server_args",
+        "sglang.benchmark.serving",
+    ):
         import_sglang(module)

@@ -21,14 +21,65 @@ pytestmark = pytest.mark.sglang
 
 VOCABS = {"embedded:mini": 2048, "embedded:small": 32000}
 FIXED_TEXTS = [
-    "", " ", "  ", "hello world", " ka", " ka tomi bu", " tomix", " tom", " t", " kakakakaka", "kaka", " Tomi", " KA",
-    " ka1", "2^10 = 1024", "007", "line\nbreak\ttab\r\n", "\n\n\n", " \n ka", "\t ka", "é", "e\u0301", "\u0301",
-    " \u0301ka", "中文 ka 漢字", "😀", "👩‍👩‍👧", "👍🏽", "\U0010ffff", "\x00", "\x7f", "\x85", "\u2028", "\u00a0ka",
-    "<|endoftext|>", "a<|endoftext|>b", "<|user|>", "<0x41>", "Ġka", "ĠĠ", " ka . tomi , bu 's n't ", "ka-ka_ka",
+    "",
+    " ",
+    "  ",
+    "hello world",
+    " ka",
+    " ka tomi bu",
+    " tomix",
+    " tom",
+    " t",
+    " kakakakaka",
+    "kaka",
+    " Tomi",
+    " KA",
+    " ka1",
+    "2^10 = 1024",
+    "007",
+    "line\nbreak\ttab\r\n",
+    "\n\n\n",
+    " \n ka",
+    "\t ka",
+    "é",
+    "e\u0301",
+    "\u0301",
+    " \u0301ka",
+    "中文 ka 漢字",
+    "😀",
+    "👩‍👩‍👧",
+    "👍🏽",
+    "\U0010ffff",
+    "\x00",
+    "\x7f",
+    "\x85",
+    "\u2028",
+    "\u00a0ka",
+    "<|endoftext|>",
+    "a<|endoftext|>b",
+    "<|user|>",
+    "<0x41>",
+    "Ġka",
+    "ĠĠ",
+    " ka . tomi , bu 's n't ",
+    "ka-ka_ka",
     "Find x such that 2^x = 1024.\n\\boxed{10}",
 ]
-ALPHABETS = [" ", " ", "\n", "\t", "abcdefghijklmnopqrstuvwxyz", "ABCXYZ", "0123456789", ".,;:!?'\"-()[]{}",
-             "éüßçñø", "中文字漢", "😀🚀✓—", "\u0301\u0308", "\u200d\ufeff\u2028"]
+ALPHABETS = [
+    " ",
+    " ",
+    "\n",
+    "\t",
+    "abcdefghijklmnopqrstuvwxyz",
+    "ABCXYZ",
+    "0123456789",
+    ".,;:!?'\"-()[]{}",
+    "éüßçñø",
+    "中文字漢",
+    "😀🚀✓—",
+    "\u0301\u0308",
+    "\u200d\ufeff\u2028",
+]
 
 
 def random_texts(tok: Tokenizer, n: int, seed: int) -> list[str]:
@@ -42,9 +93,11 @@ def random_texts(tok: Tokenizer, n: int, seed: int) -> list[str]:
             if kind == 0:
                 parts.append(tok.word(rng.randrange(FIRST_WORD_ID, tok.vocab_size)))
             elif kind == 1:
-                parts.append(" " * rng.randrange(2) + "".join(rng.choice("bdfgklmnprstvz") + rng.choice("aeiou")
-                                                              for _ in range(rng.randrange(1, 5)))
-                             + rng.choice(["", "", "x", "a"]))
+                parts.append(
+                    " " * rng.randrange(2)
+                    + "".join(rng.choice("bdfgklmnprstvz") + rng.choice("aeiou") for _ in range(rng.randrange(1, 5)))
+                    + rng.choice(["", "", "x", "a"])
+                )
             elif kind == 2:
                 parts.append("".join(rng.choice(rng.choice(ALPHABETS)) for _ in range(rng.randrange(1, 6))))
             else:
@@ -82,8 +135,10 @@ def test_decode_of_any_ids_matches_the_engine(pair) -> None:
     tok, hf = pair
     rng = random.Random(1)
     for _ in range(3000):
-        ids = [rng.choice([rng.randrange(tok.vocab_size), rng.randrange(1, 257), EOS_ID])
-               for _ in range(rng.randrange(1, 40))]
+        ids = [
+            rng.choice([rng.randrange(tok.vocab_size), rng.randrange(1, 257), EOS_ID])
+            for _ in range(rng.randrange(1, 40))
+        ]
         assert hf.decode(ids, skip_special_tokens=True) == tok.decode(ids), ids
     assert hf.decode([EOS_ID, 105]) == "<|endoftext|>h"  # shown unless skipped, as any special token
 
@@ -97,10 +152,17 @@ def test_special_tokens_and_sizes(pair) -> None:
 
 CONVERSATIONS = [
     [{"role": "user", "content": "What is 2+2?"}],
-    [{"role": "system", "content": "Be brief."}, {"role": "user", "content": "hi"},
-     {"role": "assistant", "content": "hello"}, {"role": "user", "content": "é 中 😀\n"}],
-    [{"role": "developer", "content": [{"type": "text", "text": "a"}, {"type": "text", "text": " b"}]},
-     {"role": "assistant", "content": None}, {"role": "tool", "content": ""}],
+    [
+        {"role": "system", "content": "Be brief."},
+        {"role": "user", "content": "hi"},
+        {"role": "assistant", "content": "hello"},
+        {"role": "user", "content": "é 中 😀\n"},
+    ],
+    [
+        {"role": "developer", "content": [{"type": "text", "text": "a"}, {"type": "text", "text": " b"}]},
+        {"role": "assistant", "content": None},
+        {"role": "tool", "content": ""},
+    ],
 ]
 
 

@@ -99,9 +99,23 @@ def run_sglang(kernel, case: Case, block: bool, u: Tensor | None = None) -> tupl
     predicts = torch.full((bsz * slots,), -1, dtype=torch.int32)
     accept_index = torch.full((bsz, slots), -1, dtype=torch.int32)
     accept_num = torch.zeros(bsz, dtype=torch.int32)
-    kernel(predicts, accept_index, accept_num, candidates, retrive_index, next_token,
-           torch.full((bsz, slots), -1, dtype=torch.int64), u[:, :gamma].contiguous(), u[:, gamma].contiguous(),
-           case.target, case.sglang_draft_probs(), 1.0, 1.0, True, block_verification=block)
+    kernel(
+        predicts,
+        accept_index,
+        accept_num,
+        candidates,
+        retrive_index,
+        next_token,
+        torch.full((bsz, slots), -1, dtype=torch.int64),
+        u[:, :gamma].contiguous(),
+        u[:, gamma].contiguous(),
+        case.target,
+        case.sglang_draft_probs(),
+        1.0,
+        1.0,
+        True,
+        block_verification=block,
+    )
     return accept_num.long(), predicts.view(bsz, slots).long()
 
 
@@ -144,8 +158,9 @@ def _blocked_sum(x: np.ndarray, block: int) -> F32:
     return total
 
 
-def _tokenwise_decisions(tp: np.ndarray, drafts: np.ndarray, dp: np.ndarray, u: np.ndarray,
-                         row: KernelRow) -> tuple[int, F32, F32 | None]:
+def _tokenwise_decisions(
+    tp: np.ndarray, drafts: np.ndarray, dp: np.ndarray, u: np.ndarray, row: KernelRow
+) -> tuple[int, F32, F32 | None]:
     n = 0
     for step in range(1, drafts.shape[0] + 1):
         x = drafts[step - 1]
@@ -157,8 +172,9 @@ def _tokenwise_decisions(tp: np.ndarray, drafts: np.ndarray, dp: np.ndarray, u: 
     return n, F32(1.0), None
 
 
-def _block_decisions(tp: np.ndarray, drafts: np.ndarray, dp: np.ndarray, u: np.ndarray,
-                     row: KernelRow) -> tuple[int, F32, F32 | None]:
+def _block_decisions(
+    tp: np.ndarray, drafts: np.ndarray, dp: np.ndarray, u: np.ndarray, row: KernelRow
+) -> tuple[int, F32, F32 | None]:
     gamma, vocab = drafts.shape[0], tp.shape[1]
     reduce_block = min(1 << (vocab - 1).bit_length(), 32768)
     prefix, prefixes = F32(1.0), []
@@ -203,14 +219,21 @@ def kernel_row(case: Case, b: int, block: bool) -> KernelRow:
             token, fell_back = start + int(np.argmax(hit)), False
             break
         running = F32(running + np.sum(part))
-    row.accepted, row.token, row.fell_back, row.weights, row.total, row.target = n, token, fell_back, weights, total, target
+    row.accepted, row.token, row.fell_back, row.weights, row.total, row.target = (
+        n,
+        token,
+        fell_back,
+        weights,
+        total,
+        target,
+    )
     return row
 
 
 def _cdf32(weights: np.ndarray, index: int) -> F32:
     """The kernel's cumulative sum at `index` (blockwise: previous blocks' pairwise sums + a cumsum)."""
     start = index - index % BLOCK_V
-    return F32(_blocked_sum(weights[:start], BLOCK_V) + np.cumsum(weights[start: index + 1])[-1])
+    return F32(_blocked_sum(weights[:start], BLOCK_V) + np.cumsum(weights[start : index + 1])[-1])
 
 
 # ---------------------------------------------------------------------------------------------
@@ -218,26 +241,28 @@ def _cdf32(weights: np.ndarray, index: int) -> F32:
 # ---------------------------------------------------------------------------------------------
 
 
-def explain_row(case: Case, b: int, block: bool, sg_accepted: int, sg_tokens: Tensor,
-                mine: verify.VerifyOutput) -> str:
+def explain_row(case: Case, b: int, block: bool, sg_accepted: int, sg_tokens: Tensor, mine: verify.VerifyOutput) -> str:
     """Why row b differs: 'cdf tie', 'cdf fallback' or 'threshold tie'. AssertionError when the
     kernel's emulation does not reproduce SGLang's row or the difference is none of these."""
     k = kernel_row(case, b, block)
-    assert k.accepted == sg_accepted and k.token == int(sg_tokens[sg_accepted]), \
+    assert k.accepted == sg_accepted and k.token == int(sg_tokens[sg_accepted]), (
         f"row {b}: the emulation ({k.accepted}, {k.token}) does not reproduce SGLang ({sg_accepted}, {sg_tokens.tolist()})"
+    )
     n_mine = int(mine.num_accepted[b])
     if n_mine != sg_accepted:
         assert block, f"row {b}: token-wise acceptance differs ({n_mine} vs SGLang {sg_accepted})"
         step = max(n_mine, sg_accepted)  # one side stopped here, the other did not
         _, h = verify.block_weights(case.target, case.drafts, case.draft_probs)  # as verify_block computed it
         coin, th_sg, th_mine = float(case.u[b, step - 1]), float(k.thresholds[step]), float(h[b, step - 1])
-        assert min(th_sg, th_mine) <= coin < max(th_sg, th_mine) and abs(th_sg - th_mine) <= 1e-5 * th_sg, \
+        assert min(th_sg, th_mine) <= coin < max(th_sg, th_mine) and abs(th_sg - th_mine) <= 1e-5 * th_sg, (
             f"row {b} step {step}: coin {coin!r} is not between SGLang's h {th_sg!r} and the project's {th_mine!r}"
+        )
         return "threshold tie"
     mine_token = int(mine.tokens[b, n_mine])
     weights = torch.from_numpy(k.weights).unsqueeze(0)
-    assert int(verify.sample_from_probs(weights, case.u[b, -1:])) == mine_token, \
+    assert int(verify.sample_from_probs(weights, case.u[b, -1:])) == mine_token, (
         f"row {b}: the project did not sample {mine_token} from the kernel's float32 weights"
+    )
     if k.fell_back:  # no float32 cumulative sum exceeded the target: SGLang took V-1, whatever its weight
         assert k.token == k.weights.shape[0] - 1 and k.weights[mine_token] > 0
         return "cdf fallback"
@@ -245,8 +270,9 @@ def explain_row(case: Case, b: int, block: bool, sg_accepted: int, sg_tokens: Te
     cdf64 = float(np.cumsum(k.weights, dtype=np.float64)[a])
     t64 = float(case.u[b, -1]) * float(np.sum(k.weights, dtype=np.float64))
     rounding = abs(float(_cdf32(k.weights, a)) - cdf64) + abs(float(k.target) - t64)
-    assert abs(cdf64 - t64) <= rounding <= 1e-5 * float(k.total), \
+    assert abs(cdf64 - t64) <= rounding <= 1e-5 * float(k.total), (
         f"row {b}: u*total {t64!r} is {abs(cdf64 - t64):.3e} from the boundary {cdf64!r}, rounding {rounding:.3e}"
+    )
     return "cdf tie"
 
 
@@ -255,8 +281,10 @@ def compare(kernel, case: Case, block: bool, sg: tuple[Tensor, Tensor] | None = 
     sg_accepted, sg_tokens = run_sglang(kernel, case, block) if sg is None else sg
     mine = run_project(case, block)
     same = (sg_accepted == mine.num_accepted) & (sg_tokens == mine.tokens).all(dim=1)
-    return {b: explain_row(case, b, block, int(sg_accepted[b]), sg_tokens[b], mine)
-            for b in (~same).nonzero().flatten().tolist()}
+    return {
+        b: explain_row(case, b, block, int(sg_accepted[b]), sg_tokens[b], mine)
+        for b in (~same).nonzero().flatten().tolist()
+    }
 
 
 # ---------------------------------------------------------------------------------------------
@@ -340,7 +368,8 @@ def test_row_for_row(kernel, vocab, gamma, bsz, point, block):
     assert len(explained) <= max(1, bsz // 8), f"{len(explained)} tie rows of {bsz}: ties should be rare"
     # the sparse verify path (the target as its non-zero entries) makes SGLang's decisions on the same rows
     sparse = (verify_block_sparse if block else verify_tokenwise_sparse)(
-        SparseProbs.from_dense(case.target), case.drafts, case.draft_probs, uniforms=case.u)
+        SparseProbs.from_dense(case.target), case.drafts, case.draft_probs, uniforms=case.u
+    )
     same = (sg_accepted == sparse.num_accepted) & (sg_tokens == sparse.tokens).all(dim=1)
     assert set((~same).nonzero().flatten().tolist()) <= set(explained), "the sparse path differs from SGLang"
     if (vocab, gamma) in KERNEL_CASES:  # and so does the verify kernel (the interpreter: a few cases)
@@ -355,8 +384,9 @@ def test_named_cdf_tie_on_the_bonus_and_the_residual(kernel, block):
     """A final coin placed on a CDF boundary (scanned with the emulation): the kernel and the project
     pick neighbouring tokens, and explain_row shows u * total within rounding of that boundary."""
     g = torch.Generator().manual_seed(7)
-    p_row = verify.full_vocab_probs(torch.randn(1, 32000, generator=g), torch.ones(1), torch.tensor([4096]),
-                                    torch.ones(1))[0]
+    p_row = verify.full_vocab_probs(
+        torch.randn(1, 32000, generator=g), torch.ones(1), torch.tensor([4096]), torch.ones(1)
+    )[0]
     bonus = accepted_everywhere(3, p_row)
     residual = rejected_at_once(p_row, torch.softmax(torch.randn(32000, generator=g), dim=0))
     for case, n in ((bonus, 3), (residual, 0)):
@@ -376,8 +406,9 @@ def test_named_cdf_fallback_emits_a_zero_probability_token(kernel, block):
         g = torch.Generator().manual_seed(seed)
         logits = torch.randn(1, 4096, generator=g)
         logits[0, -1] = float("-inf")
-        case = accepted_everywhere(2, verify.full_vocab_probs(logits, torch.ones(1), torch.tensor([4000]),
-                                                              torch.ones(1))[0])
+        case = accepted_everywhere(
+            2, verify.full_vocab_probs(logits, torch.ones(1), torch.tensor([4000]), torch.ones(1))[0]
+        )
         case = replace(case, u=case.u.index_fill(1, torch.tensor([2]), ONE_MINUS_ULP))
         if kernel_row(case, 0, block).fell_back:
             break
@@ -401,7 +432,7 @@ def row_with_differing_h1() -> tuple[Case, float, float]:
             if 0 < float(p_acc[b, 1]) < 1 and float(p_acc[b, 2]) < ONE_MINUS_ULP:
                 th_sg = float(kernel_row(probe, b, block=True).thresholds[1])
                 if th_sg != float(h[b, 0]):
-                    one = Case(case.target[b:b + 1], case.drafts[b:b + 1], case.draft_probs[b:b + 1], probe.u[:1])
+                    one = Case(case.target[b : b + 1], case.drafts[b : b + 1], case.draft_probs[b : b + 1], probe.u[:1])
                     return one, th_sg, float(h[b, 0])
     raise AssertionError("no row with differing h_1 in 8 seeded batches")
 
@@ -430,8 +461,12 @@ def test_block_prefix_is_rounded_as_in_sglang(kernel):
     assert rows, "no row where the two orders round apart"
     b = rows[0]
     coin = min(float(former[b]), float(p_acc[b, 2]))
-    one = Case(case.target[b:b + 1], case.drafts[b:b + 1], case.draft_probs[b:b + 1],
-               torch.tensor([[ONE_MINUS_ULP, coin, 0.5]]))
+    one = Case(
+        case.target[b : b + 1],
+        case.drafts[b : b + 1],
+        case.draft_probs[b : b + 1],
+        torch.tensor([[ONE_MINUS_ULP, coin, 0.5]]),
+    )
     assert compare(kernel, one, block=True) == {}
     assert int(run_project(one, block=True).num_accepted[0]) == (2 if coin < float(p_acc[b, 2]) else 0)
 

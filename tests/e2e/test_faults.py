@@ -55,8 +55,14 @@ def manifests(root: Path) -> dict[str, dict]:
 
 def test_port_taken_by_another_server_fails_every_run(tmp_path):
     with engine_server(MINI) as other:
-        proc = run_bench(tmp_path, "experiment=embedded_aa", "experiment.base_seeds=[1]", *SMALL,
-                         f"server.port={other.port}", "server.log_checks.must=[]")
+        proc = run_bench(
+            tmp_path,
+            "experiment=embedded_aa",
+            "experiment.base_seeds=[1]",
+            *SMALL,
+            f"server.port={other.port}",
+            "server.log_checks.must=[]",
+        )
         assert other.alive()  # untouched
     assert proc.returncode == 1, proc.stdout + proc.stderr
     root = next((tmp_path / "embedded_aa").iterdir())
@@ -64,21 +70,32 @@ def test_port_taken_by_another_server_fails_every_run(tmp_path):
         assert man["status"] == "failed"
         assert f"port {other.port} on 127.0.0.1 is already in use by pid {other.proc.pid}" in man["error"]
     assert not list(root.glob("runs/*/records.jsonl")) or all(
-        not read_jsonl(p) for p in root.glob("runs/*/records.jsonl"))  # nothing measured on the other server
+        not read_jsonl(p) for p in root.glob("runs/*/records.jsonl")
+    )  # nothing measured on the other server
 
 
 def test_a_server_answering_on_our_port_that_we_did_not_start_is_refused(tmp_path):
     """The readiness probe gets 200, but from a process outside the launched one's tree."""
     with engine_server(MINI) as other:
-        spec = LaunchSpec(argv=[sys.executable, "-c", "import time; time.sleep(60)"], env_overrides={},
-                          host="127.0.0.1", port=other.port, log_path=tmp_path / "server.log",
-                          log_checks=LogChecks(), ready_timeout_s=30, stop_timeout_s=5)
+        spec = LaunchSpec(
+            argv=[sys.executable, "-c", "import time; time.sleep(60)"],
+            env_overrides={},
+            host="127.0.0.1",
+            port=other.port,
+            log_path=tmp_path / "server.log",
+            log_checks=LogChecks(),
+            ready_timeout_s=30,
+            stop_timeout_s=5,
+        )
         # our process started without the port check, as after a race (the port was free a moment before)
         ours = Server(spec, proc=subprocess.Popen(spec.argv, start_new_session=True))
         try:
-            with pytest.raises(ServerError, match=rf"port {other.port} answers, but not from the server this run "
-                                                  rf"started \(pid {ours.proc.pid}\); it is held by pid "
-                                                  rf"{other.proc.pid}"):
+            with pytest.raises(
+                ServerError,
+                match=rf"port {other.port} answers, but not from the server this run "
+                rf"started \(pid {ours.proc.pid}\); it is held by pid "
+                rf"{other.proc.pid}",
+            ):
                 asyncio.run(ours.wait_ready())
         finally:
             ours.stop()
@@ -90,8 +107,15 @@ def test_a_server_answering_on_our_port_that_we_did_not_start_is_refused(tmp_pat
 
 
 def start_runner(tmp: Path, campaign: str, *extra: str) -> subprocess.Popen:
-    args = [f"campaign={campaign}", *SMALL[:-1], "client.concurrency=1", "sampling.max_new_tokens=256",
-            "sampling.ignore_eos=true", "report=false", *extra]
+    args = [
+        f"campaign={campaign}",
+        *SMALL[:-1],
+        "client.concurrency=1",
+        "sampling.max_new_tokens=256",
+        "sampling.ignore_eos=true",
+        "report=false",
+        *extra,
+    ]
     return subprocess.Popen(bench_cmd(tmp, *args), stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
 
 
@@ -107,8 +131,9 @@ def finish(runner: subprocess.Popen, timeout: float = 240) -> str:
 @pytest.mark.parametrize("fault", ["hang", "death"])
 def test_server_that_hangs_or_dies_mid_run_fails_the_run(tmp_path, fault):
     root = tmp_path / "embedded_block_vs_token" / fault
-    runner = start_runner(tmp_path, fault, "client.timeout_s=4", "experiment.base_seeds=[3]",
-                          "server.stop_timeout_s=2")  # a stopped server ignores SIGTERM: SIGKILL after 2 s
+    runner = start_runner(
+        tmp_path, fault, "client.timeout_s=4", "experiment.base_seeds=[3]", "server.stop_timeout_s=2"
+    )  # a stopped server ignores SIGTERM: SIGKILL after 2 s
     victim = wait_for(lambda: running_server_of_first_run(root))
     written = len(read_jsonl(next(root.glob("runs/*/records.jsonl"))))
     victim.send_signal(signal.SIGSTOP if fault == "hang" else signal.SIGKILL)
@@ -132,8 +157,17 @@ def test_server_that_hangs_after_the_last_request_fails_the_run(tmp_path):
     from harness.runner.runs import check_server_health  # noqa: PLC0415
 
     with engine_server(MINI) as srv:
-        spec = LaunchSpec(argv=[], env_overrides={}, host="127.0.0.1", port=srv.port, log_path=srv.log_path,
-                          log_checks=LogChecks(), ready_timeout_s=5, stop_timeout_s=5, health_timeout_s=2)
+        spec = LaunchSpec(
+            argv=[],
+            env_overrides={},
+            host="127.0.0.1",
+            port=srv.port,
+            log_path=srv.log_path,
+            log_checks=LogChecks(),
+            ready_timeout_s=5,
+            stop_timeout_s=5,
+            health_timeout_s=2,
+        )
         server = Server(spec, proc=srv.proc)
         ctx = type("Ctx", (), {"spec": spec})()
         asyncio.run(check_server_health(ctx, server))  # healthy: no exception
@@ -154,9 +188,16 @@ def test_second_runner_on_a_live_campaign_is_refused(tmp_path):
     first = start_runner(tmp_path, "shared", "experiment.base_seeds=[4]", "sampling.max_new_tokens=64")
     try:
         wait_for(lambda: running_server_of_first_run(root))
-        second = run_bench(tmp_path, "campaign=shared", *SMALL[:-1], "client.concurrency=1",
-                           "sampling.max_new_tokens=64", "sampling.ignore_eos=true", "report=false",
-                           "experiment.base_seeds=[4]")
+        second = run_bench(
+            tmp_path,
+            "campaign=shared",
+            *SMALL[:-1],
+            "client.concurrency=1",
+            "sampling.max_new_tokens=64",
+            "sampling.ignore_eos=true",
+            "report=false",
+            "experiment.base_seeds=[4]",
+        )
         assert second.returncode == 2, second.stdout + second.stderr
         assert f"campaign {root} (shard 0) is being run by pid {first.pid}" in second.stdout.replace("\n", "")
         assert not (root / "attempts").exists()  # the live run was not set aside
@@ -172,8 +213,9 @@ def test_second_runner_on_a_live_campaign_is_refused(tmp_path):
 
 @pytest.fixture(scope="module")
 def spec_server():
-    with engine_server([*MINI, "--speculative-algorithm", "DFLASH", "--draft-mode", "sampled",
-                        "--enable-deterministic-inference"]) as srv:
+    with engine_server(
+        [*MINI, "--speculative-algorithm", "DFLASH", "--draft-mode", "sampled", "--enable-deterministic-inference"]
+    ) as srv:
         yield srv
 
 
@@ -230,12 +272,15 @@ def test_one_bad_request_among_good_ones_is_refused_alone(spec_server):
 
     async def send_all() -> list[tuple[int, dict]]:
         async with aiohttp.ClientSession() as session:
+
             async def one(body):
                 async with session.post(spec_server.url + "/generate", json=body) as resp:
                     return resp.status, await resp.json(content_type=None)
 
-            good = {"text": "count to ten", "sampling_params": {"max_new_tokens": 32, "ignore_eos": True,
-                                                               "sampling_seed": 5}}
+            good = {
+                "text": "count to ten",
+                "sampling_params": {"max_new_tokens": 32, "ignore_eos": True, "sampling_seed": 5},
+            }
             bad = {"text": "count to ten", "sampling_params": {"max_new_tokens": 32, "top_k": 2**70}}
             return await asyncio.gather(*(one(b) for b in (good, good, bad, good, good)))
 
@@ -253,8 +298,14 @@ def test_one_bad_request_among_good_ones_is_refused_alone(spec_server):
 
 def test_failed_audit_makes_bench_exit_1_unless_told_otherwise(tmp_path):
     """Every request times out, the runs may have that many failures (so they finish), the audit fails."""
-    args = ["experiment=embedded_aa", "experiment.base_seeds=[1]", *SMALL[:-1], "client.timeout_s=0.001",
-            "experiment.max_failed_requests=100", "experiment.warmup.requests=0"]
+    args = [
+        "experiment=embedded_aa",
+        "experiment.base_seeds=[1]",
+        *SMALL[:-1],
+        "client.timeout_s=0.001",
+        "experiment.max_failed_requests=100",
+        "experiment.warmup.requests=0",
+    ]
     strict = run_bench(tmp_path / "strict", *args)
     assert strict.returncode == 1, strict.stdout + strict.stderr
     assert "AUDIT FAILED" in strict.stdout and "exit 1 (strict_audit=false keeps exit 0)" in strict.stdout

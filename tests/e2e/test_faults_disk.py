@@ -32,13 +32,26 @@ def squash(text: str) -> str:
 def check_clean_stop(log: str, reason: str) -> None:
     flat = squash(log)
     assert "Traceback" not in log and "Exception ignored" not in log, log
-    assert reason in flat and "The campaign stopped at once" in flat and re.search(r"resume with python -m harness\.bench .*campaign=disk", flat), log
+    assert (
+        reason in flat
+        and "The campaign stopped at once" in flat
+        and re.search(r"resume with python -m harness\.bench .*campaign=disk", flat)
+    ), log
 
 
 @pytest.mark.skipif(NO_NAMESPACE is not None, reason=str(NO_NAMESPACE))
 def test_a_disk_that_fills_up_mid_run_stops_the_campaign_and_a_resume_redoes_the_run(tmp_path):
-    outcome = run_in_mount_namespace({"out": str(tmp_path), "size": "4m", "fault": "full", "campaign": "disk",
-                                      "experiment": "embedded_aa", "args": ONE_SEED, "resume": True})
+    outcome = run_in_mount_namespace(
+        {
+            "out": str(tmp_path),
+            "size": "4m",
+            "fault": "full",
+            "campaign": "disk",
+            "experiment": "embedded_aa",
+            "args": ONE_SEED,
+            "resume": True,
+        }
+    )
     first, second = outcome["log"]
     assert outcome["rc"][0] == 1, first
     check_clean_stop(first, "No space left on device")
@@ -55,8 +68,16 @@ def test_a_disk_that_fills_up_mid_run_stops_the_campaign_and_a_resume_redoes_the
 
 @pytest.mark.skipif(NO_NAMESPACE is not None, reason=str(NO_NAMESPACE))
 def test_a_campaign_folder_made_read_only_mid_run_stops_the_campaign_keeping_every_record(tmp_path):
-    outcome = run_in_mount_namespace({"out": str(tmp_path), "size": "64m", "fault": "readonly", "campaign": "disk",
-                                      "experiment": "embedded_aa", "args": ONE_SEED})
+    outcome = run_in_mount_namespace(
+        {
+            "out": str(tmp_path),
+            "size": "64m",
+            "fault": "readonly",
+            "campaign": "disk",
+            "experiment": "embedded_aa",
+            "args": ONE_SEED,
+        }
+    )
     (log,) = outcome["log"]
     assert outcome["rc"] == [1], log
     check_clean_stop(log, "Read-only file system")
@@ -78,15 +99,30 @@ def test_a_campaign_folder_made_read_only_mid_run_stops_the_campaign_keeping_eve
 def finished(tmp_path_factory) -> Path:
     """A finished one-seed embedded_aa campaign `c` (two runs), made once."""
     tmp = tmp_path_factory.mktemp("finished")
-    proc = subprocess.run([sys.executable, "-m", "harness.bench", f"results_dir={tmp}", "campaign=c",
-                           "experiment=embedded_aa", *ONE_SEED], capture_output=True, text=True, timeout=240)
+    proc = subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "harness.bench",
+            f"results_dir={tmp}",
+            "campaign=c",
+            "experiment=embedded_aa",
+            *ONE_SEED,
+        ],
+        capture_output=True,
+        text=True,
+        timeout=240,
+    )
     assert proc.returncode == 0, proc.stdout + proc.stderr
     return tmp
 
 
 def snapshot(root: Path) -> dict[str, bytes]:
-    return {str(p.relative_to(root)): p.read_bytes() for p in sorted(root.rglob("*")) if p.is_file()
-            and not p.name.startswith(".lock")}
+    return {
+        str(p.relative_to(root)): p.read_bytes()
+        for p in sorted(root.rglob("*"))
+        if p.is_file() and not p.name.startswith(".lock")
+    }
 
 
 CORRUPT = {
@@ -94,8 +130,10 @@ CORRUPT = {
     "empty campaign.json": ("campaign.json", lambda t: "", "is empty"),
     "campaign.json holding a list": ("campaign.json", lambda t: "[1, 2]", "holds a list, not an object"),
     "campaign.json without order_run": (
-        "campaign.json", lambda t: json.dumps({k: v for k, v in json.loads(t).items() if k != "order_run"}),
-        "has no order_run list"),
+        "campaign.json",
+        lambda t: json.dumps({k: v for k, v in json.loads(t).items() if k != "order_run"}),
+        "has no order_run list",
+    ),
     "a truncated run manifest": ("runs/{run}/manifest.json", lambda t: t[:100], "is not valid JSON"),
     "a run manifest holding a list": ("runs/{run}/manifest.json", lambda t: "[]", "holds a list, not an object"),
 }

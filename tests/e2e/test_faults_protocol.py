@@ -20,8 +20,12 @@ FAULTY = Path(__file__).resolve().parents[1] / "fixtures" / "servers"
 
 
 def faulty(fault: str, nth: int = 1) -> list[str]:
-    return ["server.module=faulty_engine", f"+server.env.PYTHONPATH={FAULTY}", f"+server.env.FAULTY_ENGINE={fault}",
-            f"+server.env.FAULTY_NTH='{nth}'"]
+    return [
+        "server.module=faulty_engine",
+        f"+server.env.PYTHONPATH={FAULTY}",
+        f"+server.env.FAULTY_ENGINE={fault}",
+        f"+server.env.FAULTY_NTH='{nth}'",
+    ]
 
 
 def test_a_speculative_server_without_verify_counts_fails_the_audit_and_the_command(run_bench, tmp_path):
@@ -39,8 +43,13 @@ def test_a_malformed_meta_info_fails_its_request_not_the_run(run_bench, tmp_path
     """In each run's server the 4th finished request (after the 2 warmup ones: a measured one) gets
     completion_tokens as a string: that request fails, named; the run goes on and, one failed request being
     allowed here, finishes."""
-    proc = run_bench("experiment=embedded_aa", "experiment.base_seeds=[3]", *SMALL, "experiment.max_failed_requests=1",
-                     *faulty("string_tokens", nth=4))
+    proc = run_bench(
+        "experiment=embedded_aa",
+        "experiment.base_seeds=[3]",
+        *SMALL,
+        "experiment.max_failed_requests=1",
+        *faulty("string_tokens", nth=4),
+    )
     out = proc.stdout + proc.stderr
     assert proc.returncode == 0 and "Traceback" not in out, out
     (root,) = (tmp_path / "embedded_aa").iterdir()
@@ -58,8 +67,11 @@ def test_a_client_that_closes_in_the_middle_of_its_body_is_one_log_line(tmp_path
     with engine_server(["--model-path", "embedded:mini"]) as server:
         for path in ("/generate", "/v1/chat/completions"):
             with socket.create_connection(("127.0.0.1", server.port)) as sock:
-                sock.sendall(f"POST {path} HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\n"
-                             "Content-Length: 1000\r\n\r\n".encode() + b'{"text": "hel')
+                sock.sendall(
+                    f"POST {path} HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\n"
+                    "Content-Length: 1000\r\n\r\n".encode()
+                    + b'{"text": "hel'
+                )
                 time.sleep(0.2)
         deadline = time.monotonic() + 10
         while server.log_text().count("closed the connection before its request body") < 2:

@@ -14,8 +14,13 @@ from analysis.outputs import first_difference
 pytestmark = pytest.mark.slow
 
 FAULTY = Path(__file__).resolve().parents[1] / "fixtures" / "servers"
-SMALL = ["experiment=embedded_verify_probs", "workload.n_items=4", "experiment.base_seeds=[1]",
-         "experiment.warmup.requests=2", "sampling.max_new_tokens=24"]
+SMALL = [
+    "experiment=embedded_verify_probs",
+    "workload.n_items=4",
+    "experiment.base_seeds=[1]",
+    "experiment.warmup.requests=2",
+    "sampling.max_new_tokens=24",
+]
 
 
 def flat(text: str) -> str:
@@ -33,16 +38,32 @@ def test_identical_outputs_pass_and_one_altered_token_fails(run_bench, tmp_path)
     camp = only(tmp_path / "same" / "embedded_verify_probs")
     doc = json.loads((camp / "summary.json").read_text())
     assert doc["expect"] == "identical_outputs"
-    assert doc["output_identity"] == [{"arm": "topk_first", "baseline": "full_vocab", "pairs": 4, "identical": 4,
-                                       "compared": "text and token ids", "pairs_with_token_ids": 4,
-                                       "pairs_without_text": 0, "differing": [], "unreadable_files": []}]
-    assert "**Outputs** (expected identical: `experiment.expect: identical_outputs`): topk_first vs full_vocab: 4/4 " \
-           "identical (text and token ids)." in (camp / "pr.md").read_text()
+    assert doc["output_identity"] == [
+        {
+            "arm": "topk_first",
+            "baseline": "full_vocab",
+            "pairs": 4,
+            "identical": 4,
+            "compared": "text and token ids",
+            "pairs_with_token_ids": 4,
+            "pairs_without_text": 0,
+            "differing": [],
+            "unreadable_files": [],
+        }
+    ]
+    assert (
+        "**Outputs** (expected identical: `experiment.expect: identical_outputs`): topk_first vs full_vocab: 4/4 "
+        "identical (text and token ids)." in (camp / "pr.md").read_text()
+    )
     assert "outputs: topk_first vs full_vocab: 4/4 identical" in flat(proc.stdout)
 
     # arm topk_first's server alters the last token of its 3rd finished request (the first measured one)
-    fault = ["server.module=faulty_engine", f"+server.env.PYTHONPATH={FAULTY}",
-             "+experiment.arms.1.env.FAULTY_ENGINE=one_token", "+experiment.arms.1.env.FAULTY_NTH='3'"]
+    fault = [
+        "server.module=faulty_engine",
+        f"+server.env.PYTHONPATH={FAULTY}",
+        "+experiment.arms.1.env.FAULTY_ENGINE=one_token",
+        "+experiment.arms.1.env.FAULTY_NTH='3'",
+    ]
     proc = run_bench(*SMALL, *fault, f"results_dir={tmp_path / 'one'}")
     assert proc.returncode == 1, proc.stdout[-3000:] + proc.stderr[-2000:]
     camp = only(tmp_path / "one" / "embedded_verify_probs")

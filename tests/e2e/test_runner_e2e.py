@@ -115,11 +115,23 @@ def file_hash(path: Path) -> str:
 
 
 def test_killed_server_fails_its_run_and_a_rerun_resumes(tmp_path):
-    args = ["experiment.base_seeds=[5]", "campaign=resume-test", *SMALL[:-2], "client.concurrency=1",
-            "sampling.max_new_tokens=256", "sampling.ignore_eos=true", "workload.n_items=6", "report=false"]
+    args = [
+        "experiment.base_seeds=[5]",
+        "campaign=resume-test",
+        *SMALL[:-2],
+        "client.concurrency=1",
+        "sampling.max_new_tokens=256",
+        "sampling.ignore_eos=true",
+        "workload.n_items=6",
+        "report=false",
+    ]
     root = tmp_path / "embedded_block_vs_token" / "resume-test"
-    runner = subprocess.Popen([sys.executable, "-m", "harness.bench", f"results_dir={tmp_path}", *args],
-                              stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+    runner = subprocess.Popen(
+        [sys.executable, "-m", "harness.bench", f"results_dir={tmp_path}", *args],
+        stdout=subprocess.PIPE,
+        stderr=subprocess.STDOUT,
+        text=True,
+    )
     try:
         victim = wait_for(lambda: running_server_of_first_run(root))
         victim.kill()
@@ -154,10 +166,23 @@ def test_killed_server_fails_its_run_and_a_rerun_resumes(tmp_path):
 
 def test_ctrl_c_leaves_no_server(tmp_path):
     root_parent = tmp_path / "embedded_block_vs_token"
-    runner = subprocess.Popen([sys.executable, "-m", "harness.bench", f"results_dir={tmp_path}",
-                               "campaign=interrupt", *SMALL[:-1], "client.concurrency=1",
-                               "sampling.max_new_tokens=256", "sampling.ignore_eos=true", "report=false"],
-                              stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+    runner = subprocess.Popen(
+        [
+            sys.executable,
+            "-m",
+            "harness.bench",
+            f"results_dir={tmp_path}",
+            "campaign=interrupt",
+            *SMALL[:-1],
+            "client.concurrency=1",
+            "sampling.max_new_tokens=256",
+            "sampling.ignore_eos=true",
+            "report=false",
+        ],
+        stdout=subprocess.PIPE,
+        stderr=subprocess.STDOUT,
+        text=True,
+    )
     root = root_parent / "interrupt"
     try:
         wait_for(lambda: running_server_of_first_run(root))
@@ -168,8 +193,9 @@ def test_ctrl_c_leaves_no_server(tmp_path):
         if runner.poll() is None:
             runner.kill()
     assert runner.returncode == 130, out
-    assert "Traceback" not in out and re.search(r"Resume with python -m harness\.bench results_dir=\S+ .*campaign=interrupt",
-                                                        out.replace("\n", " "))
+    assert "Traceback" not in out and re.search(
+        r"Resume with python -m harness\.bench results_dir=\S+ .*campaign=interrupt", out.replace("\n", " ")
+    )
     time.sleep(0.5)
     assert not engine_processes(ports)
     manifest = json.loads(next((root / "runs").glob("*/manifest.json")).read_text())
@@ -178,8 +204,13 @@ def test_ctrl_c_leaves_no_server(tmp_path):
 
 def test_ignored_seeds_are_flagged_chat_route(tmp_path):
     """Also drives the OpenAI chat route (streaming, spec fields from sglext.spec_tokens_details)."""
-    args = ["experiment=embedded_aa", "experiment.base_seeds=[7]", "client=chat", *SMALL,
-            "server.args=[--speculative-algorithm,DFLASH,--speculative-num-draft-tokens,'4']"]
+    args = [
+        "experiment=embedded_aa",
+        "experiment.base_seeds=[7]",
+        "client=chat",
+        *SMALL,
+        "server.args=[--speculative-algorithm,DFLASH,--speculative-num-draft-tokens,'4']",
+    ]
     proc = bench(tmp_path, *args)
     assert proc.returncode == 0, proc.stdout + proc.stderr
     assert "seeds not honoured" in proc.stdout
@@ -198,10 +229,22 @@ def test_runner_crash_kills_its_server(tmp_path):
     """SIGKILL of the runner itself: the server gets SIGTERM through PR_SET_PDEATHSIG."""
     if sys.platform != "linux":
         pytest.skip("parent-death signal is Linux only")
-    runner = subprocess.Popen([sys.executable, "-m", "harness.bench", f"results_dir={tmp_path}",
-                               "campaign=crash", *SMALL[:-1], "client.concurrency=1",
-                               "sampling.max_new_tokens=256", "sampling.ignore_eos=true", "report=false"],
-                              stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    runner = subprocess.Popen(
+        [
+            sys.executable,
+            "-m",
+            "harness.bench",
+            f"results_dir={tmp_path}",
+            "campaign=crash",
+            *SMALL[:-1],
+            "client.concurrency=1",
+            "sampling.max_new_tokens=256",
+            "sampling.ignore_eos=true",
+            "report=false",
+        ],
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.DEVNULL,
+    )
     root = tmp_path / "embedded_block_vs_token" / "crash"
     try:
         wait_for(lambda: running_server_of_first_run(root))
@@ -221,8 +264,14 @@ def test_open_loop_campaign_times_from_the_scheduled_arrival(tmp_path):
     from harness.runner.client.drive import poisson_offsets  # noqa: PLC0415
 
     rate = 40.0
-    proc = bench(tmp_path, "experiment=embedded_aa", "experiment.base_seeds=[7]", *WITH_REPORT,
-                 f"client.request_rate={rate}", "client.concurrency=2")
+    proc = bench(
+        tmp_path,
+        "experiment=embedded_aa",
+        "experiment.base_seeds=[7]",
+        *WITH_REPORT,
+        f"client.request_rate={rate}",
+        "client.concurrency=2",
+    )
     assert proc.returncode == 0, proc.stdout + proc.stderr
     root = campaign_dir(tmp_path, "embedded_aa")
     for run_dir in sorted(root.glob("runs/*")):

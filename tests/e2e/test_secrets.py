@@ -33,30 +33,56 @@ PLANTED = {
 }
 API_KEY = "argv-api-key-9876543210"
 # what must appear nowhere: each planted value's secret part
-SECRET_PARTS = ["tok-planted-0123456789", GH, "T0000AAAA/B0000BBBB", "0123456789abcdef0123456789abcdef",
-                "hunter2hunter2", "tkn-0123456789", API_KEY, "AKIA" + "Q" * 16, "xoxb-" + "1" * 12,
-                "eyJ" + "a" * 12]
+SECRET_PARTS = [
+    "tok-planted-0123456789",
+    GH,
+    "T0000AAAA/B0000BBBB",
+    "0123456789abcdef0123456789abcdef",
+    "hunter2hunter2",
+    "tkn-0123456789",
+    API_KEY,
+    "AKIA" + "Q" * 16,
+    "xoxb-" + "1" * 12,
+    "eyJ" + "a" * 12,
+]
 
 
-@pytest.mark.parametrize(("name", "secret"), [
-    ("GH_PAT", True), ("GITHUB_PAT", True), ("SENTRY_DSN", True), ("SLACK_WEBHOOK_URL", True), ("HF_TOKEN", True),
-    ("SESSION_COOKIE", True), ("--api-key", True), ("PATH", False), ("PWD", False), ("PYTHON_COMPAT", False),
-    ("TOKENIZERS_PARALLELISM", False), ("--speculative-num-draft-tokens", False),
-])
+@pytest.mark.parametrize(
+    ("name", "secret"),
+    [
+        ("GH_PAT", True),
+        ("GITHUB_PAT", True),
+        ("SENTRY_DSN", True),
+        ("SLACK_WEBHOOK_URL", True),
+        ("HF_TOKEN", True),
+        ("SESSION_COOKIE", True),
+        ("--api-key", True),
+        ("PATH", False),
+        ("PWD", False),
+        ("PYTHON_COMPAT", False),
+        ("TOKENIZERS_PARALLELISM", False),
+        ("--speculative-num-draft-tokens", False),
+    ],
+)
 def test_secret_names(name, secret):
     assert is_secret_name(name) is secret
 
 
-@pytest.mark.parametrize(("value", "kept"), [
-    (SLACK, "https://hooks.slack.com/services/"),
-    (DSN, "@o123456.ingest.sentry.io/7890"),
-    ("postgres://bob:pw1234@db/x", "postgres://bob:"),
-    ("https://h/x?password=hunter2&page=2", "&page=2"),
-    ("https://h/x?token=abc123&api_key=k9", "https://h/x?token="),
-    ("Authorization: Bearer abcdefgh12345678", "Authorization: Bearer "),
-    (f"clone with {GH} now", "clone with "),
-    ("AKIA" + "Q" * 16, ""), ("hf_" + "a" * 34, ""), ("sk-proj-" + "b" * 30, ""),
-])
+@pytest.mark.parametrize(
+    ("value", "kept"),
+    [
+        (SLACK, "https://hooks.slack.com/services/"),
+        (DSN, "@o123456.ingest.sentry.io/7890"),
+        ("postgres://bob:pw1234@db/x", "postgres://bob:"),
+        ("https://h/x?password=hunter2&page=2", "&page=2"),
+        ("https://h/x?token=abc123&api_key=k9", "https://h/x?token="),
+        ("Authorization: Bearer abcdefgh12345678", "Authorization: Bearer "),
+        (f"clone with {GH} now", "clone with "),
+        ("AKIA" + "Q" * 16, ""),
+        ("hf_" + "a" * 34, ""),
+        ("sk-proj-" + "b" * 30, ""),
+    ],
+)
 def test_secret_shapes_are_masked_inside_any_value(value, kept):
     masked = redact_value(value)
     assert MASK in masked and kept in masked and masked != value
@@ -69,20 +95,36 @@ def test_env_full_masks_by_name_and_by_shape():
 
 
 def test_a_secret_found_by_name_is_masked_wherever_it_reappears():
-    secrets = Secrets.of({"MY_TOKEN": "abcdef-123456", "SHORT_KEY": "ab", "HOME": "/root"},
-                         [["--port", "1", "--api-key", API_KEY], ["--hf-token=zz-9876543"]])
+    secrets = Secrets.of(
+        {"MY_TOKEN": "abcdef-123456", "SHORT_KEY": "ab", "HOME": "/root"},
+        [["--port", "1", "--api-key", API_KEY], ["--hf-token=zz-9876543"]],
+    )
     assert secrets.values == (API_KEY, "abcdef-123456", "zz-9876543")  # longest first; too short to match by value: no
     assert secrets.scrub(f"x {API_KEY} y abcdef-123456 z zz-9876543 /root ab") == "x *** y *** z *** /root ab"
     assert redact_argv(["--api-key", API_KEY, "--hf-token=zz"]) == ["--api-key", MASK, "--hf-token=***"]
 
 
 def run_leaky_campaign(tmp: Path) -> subprocess.CompletedProcess:
-    overrides = ["experiment=embedded_aa", "experiment.base_seeds=[3]", "campaign=leaky", *SMALL[:-1],
-                 "server.module=faulty_engine", f"+server.env.PYTHONPATH={FAULTY}", "+server.env.FAULTY_ENGINE=leak",
-                 "+experiment.arms.1.env.FAULTY_ENGINE=leak_and_die", "experiment.aa=false", f"server.args=[--api-key,{API_KEY}]",
-                 "server.log_checks.must=[]"]
-    return subprocess.run([sys.executable, "-m", "harness.bench", f"results_dir={tmp}", *overrides],
-                          capture_output=True, text=True, timeout=300, env={**os.environ, **PLANTED})
+    overrides = [
+        "experiment=embedded_aa",
+        "experiment.base_seeds=[3]",
+        "campaign=leaky",
+        *SMALL[:-1],
+        "server.module=faulty_engine",
+        f"+server.env.PYTHONPATH={FAULTY}",
+        "+server.env.FAULTY_ENGINE=leak",
+        "+experiment.arms.1.env.FAULTY_ENGINE=leak_and_die",
+        "experiment.aa=false",
+        f"server.args=[--api-key,{API_KEY}]",
+        "server.log_checks.must=[]",
+    ]
+    return subprocess.run(
+        [sys.executable, "-m", "harness.bench", f"results_dir={tmp}", *overrides],
+        capture_output=True,
+        text=True,
+        timeout=300,
+        env={**os.environ, **PLANTED},
+    )
 
 
 @pytest.mark.slow

@@ -21,9 +21,18 @@ def test_a_sweep_of_shards_runs_as_slurm_jobs_into_one_campaign(tmp_path, run_be
     assert shutil.which("sinfo"), "no SLURM here: run `make test-slurm` (scripts/slurm_local.sh up) first"
     state = subprocess.run(["sinfo", "-h", "-p", PARTITION, "-o", "%T"], capture_output=True, text=True)
     assert state.returncode == 0 and "idle" in state.stdout, f"partition {PARTITION} is not idle: {state}"
-    proc = run_bench("hydra/launcher=submitit_slurm", f"hydra.launcher.partition={PARTITION}",
-                 "hydra.launcher.cpus_per_task=1", "hydra.launcher.mem_gb=4", "hydra.launcher.timeout_min=20",
-                 "shard=range(0,3)", *SMALL[:-1], "experiment.base_seeds=[1,2,3]", multirun=True, timeout=900)
+    proc = run_bench(
+        "hydra/launcher=submitit_slurm",
+        f"hydra.launcher.partition={PARTITION}",
+        "hydra.launcher.cpus_per_task=1",
+        "hydra.launcher.mem_gb=4",
+        "hydra.launcher.timeout_min=20",
+        "shard=range(0,3)",
+        *SMALL[:-1],
+        "experiment.base_seeds=[1,2,3]",
+        multirun=True,
+        timeout=900,
+    )
     assert proc.returncode == 0, proc.stdout + proc.stderr
     (root,) = (tmp_path / "embedded_block_vs_token").iterdir()
     jobs = jobs_of(tmp_path)

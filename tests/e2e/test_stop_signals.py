@@ -37,14 +37,28 @@ def ignore_sigint() -> None:  # runs in the child before exec: the runner inheri
     signal.signal(signal.SIGINT, signal.SIG_IGN)
 
 
-def start_runner(tmp: Path, hold: str | None, *overrides: str, hold_s: float | None = None) -> tuple[subprocess.Popen, Path]:
+def start_runner(
+    tmp: Path, hold: str | None, *overrides: str, hold_s: float | None = None
+) -> tuple[subprocess.Popen, Path]:
     """The runner on a one-seed embedded_aa campaign (two runs), its output in tmp/out.log; held at `hold`
     (for `hold_s` seconds, or until a signal ends it)."""
     log = tmp / "out.log"
-    env = {**os.environ, **({"SPECBENCH_HOLD_AT": hold} if hold else {}),
-           **({"SPECBENCH_HOLD_S": str(hold_s)} if hold_s else {})}
-    args = [sys.executable, "-m", "harness.bench", f"results_dir={tmp}", "campaign=stopped", "experiment=embedded_aa",
-            "experiment.base_seeds=[3]", *SMALL, *overrides]
+    env = {
+        **os.environ,
+        **({"SPECBENCH_HOLD_AT": hold} if hold else {}),
+        **({"SPECBENCH_HOLD_S": str(hold_s)} if hold_s else {}),
+    }
+    args = [
+        sys.executable,
+        "-m",
+        "harness.bench",
+        f"results_dir={tmp}",
+        "campaign=stopped",
+        "experiment=embedded_aa",
+        "experiment.base_seeds=[3]",
+        *SMALL,
+        *overrides,
+    ]
     with open(log, "w") as out:
         proc = subprocess.Popen(args, stdout=out, stderr=subprocess.STDOUT, env=env, preexec_fn=ignore_sigint)
     return proc, log
@@ -83,8 +97,9 @@ def check_run_stopped(tmp: Path, sig: int, code: int, phase: str) -> None:
     root = tmp / "embedded_aa" / "stopped"
     assert code == EXIT[sig], out
     assert "Traceback" not in out and "Exception ignored" not in out, out
-    assert f"interrupted ({sig.name})" in out and re.search(r"Resume with python -m harness\.bench results_dir=\S+ .*campaign=stopped",
-                                                            out.replace("\n", " ")), out
+    assert f"interrupted ({sig.name})" in out and re.search(
+        r"Resume with python -m harness\.bench results_dir=\S+ .*campaign=stopped", out.replace("\n", " ")
+    ), out
     first = sorted((root / "runs").iterdir())[0]
     manifest = json.loads((first / "manifest.json").read_text())
     assert manifest["status"] == "failed" and manifest["error"] == f"interrupted by {sig.name}", manifest["error"]
@@ -110,8 +125,11 @@ def test_a_stop_signal_during_a_run_fails_it_and_stops_its_server(tmp_path, phas
     check_run_stopped(tmp_path, sig, stop(proc, sig), phase)
 
 
-@pytest.mark.parametrize(("phase", "sig"), [("startup", signal.SIGTERM), ("measure", signal.SIGINT)],
-                         ids=["startup-SIGTERM", "measure-SIGINT"])
+@pytest.mark.parametrize(
+    ("phase", "sig"),
+    [("startup", signal.SIGTERM), ("measure", signal.SIGINT)],
+    ids=["startup-SIGTERM", "measure-SIGINT"],
+)
 def test_a_stop_signal_under_cpu_load(tmp_path, burners, phase, sig):
     proc, log = start_runner(tmp_path, phase)
     wait_for(lambda: held(log, phase) or proc.poll() is not None, timeout=240)
@@ -187,11 +205,23 @@ def test_a_signal_in_the_first_milliseconds_is_a_clean_stop_once_the_runner_runs
     main_line = next(i for i, line in enumerate(bench.read_text().splitlines(), 1) if line.startswith("def main"))
     outcomes = []
     for ms in [*range(0, 160, 10), None]:  # None: as soon as the runner's handlers are in (SIGTERM caught)
-        args = [sys.executable, "-m", "harness.bench", f"results_dir={tmp_path}", "experiment=embedded_aa",
-                "experiment.base_seeds=[3]", *SMALL]
+        args = [
+            sys.executable,
+            "-m",
+            "harness.bench",
+            f"results_dir={tmp_path}",
+            "experiment=embedded_aa",
+            "experiment.base_seeds=[3]",
+            *SMALL,
+        ]
         # SIGINT at its default in the runner, as from a terminal (an xdist worker's children inherit it ignored)
-        proc = subprocess.Popen(args, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
-                                preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_DFL))
+        proc = subprocess.Popen(
+            args,
+            stdout=subprocess.PIPE,
+            stderr=subprocess.STDOUT,
+            text=True,
+            preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_DFL),
+        )
         if ms is None:
             wait_for(lambda proc=proc: catches(proc.pid, signal.SIGTERM) or proc.poll() is not None, step=0.001)
         else:
@@ -257,8 +287,13 @@ def test_a_signal_while_the_handlers_go_in_is_raised_at_the_check_not_inside_ens
     """A fresh-clone run of 2026-12-04: SIGINT came after ensure() had put in the SIGINT handler and before the
     SIGTERM one; the handler raised Stopped inside ensure(), outside harness.bench.main's try (a traceback, exit
     1). ensure() now notes it, every handler goes in, and the caller's check raises it."""
-    proc = subprocess.run([sys.executable, "-c", BETWEEN_HANDLERS], capture_output=True, text=True, timeout=60,
-                          cwd=Path(__file__).resolve().parents[2])
+    proc = subprocess.run(
+        [sys.executable, "-c", BETWEEN_HANDLERS],
+        capture_output=True,
+        text=True,
+        timeout=60,
+        cwd=Path(__file__).resolve().parents[2],
+    )
     assert proc.stdout.splitlines() == ["installed True", "stopped at the check: SIGINT"], proc
     assert "Traceback" not in proc.stderr, proc
 
@@ -267,8 +302,13 @@ def test_a_signal_python_cannot_raise_is_silent_and_acted_on_at_the_next_check()
     """The CI failure of 2026-12-03: a SIGINT that lands in a weakref callback of the import machinery (or in any
     finaliser) printed "Exception ignored ... Stopped: SIGINT"; it is now noted silently and raised at the next
     check, while other unraisable errors are still reported."""
-    proc = subprocess.run([sys.executable, "-c", UNRAISABLE], capture_output=True, text=True, timeout=60,
-                          cwd=Path(__file__).resolve().parents[2])
+    proc = subprocess.run(
+        [sys.executable, "-c", UNRAISABLE],
+        capture_output=True,
+        text=True,
+        timeout=60,
+        cwd=Path(__file__).resolve().parents[2],
+    )
     assert proc.stdout.splitlines() == ["still running", "still running", "stopped at the check: SIGINT"], proc
     assert "ValueError: an unrelated error in a finaliser" in proc.stderr and "Stopped" not in proc.stderr, proc
 
@@ -288,8 +328,12 @@ def test_two_signals_at_the_very_end_change_nothing(tmp_path, finished):
 
 def test_a_runner_killed_as_it_forks_its_server_leaves_no_server_behind(tmp_path, burners):
     """100 runners, each SIGKILLed 0-4 ms after it starts forking its server, under CPU load."""
-    proc = subprocess.run([sys.executable, str(Path(__file__).resolve().parents[1] / "support" / "spawn_race.py"), "100", str(tmp_path)],
-                          capture_output=True, text=True, timeout=300)
+    proc = subprocess.run(
+        [sys.executable, str(Path(__file__).resolve().parents[1] / "support" / "spawn_race.py"), "100", str(tmp_path)],
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
     assert proc.returncode == 0 and proc.stdout.strip() == "left behind: 0", proc.stdout + proc.stderr
 
 

@@ -15,15 +15,28 @@ SPEC = ["--speculative-algorithm", "DFLASH", "--speculative-num-draft-tokens", "
 
 
 def body(i: int, seed: int) -> dict:
-    return {"text": f"Problem {i}: how many primes are below {10 * i + 7}?",
-            "sampling_params": {**SAMPLING, "sampling_seed": seed}}
+    return {
+        "text": f"Problem {i}: how many primes are below {10 * i + 7}?",
+        "sampling_params": {**SAMPLING, "sampling_seed": seed},
+    }
 
 
-@pytest.mark.parametrize("algorithm_args", [[], SPEC, [*SPEC, "--speculative-use-block-verification"]],
-                         ids=["none", "dflash-token", "dflash-block"])
+@pytest.mark.parametrize(
+    "algorithm_args",
+    [[], SPEC, [*SPEC, "--speculative-use-block-verification"]],
+    ids=["none", "dflash-token", "dflash-block"],
+)
 def test_seeded_outputs_do_not_depend_on_concurrency(algorithm_args: list[str]) -> None:
-    args = ["--model-path", "embedded:mini", "--enable-deterministic-inference", "--max-running-requests", "32",
-            "--decode-log-interval", "4", *algorithm_args]
+    args = [
+        "--model-path",
+        "embedded:mini",
+        "--enable-deterministic-inference",
+        "--max-running-requests",
+        "32",
+        "--decode-log-interval",
+        "4",
+        *algorithm_args,
+    ]
     with engine_server(args) as server:
         assert get_json(server.url + "/server_info")["enable_deterministic_inference"] is True
         probes = [body(i, 1000 + i) for i in range(4)]

@@ -49,11 +49,18 @@ def serve(model: SyntheticLM, temperatures: list[float], failing_from: int) -> l
 
     async def main() -> list[Request]:
         scheduler = Scheduler(worker, max_running=8, decode_log_interval=40)
-        reqs = [Request(rid=f"r{i}", prompt_ids=[i + 5, 7],
-                        params=SamplingParams(max_new_tokens=40, temperature=1.0, top_k=20, ignore_eos=True),
-                        generator=torch.Generator().manual_seed(i), tokenizer=tokenizer, spec=SpecCounters(GAMMA),
-                        stream=False)
-                for i in range(len(temperatures))]
+        reqs = [
+            Request(
+                rid=f"r{i}",
+                prompt_ids=[i + 5, 7],
+                params=SamplingParams(max_new_tokens=40, temperature=1.0, top_k=20, ignore_eos=True),
+                generator=torch.Generator().manual_seed(i),
+                tokenizer=tokenizer,
+                spec=SpecCounters(GAMMA),
+                stream=False,
+            )
+            for i in range(len(temperatures))
+        ]
         for r in reqs:
             scheduler.submit(r)
         task = asyncio.create_task(scheduler.run())

@@ -71,7 +71,7 @@ def sample_trajectory_stats(model: SyntheticLM, steps: int = 40, batch: int = 48
     seqs = torch.randint(1, model.vocab_size, (batch, model.context_window), generator=g)
     ps, qs = [], []
     for _ in range(steps):
-        ctx = seqs[:, -model.context_window:]
+        ctx = seqs[:, -model.context_window :]
         p, q = probs(model.target_logits(ctx)), probs(model.draft_logits(ctx))
         ps.append(p)
         qs.append(q)

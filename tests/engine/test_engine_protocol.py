@@ -29,13 +29,33 @@ from harness.engine.tokenizer import Tokenizer
 pytestmark = pytest.mark.slow
 
 GAMMA = 5
-SPEC_ARGS = ["--model-path", "embedded:mini", "--speculative-algorithm", "DFLASH",
-             "--speculative-num-draft-tokens", str(GAMMA + 1), "--draft-mode", "sampled",
-             "--speculative-use-block-verification", "--max-running-requests", "8", "--enable-metrics",
-             "--decode-log-interval", "1", "--random-seed", "7"]
+SPEC_ARGS = [
+    "--model-path",
+    "embedded:mini",
+    "--speculative-algorithm",
+    "DFLASH",
+    "--speculative-num-draft-tokens",
+    str(GAMMA + 1),
+    "--draft-mode",
+    "sampled",
+    "--speculative-use-block-verification",
+    "--max-running-requests",
+    "8",
+    "--enable-metrics",
+    "--decode-log-interval",
+    "1",
+    "--random-seed",
+    "7",
+]
 TOK = Tokenizer(2048)
-SPEC_KEYS = {"spec_verify_ct", "spec_accept_length", "spec_num_correct_drafts", "spec_num_proposed_drafts",
-             "spec_accept_rate", "spec_correct_drafts_histogram"}
+SPEC_KEYS = {
+    "spec_verify_ct",
+    "spec_accept_length",
+    "spec_num_correct_drafts",
+    "spec_num_proposed_drafts",
+    "spec_accept_rate",
+    "spec_correct_drafts_histogram",
+}
 
 
 @pytest.fixture(scope="module")
@@ -93,8 +113,12 @@ def test_tokenizer_folder_is_published_in_the_cache(server, cache_home: Path) ->
 
 
 def test_port_zero_logs_the_port_the_system_gave() -> None:
-    proc = subprocess.Popen([sys.executable, "-m", "harness.engine", "--model-path", "embedded:tiny", "--host",
-                             "127.0.0.1", "--port", "0"], stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "harness.engine", "--model-path", "embedded:tiny", "--host", "127.0.0.1", "--port", "0"],
+        stdout=subprocess.PIPE,
+        stderr=subprocess.STDOUT,
+        text=True,
+    )
     try:
         line = next(line for line in proc.stdout if "Listening on" in line)  # type: ignore[union-attr]
         port = int(line.rsplit(":", 1)[1])
@@ -116,8 +140,9 @@ def test_log_has_the_resolved_config_and_the_ready_line(server) -> None:
 
 
 def test_generate_returns_text_ids_and_meta_info(server) -> None:
-    reply = generate(server, {"text": "Once upon a time", "sampling_params": {"max_new_tokens": 40,
-                                                                            "ignore_eos": True}})
+    reply = generate(
+        server, {"text": "Once upon a time", "sampling_params": {"max_new_tokens": 40, "ignore_eos": True}}
+    )
     meta = reply["meta_info"]
     assert reply["text"] == TOK.decode(reply["output_ids"])
     assert meta["completion_tokens"] == len(reply["output_ids"]) == 40
@@ -130,12 +155,14 @@ def test_generate_returns_text_ids_and_meta_info(server) -> None:
 
 
 def test_stream_sends_one_cumulative_chunk_per_step_then_done(server) -> None:
-    events = post_sse(server.url + "/generate", {"input_ids": [5, 6, 7], "stream": True,
-                                                 "sampling_params": {"max_new_tokens": 60, "ignore_eos": True}})
+    events = post_sse(
+        server.url + "/generate",
+        {"input_ids": [5, 6, 7], "stream": True, "sampling_params": {"max_new_tokens": 60, "ignore_eos": True}},
+    )
     assert events[-1] == "[DONE]"
     chunks = [json.loads(e) for e in events[:-1]]
     ids = [c["output_ids"] for c in chunks]
-    assert all(b[:len(a)] == a and len(b) > len(a) for a, b in zip(ids, ids[1:], strict=False))
+    assert all(b[: len(a)] == a and len(b) > len(a) for a, b in zip(ids, ids[1:], strict=False))
     assert any(len(b) - len(a) > 1 for a, b in zip(ids, ids[1:], strict=False))  # a block per chunk
     assert all(c["text"] == TOK.decode(c["output_ids"]) for c in chunks)
     assert all(c["meta_info"]["completion_tokens"] == len(c["output_ids"]) for c in chunks)
@@ -146,8 +173,9 @@ def test_stream_sends_one_cumulative_chunk_per_step_then_done(server) -> None:
 
 
 def test_batched_prompts_return_a_list(server) -> None:
-    reply = generate(server, {"text": ["a", "bb", "ccc"], "rid": ["x", "y", "z"],
-                              "sampling_params": {"max_new_tokens": 5}})
+    reply = generate(
+        server, {"text": ["a", "bb", "ccc"], "rid": ["x", "y", "z"], "sampling_params": {"max_new_tokens": 5}}
+    )
     assert isinstance(reply, list) and len(reply) == 3
     assert [r["meta_info"]["prompt_tokens"] for r in reply] == [1, 2, 3]
     assert [r["meta_info"]["id"] for r in reply] == ["x", "y", "z"]
@@ -160,21 +188,28 @@ def test_stop_string_and_stop_token_ids(server) -> None:
     stop = text[20:24]
     assert stop and stop not in text[:20]
     cut = generate(server, {"input_ids": [9, 8, 7], "sampling_params": {**greedy, "stop": [stop]}})
-    assert cut["text"] == text[:text.index(stop)]
+    assert cut["text"] == text[: text.index(stop)]
     assert cut["meta_info"]["finish_reason"] == {"type": "stop", "matched": stop}
-    assert full["output_ids"][:len(cut["output_ids"])] == cut["output_ids"]
+    assert full["output_ids"][: len(cut["output_ids"])] == cut["output_ids"]
     token = ids[10]
     by_id = generate(server, {"input_ids": [9, 8, 7], "sampling_params": {**greedy, "stop_token_ids": [token]}})
-    assert by_id["output_ids"] == ids[:ids.index(token) + 1]
+    assert by_id["output_ids"] == ids[: ids.index(token) + 1]
     assert by_id["meta_info"]["finish_reason"] == {"type": "stop", "matched": token}
 
 
 def test_sglang_bench_client_body_is_accepted(server) -> None:
     """The fields SGLang's own benchmark client always sends, and an unknown top-level key (ignored, as SGLang
     does); an unknown sampling_params key is still refused."""
-    body = {"text": "hello", "sampling_params": {"temperature": 0.0, "max_new_tokens": 6, "ignore_eos": True},
-            "stream": False, "lora_path": None, "return_logprob": False, "return_routed_experts": False,
-            "logprob_start_len": -1, "no_such_key": 1}
+    body = {
+        "text": "hello",
+        "sampling_params": {"temperature": 0.0, "max_new_tokens": 6, "ignore_eos": True},
+        "stream": False,
+        "lora_path": None,
+        "return_logprob": False,
+        "return_routed_experts": False,
+        "logprob_start_len": -1,
+        "no_such_key": 1,
+    }
     assert generate(server, body)["meta_info"]["completion_tokens"] == 6
     status, reply = post_json(server.url + "/generate", {**body, "sampling_params": {"max_tokens": 6}})
     assert status == 400 and "unknown sampling_params key(s) ['max_tokens']" in reply["error"]["message"]
@@ -212,8 +247,10 @@ def test_bad_input_gets_400_with_a_message_and_the_server_keeps_serving(server) 
 def test_flush_cache_refuses_while_busy_and_resets_the_counters(server) -> None:
     generate(server, {"text": "warm", "sampling_params": {"max_new_tokens": 64, "ignore_eos": True}})
     assert get_json(server.url + "/server_info")["internal_states"][0]["avg_spec_accept_length"] > 1.0
-    stream = Stream(server.url + "/generate", {"text": "long", "stream": True,
-                                               "sampling_params": {"max_new_tokens": 1500, "ignore_eos": True}})
+    stream = Stream(
+        server.url + "/generate",
+        {"text": "long", "stream": True, "sampling_params": {"max_new_tokens": 1500, "ignore_eos": True}},
+    )
     assert stream.next_event() is not None  # running now
     assert post_raw(server.url + "/flush_cache", b"")[0] == 400
     while stream.next_event() not in (None, "[DONE]"):
@@ -225,8 +262,15 @@ def test_flush_cache_refuses_while_busy_and_resets_the_counters(server) -> None:
 
 
 def test_a_request_id_in_flight_is_refused_as_sglang_does(server) -> None:
-    stream = Stream(server.url + "/generate", {"text": "long", "stream": True, "rid": "same",
-                                               "sampling_params": {"max_new_tokens": 1500, "ignore_eos": True}})
+    stream = Stream(
+        server.url + "/generate",
+        {
+            "text": "long",
+            "stream": True,
+            "rid": "same",
+            "sampling_params": {"max_new_tokens": 1500, "ignore_eos": True},
+        },
+    )
     try:
         assert stream.next_event() is not None  # running now
         status, reply = post_json(server.url + "/generate", {"text": "x", "rid": "same"})
@@ -243,14 +287,19 @@ def test_a_request_id_in_flight_is_refused_as_sglang_does(server) -> None:
 
 
 def chat_body(**extra) -> dict:
-    return {"model": "embedded:mini", "messages": [{"role": "system", "content": "Be brief."},
-                                                   {"role": "user", "content": "What is 2+2?"}],
-            "max_tokens": 40, "temperature": 0, **extra}
+    return {
+        "model": "embedded:mini",
+        "messages": [{"role": "system", "content": "Be brief."}, {"role": "user", "content": "What is 2+2?"}],
+        "max_tokens": 40,
+        "temperature": 0,
+        **extra,
+    }
 
 
 def test_chat_completion(server) -> None:
-    status, reply = post_json(server.url + "/v1/chat/completions",
-                              chat_body(seed=3, return_spec_tokens_details=True, return_meta_info=True))
+    status, reply = post_json(
+        server.url + "/v1/chat/completions", chat_body(seed=3, return_spec_tokens_details=True, return_meta_info=True)
+    )
     assert status == 200, reply
     choice = reply["choices"][0]
     assert reply["object"] == "chat.completion" and choice["message"]["role"] == "assistant"
@@ -264,8 +313,10 @@ def test_chat_completion(server) -> None:
 
 def test_chat_stream_deltas_add_up_to_the_full_answer(server) -> None:
     _, full = post_json(server.url + "/v1/chat/completions", chat_body())
-    events = post_sse(server.url + "/v1/chat/completions",
-                      chat_body(stream=True, return_spec_tokens_details=True, stream_options={"include_usage": True}))
+    events = post_sse(
+        server.url + "/v1/chat/completions",
+        chat_body(stream=True, return_spec_tokens_details=True, stream_options={"include_usage": True}),
+    )
     assert events[-1] == "[DONE]"
     chunks = [json.loads(e) for e in events[:-1]]
     assert chunks[0]["choices"][0]["delta"]["role"] == "assistant"
@@ -279,8 +330,13 @@ def test_chat_stream_deltas_add_up_to_the_full_answer(server) -> None:
 
 
 def test_chat_bad_input_gets_400(server) -> None:
-    for body in ({"messages": []}, {"messages": [{"role": "robot", "content": "x"}]},
-                 {**chat_body(), "max_tokens": -2}, {**chat_body(), "logprobs": True}, {**chat_body(), "foo": 1}):
+    for body in (
+        {"messages": []},
+        {"messages": [{"role": "robot", "content": "x"}]},
+        {**chat_body(), "max_tokens": -2},
+        {**chat_body(), "logprobs": True},
+        {**chat_body(), "foo": 1},
+    ):
         status, reply = post_json(server.url + "/v1/chat/completions", body)
         assert status == 400 and reply["error"]["message"], body
     _, reply = post_json(server.url + "/v1/chat/completions", {**chat_body(), "max_tokens": -2})
@@ -291,7 +347,9 @@ def test_chat_bad_input_gets_400(server) -> None:
 
 def test_a_long_prompt_is_read_off_the_event_loop_and_measured_as_any(server) -> None:
     """Past OFF_LOOP_CHARS the text is tokenized in a thread: the same refusal, and the same ids, as on the loop."""
-    status, reply = post_json(server.url + "/generate", {"text": "a" * 70_000, "sampling_params": {"max_new_tokens": 1}})
+    status, reply = post_json(
+        server.url + "/generate", {"text": "a" * 70_000, "sampling_params": {"max_new_tokens": 1}}
+    )
     assert status == 400 and "prompt (70000 tokens) + max_new_tokens (1) exceeds" in reply["error"]["message"]
     short = post_json(server.url + "/generate", {"text": "a" * 1000, "sampling_params": {"max_new_tokens": 1}})[1]
     long = post_json(server.url + "/generate", {"text": "a" * 66_000, "sampling_params": {"max_new_tokens": 1}})
@@ -331,15 +389,22 @@ def test_completion(server) -> None:
     assert len(TOK.encode(choice["text"])) >= 1
     details = reply["sglext"]["spec_tokens_details"]
     assert SPEC_KEYS <= details.keys() and details["spec_verify_ct"] >= 1
-    assert details["spec_accept_length"] == pytest.approx(reply["usage"]["completion_tokens"] / details["spec_verify_ct"])
+    assert details["spec_accept_length"] == pytest.approx(
+        reply["usage"]["completion_tokens"] / details["spec_verify_ct"]
+    )
     _, plain = post_json(server.url + "/v1/completions", completion_body())
     assert "sglext" not in plain and plain["choices"][0]["text"] == choice["text"]  # greedy
 
 
 def test_completion_default_max_tokens_and_token_id_prompts(server) -> None:
     _, reply = post_json(server.url + "/v1/completions", {"prompt": [5, 6, 7], "ignore_eos": True})
-    assert reply["usage"] == {"prompt_tokens": 3, "completion_tokens": 16, "total_tokens": 19,
-                              "prompt_tokens_details": None, "reasoning_tokens": 0}  # SGLang's default of 16
+    assert reply["usage"] == {
+        "prompt_tokens": 3,
+        "completion_tokens": 16,
+        "total_tokens": 19,
+        "prompt_tokens_details": None,
+        "reasoning_tokens": 0,
+    }  # SGLang's default of 16
     _, batch = post_json(server.url + "/v1/completions", {"prompt": ["a", "bb"], "max_tokens": 4, "ignore_eos": True})
     assert [c["index"] for c in batch["choices"]] == [0, 1]
     assert batch["usage"]["prompt_tokens"] == 3 and batch["usage"]["completion_tokens"] == 8
@@ -347,9 +412,12 @@ def test_completion_default_max_tokens_and_token_id_prompts(server) -> None:
 
 def test_completion_stream_deltas_add_up_to_the_full_text(server) -> None:
     _, full = post_json(server.url + "/v1/completions", completion_body(ignore_eos=True))
-    events = post_sse(server.url + "/v1/completions",
-                      completion_body(stream=True, ignore_eos=True, return_spec_tokens_details=True,
-                                      stream_options={"include_usage": True}))
+    events = post_sse(
+        server.url + "/v1/completions",
+        completion_body(
+            stream=True, ignore_eos=True, return_spec_tokens_details=True, stream_options={"include_usage": True}
+        ),
+    )
     assert events[-1] == "[DONE]"
     chunks = [json.loads(e) for e in events[:-1]]
     assert all(c["object"] == "text_completion" for c in chunks)
@@ -362,8 +430,14 @@ def test_completion_stream_deltas_add_up_to_the_full_text(server) -> None:
 
 
 def test_completion_bad_input_gets_400(server) -> None:
-    for body in ({"prompt": ""}, {"prompt": "a", "max_tokens": 0}, {"prompt": "a", "echo": True},
-                 {"prompt": [1, 99999]}, {"prompt": "a", "foo": 1}, {"prompt": "a", "max_tokens": 10**9}):
+    for body in (
+        {"prompt": ""},
+        {"prompt": "a", "max_tokens": 0},
+        {"prompt": "a", "echo": True},
+        {"prompt": [1, 99999]},
+        {"prompt": "a", "foo": 1},
+        {"prompt": "a", "max_tokens": 10**9},
+    ):
         status, reply = post_json(server.url + "/v1/completions", body)
         assert status == 400 and reply["error"]["message"], body
 
@@ -373,18 +447,23 @@ def test_completion_bad_input_gets_400(server) -> None:
 
 def test_plain_server_incremental_streams_and_disconnects() -> None:
     """NONE, --incremental-streaming-output, one slot: deltas add up; a dropped client frees the slot."""
-    with engine_server(["--model-path", "embedded:mini", "--max-running-requests", "1",
-                        "--incremental-streaming-output"]) as server:
-        events = post_sse(server.url + "/generate", {"input_ids": [4, 5], "stream": True,
-                                                     "sampling_params": {"max_new_tokens": 20, "ignore_eos": True}})
+    with engine_server(
+        ["--model-path", "embedded:mini", "--max-running-requests", "1", "--incremental-streaming-output"]
+    ) as server:
+        events = post_sse(
+            server.url + "/generate",
+            {"input_ids": [4, 5], "stream": True, "sampling_params": {"max_new_tokens": 20, "ignore_eos": True}},
+        )
         chunks = [json.loads(e) for e in events[:-1]]
         assert len(chunks) == 20 and all(len(c["output_ids"]) == 1 for c in chunks)  # one token per step
         ids = [t for c in chunks for t in c["output_ids"]]
         assert "".join(c["text"] for c in chunks) == TOK.decode(ids)
         assert "spec_verify_ct" not in chunks[-1]["meta_info"]
         assert "avg_spec_accept_length" not in get_json(server.url + "/server_info")["internal_states"][0]
-        stream = Stream(server.url + "/generate", {"text": "x", "stream": True,
-                                                   "sampling_params": {"max_new_tokens": 60000, "ignore_eos": True}})
+        stream = Stream(
+            server.url + "/generate",
+            {"text": "x", "stream": True, "sampling_params": {"max_new_tokens": 60000, "ignore_eos": True}},
+        )
         assert stream.next_event() is not None
         stream.close()
         deadline = time.monotonic() + 30  # 60,000 one-token steps would take minutes
@@ -420,13 +499,15 @@ def test_digit_vocabulary_publishes_no_tokenizer_folder(tmp_path: Path) -> None:
     assert not (tmp_path / "specbench").exists()
 
 
-@pytest.mark.parametrize("argv, message", [
-    (["--model-path", "embedded:mini", "--no-such-flag", "1"], "unrecognized arguments: --no-such-flag"),
-    (["--model-path", "gpt2"], "embedded:small"),
-])
+@pytest.mark.parametrize(
+    "argv, message",
+    [
+        (["--model-path", "embedded:mini", "--no-such-flag", "1"], "unrecognized arguments: --no-such-flag"),
+        (["--model-path", "gpt2"], "embedded:small"),
+    ],
+)
 def test_bad_flags_exit_at_start_with_a_message(argv: list[str], message: str) -> None:
-    proc = subprocess.run([sys.executable, "-m", "harness.engine", *argv], capture_output=True,
-                          text=True, timeout=60)
+    proc = subprocess.run([sys.executable, "-m", "harness.engine", *argv], capture_output=True, text=True, timeout=60)
     assert proc.returncode == 2 and message in proc.stderr
 
 
@@ -434,8 +515,12 @@ def test_concurrent_streams_are_batched(server) -> None:
     results: list[list[str]] = []
 
     def one(i: int) -> None:
-        results.append(post_sse(server.url + "/generate", {"input_ids": [i + 1], "stream": True,
-                                                           "sampling_params": {"max_new_tokens": 30}}))
+        results.append(
+            post_sse(
+                server.url + "/generate",
+                {"input_ids": [i + 1], "stream": True, "sampling_params": {"max_new_tokens": 30}},
+            )
+        )
 
     threads = [threading.Thread(target=one, args=(i,)) for i in range(6)]
     for t in threads:

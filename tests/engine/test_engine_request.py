@@ -12,8 +12,15 @@ TOK = Tokenizer(2048)
 
 
 def make(params: SamplingParams, gamma: int = 0) -> Request:
-    return Request(rid="r", prompt_ids=TOK.encode("prompt"), params=params, generator=torch.Generator(),
-                   tokenizer=TOK, spec=SpecCounters(gamma) if gamma else None, stream=True)
+    return Request(
+        rid="r",
+        prompt_ids=TOK.encode("prompt"),
+        params=params,
+        generator=torch.Generator(),
+        tokenizer=TOK,
+        spec=SpecCounters(gamma) if gamma else None,
+        stream=True,
+    )
 
 
 def test_length_cap_truncates_a_step_and_wins_over_eos() -> None:

@@ -21,14 +21,29 @@ from harness.engine.presets import get_preset
 
 pytestmark = pytest.mark.slow
 
-MINI = ["--model-path", "embedded:mini", "--speculative-algorithm", "DFLASH", "--speculative-num-draft-tokens", "8",
-        "--draft-divergence", "1.0", "--max-running-requests", "64"]
+MINI = [
+    "--model-path",
+    "embedded:mini",
+    "--speculative-algorithm",
+    "DFLASH",
+    "--speculative-num-draft-tokens",
+    "8",
+    "--draft-divergence",
+    "1.0",
+    "--max-running-requests",
+    "64",
+]
 
 
 def accepted_per_step(args: list[str], n_requests: int = 96, max_new_tokens: int = 384) -> tuple[float, float]:
     """Correct drafts per verify step over the requests, and its standard error (requests as units)."""
-    bodies = [{"input_ids": [i + 3, 2 * i + 5, 7], "sampling_params": {
-        "temperature": 1.0, "max_new_tokens": max_new_tokens, "ignore_eos": True}} for i in range(n_requests)]
+    bodies = [
+        {
+            "input_ids": [i + 3, 2 * i + 5, 7],
+            "sampling_params": {"temperature": 1.0, "max_new_tokens": max_new_tokens, "ignore_eos": True},
+        }
+        for i in range(n_requests)
+    ]
     with engine_server(args) as server:
         replies = generate_concurrently(server.url, bodies, concurrency=n_requests)
         log = server.log_text()
@@ -49,8 +64,9 @@ def test_block_verification_accepts_more_with_sampled_drafts() -> None:
 
 def test_greedy_drafts_make_block_and_token_agree() -> None:
     token, se_t = accepted_per_step([*MINI, "--draft-mode", "greedy"], n_requests=64, max_new_tokens=256)
-    block, se_b = accepted_per_step([*MINI, "--draft-mode", "greedy", "--speculative-use-block-verification"],
-                                    n_requests=64, max_new_tokens=256)
+    block, se_b = accepted_per_step(
+        [*MINI, "--draft-mode", "greedy", "--speculative-use-block-verification"], n_requests=64, max_new_tokens=256
+    )
     assert "--speculative-use-block-verification has no effect for this DFLASH draft" in accepted_per_step.last_log
     assert "sampling_enabled=False" in accepted_per_step.last_log  # the Resolved config line
     assert "DFLASH draft greedy head folded into the draft cuda graph" in accepted_per_step.last_log
@@ -77,8 +93,10 @@ def joint_distributions() -> dict[str, dict[tuple[int, ...], float]]:
 
     def dist(context: list[int]) -> tuple[torch.Tensor, torch.Tensor]:
         window = torch.tensor([model.windows(context)])
-        return (torch.softmax(model.target_logits(window)[0].double(), -1),
-                torch.softmax(model.draft_logits(window)[0].double(), -1))
+        return (
+            torch.softmax(model.target_logits(window)[0].double(), -1),
+            torch.softmax(model.draft_logits(window)[0].double(), -1),
+        )
 
     out: dict[str, dict] = {"target": {}, "always_accept": {}, "wrong_residual": {}}
     for t1, t2, t3 in itertools.product(range(vocab), repeat=3):
@@ -116,11 +134,25 @@ def distributions() -> dict[str, dict[tuple[int, ...], float]]:
 
 @pytest.mark.parametrize("verifier", [[], ["--speculative-use-block-verification"]], ids=["token", "block"])
 def test_speculative_output_has_the_target_distribution(distributions, verifier: list[str]) -> None:
-    args = ["--model-path", "embedded:tiny", "--speculative-algorithm", "DFLASH", "--speculative-num-draft-tokens",
-            "4", "--draft-mode", "sampled", "--draft-divergence", str(TINY_DIVERGENCE), "--max-running-requests",
-            "256", *verifier]
-    body = {"input_ids": [PROMPT] * N_SAMPLES,
-            "sampling_params": {"temperature": 1.0, "max_new_tokens": 3, "ignore_eos": True}}
+    args = [
+        "--model-path",
+        "embedded:tiny",
+        "--speculative-algorithm",
+        "DFLASH",
+        "--speculative-num-draft-tokens",
+        "4",
+        "--draft-mode",
+        "sampled",
+        "--draft-divergence",
+        str(TINY_DIVERGENCE),
+        "--max-running-requests",
+        "256",
+        *verifier,
+    ]
+    body = {
+        "input_ids": [PROMPT] * N_SAMPLES,
+        "sampling_params": {"temperature": 1.0, "max_new_tokens": 3, "ignore_eos": True},
+    }
     with engine_server(args) as server:
         status, replies = post_json(server.url + "/generate", body)
     assert status == 200, replies

@@ -11,8 +11,15 @@ import pytest
 from harness.engine import hf_tokenizer
 from harness.engine.tokenizer import EOS_ID, FIRST_WORD_ID, PIECE_PATTERN, StreamDecoder, Tokenizer
 
-TEXTS = ["", "hello world", " ka tomi bu", "Ünïcødé ✓ 🚀 — 漢字", "line\nbreak\ttab", " ka ka kaka  zzz ",
-         "Find x such that 2^x = 1024.\n\\boxed{10}"]
+TEXTS = [
+    "",
+    "hello world",
+    " ka tomi bu",
+    "Ünïcødé ✓ 🚀 — 漢字",
+    "line\nbreak\ttab",
+    " ka ka kaka  zzz ",
+    "Find x such that 2^x = 1024.\n\\boxed{10}",
+]
 
 
 @pytest.mark.parametrize("vocab", [3, 4, 100, 257, 2048, 32000, 248320])
@@ -88,8 +95,17 @@ def test_hf_tokenizer_json_uses_the_engine_piece_pattern() -> None:
     assert split["pattern"]["Regex"] == PIECE_PATTERN and split["behavior"] == "Isolated"
     assert byte_level["type"] == tj["decoder"]["type"] == "ByteLevel" and tj["post_processor"] is None
     assert tj["model"]["merges"] == [] and tj["model"]["ignore_merges"] is True
-    assert tj["added_tokens"] == [{"id": 0, "content": "<|endoftext|>", "single_word": False, "lstrip": False,
-                                   "rstrip": False, "normalized": False, "special": True}]
+    assert tj["added_tokens"] == [
+        {
+            "id": 0,
+            "content": "<|endoftext|>",
+            "single_word": False,
+            "lstrip": False,
+            "rstrip": False,
+            "normalized": False,
+            "special": True,
+        }
+    ]
 
 
 @pytest.mark.parametrize("vocab_size", [3, 4, 100, 256])

@@ -42,8 +42,10 @@ CASES = {
     "missing": (lambda tmp: tmp / "missing.gguf", "missing.gguf: no such file"),
     "random bytes": (random_bytes, "random.gguf: not a GGUF file (it starts with bytes"),
     "cut short": (cut, "cut.gguf: a GGUF file that cannot be parsed"),
-    "unshipped hf: name": (lambda tmp: "hf:no-such-model", "'hf:no-such-model' is not a model the embedded server "
-                           "ships; valid: hf:smollm2-135m-instruct, hf:gemma3-270m"),
+    "unshipped hf: name": (
+        lambda tmp: "hf:no-such-model",
+        "'hf:no-such-model' is not a model the embedded server ships; valid: hf:smollm2-135m-instruct, hf:gemma3-270m",
+    ),
     "unknown preset": (lambda tmp: "embedded:nope", "'embedded:nope' is not an embedded model"),
     "a folder without config.json": (lambda tmp: tmp, "not an embedded preset (embedded:small, ...), a shipped model"),
 }
@@ -54,8 +56,12 @@ CASES = {
 def test_a_model_the_server_could_not_load_is_refused_before_any_launch(run_bench, tmp_path, case, dry):
     make, says = CASES[case]
     model = make(tmp_path)
-    proc = run_bench("experiment=real_block_vs_token", f"server.model_path={model}", f"dry_run={str(dry).lower()}",
-                     "campaign=refused")
+    proc = run_bench(
+        "experiment=real_block_vs_token",
+        f"server.model_path={model}",
+        f"dry_run={str(dry).lower()}",
+        "campaign=refused",
+    )
     out = " ".join((proc.stdout + proc.stderr).split())
     assert proc.returncode == 2, out[-2000:]
     assert says in out and "nothing was launched" in out and "Traceback" not in out, out[-2000:]

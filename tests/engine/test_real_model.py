@@ -145,14 +145,17 @@ def test_rows_of_equal_lengths_share_one_forward_and_keep_their_own_caches(real,
             real.crop(cache, n)
         batched = real.forward_many(mine, feeds, layers=layers, last_only=True)
         for cache, feed, got in zip(alone, feeds, batched, strict=True):
-            torch.testing.assert_close(got, real.forward(cache, feed, layers=layers, last_only=True),
-                                       rtol=1e-4, atol=1e-4)
+            torch.testing.assert_close(
+                got, real.forward(cache, feed, layers=layers, last_only=True), rtol=1e-4, atol=1e-4
+            )
     assert runs[:2] == [(3, 1), (1, 2)]  # per forward_many: the three rows batched, the fourth alone
     for cache, other in zip(mine, alone, strict=True):
-        assert [real.cached(cache, i) for i in range(real.num_layers)] == \
-            [real.cached(other, i) for i in range(real.num_layers)]
-        torch.testing.assert_close(real.forward(cache, [99], last_only=True),
-                                   real.forward(other, [99], last_only=True), rtol=1e-4, atol=1e-4)
+        assert [real.cached(cache, i) for i in range(real.num_layers)] == [
+            real.cached(other, i) for i in range(real.num_layers)
+        ]
+        torch.testing.assert_close(
+            real.forward(cache, [99], last_only=True), real.forward(other, [99], last_only=True), rtol=1e-4, atol=1e-4
+        )
 
 
 def test_deterministic_inference_never_batches_rows(real, monkeypatch):
@@ -160,17 +163,30 @@ def test_deterministic_inference_never_batches_rows(real, monkeypatch):
         raise AssertionError("a batched forward in deterministic mode")
 
     monkeypatch.setattr(real, "forward_many", refuse)
-    worker = RealWorker(real, WorkerConfig(gamma=2, draft_mode="sampled", block_verification=True,
-                                           builder="full_vocab", deterministic=True))
-    requests = [Request(rid=str(s), prompt_ids=prompt_ids(real), params=SamplingParams(max_new_tokens=4, top_k=20),
-                        generator=torch.Generator().manual_seed(s), tokenizer=real.tokenizer, spec=SpecCounters(2),
-                        stream=False) for s in range(2)]
+    worker = RealWorker(
+        real,
+        WorkerConfig(gamma=2, draft_mode="sampled", block_verification=True, builder="full_vocab", deterministic=True),
+    )
+    requests = [
+        Request(
+            rid=str(s),
+            prompt_ids=prompt_ids(real),
+            params=SamplingParams(max_new_tokens=4, top_k=20),
+            generator=torch.Generator().manual_seed(s),
+            tokenizer=real.tokenizer,
+            spec=SpecCounters(2),
+            stream=False,
+        )
+        for s in range(2)
+    ]
     for r, tokens in zip(requests, worker.prefill(worker.batch_input(requests)).tokens, strict=True):
         r.extend(tokens)
     assert len(worker.decode(worker.batch_input(requests)).tokens) == 2
 
 
-def _first_verified_tokens(real: RealLM, block: bool, trials: int, wrong: bool = False) -> tuple[list[int], torch.Tensor]:
+def _first_verified_tokens(
+    real: RealLM, block: bool, trials: int, wrong: bool = False
+) -> tuple[list[int], torch.Tensor]:
     """`trials` speculative steps from one cached context (prompt + its first output token), each with its own
     seed: the token each emits at the first verified position, and the target's distribution there."""
     ids = prompt_ids(real)
@@ -178,19 +194,29 @@ def _first_verified_tokens(real: RealLM, block: bool, trials: int, wrong: bool =
     base = real.new_cache()
     logits = real.forward(base, ids, last_only=True)
     first = int(logits.argmax())
-    config = WorkerConfig(gamma=gamma, draft_mode="sampled", block_verification=block, builder="full_vocab",
-                          deterministic=False)
+    config = WorkerConfig(
+        gamma=gamma, draft_mode="sampled", block_verification=block, builder="full_vocab", deterministic=False
+    )
     worker = RealWorker(real, config)
     if wrong:  # accepts every draft: the output follows the draft, not the target
+
         def always_accept(target, drafts, q, generators):
             tokens = torch.cat([drafts, target[:, -1].argmax(-1, keepdim=True)], dim=1)
             return verify.VerifyOutput(num_accepted=torch.full((drafts.shape[0],), drafts.shape[1]), tokens=tokens)
+
         worker._verifier = always_accept
     params = SamplingParams(max_new_tokens=8, temperature=1.0, top_k=top_k)
     requests = []
     for seed in range(trials):
-        r = Request(rid=f"t{seed}", prompt_ids=ids, params=params, generator=torch.Generator().manual_seed(seed),
-                    tokenizer=real.tokenizer, spec=SpecCounters(gamma), stream=False)
+        r = Request(
+            rid=f"t{seed}",
+            prompt_ids=ids,
+            params=params,
+            generator=torch.Generator().manual_seed(seed),
+            tokenizer=real.tokenizer,
+            spec=SpecCounters(gamma),
+            stream=False,
+        )
         r.output_ids = [first]
         r.model_state = RealState(copy.deepcopy(base), fed=len(ids))
         requests.append(r)
@@ -242,12 +268,26 @@ def test_greedy_drafts_make_block_and_token_wise_verification_emit_the_same_toke
     prompts = [prompt_ids(real), real.tokenizer.encode("Once upon a time"), real.tokenizer.encode("2 + 2 =")]
     outputs = {}
     for block in (False, True):
-        worker = RealWorker(real, WorkerConfig(gamma=3, draft_mode="greedy", block_verification=block,
-                                               builder="full_vocab", deterministic=True))
+        worker = RealWorker(
+            real,
+            WorkerConfig(
+                gamma=3, draft_mode="greedy", block_verification=block, builder="full_vocab", deterministic=True
+            ),
+        )
         served = []
         for seed, ids in enumerate(prompts):
-            r = run_alone(worker, Request(rid=str(seed), prompt_ids=ids, params=params, stream=False, spec=SpecCounters(3),
-                                          generator=torch.Generator().manual_seed(seed), tokenizer=real.tokenizer))
+            r = run_alone(
+                worker,
+                Request(
+                    rid=str(seed),
+                    prompt_ids=ids,
+                    params=params,
+                    stream=False,
+                    spec=SpecCounters(3),
+                    generator=torch.Generator().manual_seed(seed),
+                    tokenizer=real.tokenizer,
+                ),
+            )
             served.append((r.output_ids, r.spec.verify_ct, r.spec.num_correct))
         outputs[block] = served
     assert outputs[True] == outputs[False]
@@ -255,14 +295,22 @@ def test_greedy_drafts_make_block_and_token_wise_verification_emit_the_same_toke
 
 
 def test_a_seeded_request_is_served_alone_the_same_as_in_a_batch(real):
-    config = WorkerConfig(gamma=7, draft_mode="sampled", block_verification=True, builder="topk_first",
-                          deterministic=True)
+    config = WorkerConfig(
+        gamma=7, draft_mode="sampled", block_verification=True, builder="topk_first", deterministic=True
+    )
     worker = RealWorker(real, config)
     params = SamplingParams(max_new_tokens=8, temperature=1.0, top_k=20, top_p=0.95)
 
     def request(seed: int) -> Request:
-        return Request(rid=str(seed), prompt_ids=prompt_ids(real), params=params, stream=False,
-                       generator=torch.Generator().manual_seed(seed), tokenizer=real.tokenizer, spec=SpecCounters(7))
+        return Request(
+            rid=str(seed),
+            prompt_ids=prompt_ids(real),
+            params=params,
+            stream=False,
+            generator=torch.Generator().manual_seed(seed),
+            tokenizer=real.tokenizer,
+            spec=SpecCounters(7),
+        )
 
     alone = run_alone(worker, request(7)).output_ids
     batch = [request(7), request(8)]
@@ -280,10 +328,19 @@ def test_a_seeded_request_is_served_alone_the_same_as_in_a_batch(real):
 def test_a_step_retried_after_a_failure_gives_what_the_first_attempt_gave(real):
     """The scheduler reruns a failed step from the same generator state; the row's cache may already hold what the
     failed attempt fed: the rerun must not feed nothing, nor twice."""
-    worker = RealWorker(real, WorkerConfig(gamma=3, draft_mode="sampled", block_verification=True,
-                                           builder="topk_first", deterministic=True))
-    r = Request(rid="retry", prompt_ids=prompt_ids(real), params=SamplingParams(max_new_tokens=8, top_k=20),
-                generator=torch.Generator().manual_seed(5), tokenizer=real.tokenizer, spec=SpecCounters(3), stream=False)
+    worker = RealWorker(
+        real,
+        WorkerConfig(gamma=3, draft_mode="sampled", block_verification=True, builder="topk_first", deterministic=True),
+    )
+    r = Request(
+        rid="retry",
+        prompt_ids=prompt_ids(real),
+        params=SamplingParams(max_new_tokens=8, top_k=20),
+        generator=torch.Generator().manual_seed(5),
+        tokenizer=real.tokenizer,
+        spec=SpecCounters(3),
+        stream=False,
+    )
     for step in (worker.prefill, worker.decode):
         state = r.generator.get_state()
         first = step(worker.batch_input([r])).tokens[0]
@@ -312,9 +369,24 @@ def test_the_logit_bank_reads_its_rows_from_this_backend(real, tmp_path):
 
 @pytest.fixture(scope="module")
 def server(real):
-    args = ["--model-path", MODEL, "--speculative-algorithm", "DFLASH", "--speculative-num-draft-tokens", "8",
-            "--draft-mode", "sampled", "--draft-layers", "28", "--speculative-use-block-verification",
-            "--enable-deterministic-inference", "--max-running-requests", "4", "--num-threads", "1"]
+    args = [
+        "--model-path",
+        MODEL,
+        "--speculative-algorithm",
+        "DFLASH",
+        "--speculative-num-draft-tokens",
+        "8",
+        "--draft-mode",
+        "sampled",
+        "--draft-layers",
+        "28",
+        "--speculative-use-block-verification",
+        "--enable-deterministic-inference",
+        "--max-running-requests",
+        "4",
+        "--num-threads",
+        "1",
+    ]
     with tempfile.TemporaryDirectory(prefix="engine-") as tmp:
         s = start_engine(args, Path(tmp) / "server.log", timeout_s=600)
         try:
@@ -329,8 +401,16 @@ def server(real):
 
 
 def _chat(seed: int) -> dict:
-    return {"model": MODEL, "messages": QUESTION, "temperature": 1.0, "top_p": 0.95, "top_k": 20,
-            "seed": seed, "return_spec_tokens_details": True, "max_tokens": 8}
+    return {
+        "model": MODEL,
+        "messages": QUESTION,
+        "temperature": 1.0,
+        "top_p": 0.95,
+        "top_k": 20,
+        "seed": seed,
+        "return_spec_tokens_details": True,
+        "max_tokens": 8,
+    }
 
 
 def test_the_server_answers_in_the_models_chat_template_with_its_spec_counts(server, real):
@@ -347,15 +427,17 @@ def test_the_server_answers_in_the_models_chat_template_with_its_spec_counts(ser
     from transformers import AutoTokenizer  # noqa: PLC0415  (what SGLang's bench client does with tokenizer_path)
 
     tok = AutoTokenizer.from_pretrained(info["tokenizer_path"])
-    assert tok.apply_chat_template(QUESTION, tokenize=False, add_generation_prompt=True) == \
-        real.tokenizer.chat_prompt(QUESTION)
+    assert tok.apply_chat_template(QUESTION, tokenize=False, add_generation_prompt=True) == real.tokenizer.chat_prompt(
+        QUESTION
+    )
 
 
 def test_the_real_experiments_log_checks_pass_on_the_servers_log(server):
     """The block arm of real_block_vs_token runs with this server's flags: its log checks read this log."""
     spec = yaml.safe_load((CONFIG_DIR / "experiment" / "real_block_vs_token.yaml").read_text())
-    checks = merge_log_checks(LogChecks(**spec["server"]["log_checks"]),
-                              LogChecks(**spec["experiment"]["arms"][1].get("log_checks", {})))
+    checks = merge_log_checks(
+        LogChecks(**spec["server"]["log_checks"]), LogChecks(**spec["experiment"]["arms"][1].get("log_checks", {}))
+    )
     assert check_log(server.log_path, checks).passed, server.log_text()[-3000:]
 
 
@@ -375,11 +457,14 @@ def test_a_seeded_request_gets_the_same_tokens_at_concurrency_1_and_4(server):
     assert together[0]["choices"][0]["message"]["content"] == alone["choices"][0]["message"]["content"]
 
 
-@pytest.mark.parametrize(("argv", "words"), [
-    (["--model-path", "embedded:mini", "--draft-layers", "4"], "only a real model takes it"),
-    (["--model-path", "hf:no-such-model"], "not a shipped model"),
-    (["--model-path", "/nowhere/model.gguf"], "no such GGUF file"),
-])
+@pytest.mark.parametrize(
+    ("argv", "words"),
+    [
+        (["--model-path", "embedded:mini", "--draft-layers", "4"], "only a real model takes it"),
+        (["--model-path", "hf:no-such-model"], "not a shipped model"),
+        (["--model-path", "/nowhere/model.gguf"], "no such GGUF file"),
+    ],
+)
 def test_bad_real_model_flags_are_named(argv, words, capsys):
     if "--draft-layers" in argv:
         with pytest.raises(SystemExit):

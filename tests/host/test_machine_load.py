@@ -31,20 +31,29 @@ H200_LINE = "0, 540, 32, 0\n"  # nvidia-smi --query-gpu=index,clocks.sm,temperat
 
 def test_gpu_status_parses_nvidia_smi_rows():
     assert [to_json(g) for g in machine.parse_gpu_status(H200_LINE)] == [
-        {"index": 0, "sm_clock_mhz": 540, "temperature_c": 32, "utilization_pct": 0}]
+        {"index": 0, "sm_clock_mhz": 540, "temperature_c": 32, "utilization_pct": 0}
+    ]
     rows = "0, 1980, 61, 97\n1, [N/A], [Not Supported], 3\nNo devices were found\n"
     assert [to_json(g) for g in machine.parse_gpu_status(rows)] == [
         {"index": 0, "sm_clock_mhz": 1980, "temperature_c": 61, "utilization_pct": 97},
-        {"index": 1, "sm_clock_mhz": None, "temperature_c": None, "utilization_pct": 3}]
+        {"index": 1, "sm_clock_mhz": None, "temperature_c": None, "utilization_pct": 3},
+    ]
     assert machine.parse_gpu_status("") == []
 
 
 def test_window_arithmetic():
     cores = machine.cores()
-    c0 = Counters(t_mono=10.0, t_unix=1.0, busy_s=100.0, total_s=400.0, steal_s=4.0,
-                  ours_s={(1, 5.0): 1.0, (2, 6.0): 3.0})
-    c1 = Counters(t_mono=12.0, t_unix=3.0, busy_s=100.0 + 1.5 * cores, total_s=400.0 + 2 * cores,
-                  steal_s=4.0 + 0.2 * cores, ours_s={(1, 5.0): 1.25, (3, 11.0): 0.25})  # pid 2 exited, 3 was born
+    c0 = Counters(
+        t_mono=10.0, t_unix=1.0, busy_s=100.0, total_s=400.0, steal_s=4.0, ours_s={(1, 5.0): 1.0, (2, 6.0): 3.0}
+    )
+    c1 = Counters(
+        t_mono=12.0,
+        t_unix=3.0,
+        busy_s=100.0 + 1.5 * cores,
+        total_s=400.0 + 2 * cores,
+        steal_s=4.0 + 0.2 * cores,
+        ours_s={(1, 5.0): 1.25, (3, 11.0): 0.25},
+    )  # pid 2 exited, 3 was born
     doc = to_json(machine.during(c0, c1))
     assert doc["cpu_ours_s"] == 0.5 and doc["wall_s"] == 2.0 and doc["cpu_total_s"] == 1.5 * cores
     assert doc["cpu_other_frac"] == pytest.approx((1.5 * cores - 0.5) / (2 * cores), abs=1e-4)
@@ -60,10 +69,12 @@ def test_window_arithmetic():
 
 def detached_burner(seconds: float) -> int:
     """A CPU burner outside this process's tree (double fork: its parent exits at once); its pid."""
-    launcher = ("import subprocess, sys\n"
-                f"p = subprocess.Popen([sys.executable, '-c', {BURN.format(s=seconds)!r}], start_new_session=True,\n"
-                "                     stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)\n"
-                "print(p.pid)\n")
+    launcher = (
+        "import subprocess, sys\n"
+        f"p = subprocess.Popen([sys.executable, '-c', {BURN.format(s=seconds)!r}], start_new_session=True,\n"
+        "                     stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)\n"
+        "print(p.pid)\n"
+    )
     return int(subprocess.run([sys.executable, "-c", launcher], capture_output=True, text=True, check=True).stdout)
 
 
@@ -123,13 +134,19 @@ def test_cpu_pin_pins_and_restores():
 def test_bad_cpus_fail_at_config_time(tmp_path):
     allowed = sorted(os.sched_getaffinity(0))
     missing = max(allowed) + 1000
-    with pytest.raises(ConfigError, match=rf"server.cpus=\[{missing}\] names CPU\(s\) \[{missing}\] that this "
-                                          r"process may not run on \(allowed: "):
+    with pytest.raises(
+        ConfigError,
+        match=rf"server.cpus=\[{missing}\] names CPU\(s\) \[{missing}\] that this "
+        r"process may not run on \(allowed: ",
+    ):
         composed(f"server.cpus=[{missing}]")
     with pytest.raises(ConfigError, match=r"client.cpus=\[.*\] lists a CPU twice"):
         composed(f"client.cpus=[{allowed[0]},{allowed[0]}]")
-    with pytest.raises(ConfigError, match=rf"share CPU\(s\) \[{allowed[0]}\]; give the server and the client "
-                                          "separate CPUs"):
+    with pytest.raises(
+        ConfigError,
+        match=rf"share CPU\(s\) \[{allowed[0]}\]; give the server and the client "
+        "separate CPUs",
+    ):
         composed(f"server.cpus=[{allowed[0]}]", f"client.cpus=[{allowed[0]}]")
     proc = bench(tmp_path, f"client.cpus=[{missing}]", *SMALL)
     assert proc.returncode == 2 and f"client.cpus=[{missing}]" in proc.stdout.replace("\n", ""), proc.stdout
@@ -139,8 +156,11 @@ def test_bad_cpus_fail_at_config_time(tmp_path):
 # ---------------------------------------------------------------------------------------------- end to end
 
 # the default 1 s load samples: the burner test reads the `after` sample
-LONGER = [*(o for o in SMALL if not o.startswith("load_sample_s=")), "sampling.max_new_tokens=640",
-          "sampling.ignore_eos=true"]
+LONGER = [
+    *(o for o in SMALL if not o.startswith("load_sample_s=")),
+    "sampling.max_new_tokens=640",
+    "sampling.ignore_eos=true",
+]
 
 
 def run_manifests(root: Path) -> list[dict]:
@@ -185,9 +205,21 @@ def test_a_foreign_cpu_burner_shows_in_cpu_other(tmp_path):
     first run's own cpu_other_frac is whatever the neighbours did: the burnt run is checked against the
     burners' measured CPU time rather than against a number.)"""
     root = tmp_path / "embedded_aa" / "burn"
-    runner = subprocess.Popen([sys.executable, "-m", "harness.bench", f"results_dir={tmp_path}", "campaign=burn",
-                               "experiment=embedded_aa", "experiment.base_seeds=[3]", *LONGER],
-                              stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+    runner = subprocess.Popen(
+        [
+            sys.executable,
+            "-m",
+            "harness.bench",
+            f"results_dir={tmp_path}",
+            "campaign=burn",
+            "experiment=embedded_aa",
+            "experiment.base_seeds=[3]",
+            *LONGER,
+        ],
+        stdout=subprocess.PIPE,
+        stderr=subprocess.STDOUT,
+        text=True,
+    )
     burners: list[subprocess.Popen] = []
     timeline = None
     try:
@@ -218,8 +250,10 @@ def test_a_foreign_cpu_burner_shows_in_cpu_other(tmp_path):
     # 2 x cores burners against an idle server: well above an idle machine (on a loaded
     # CI machine the burners share the cores with whatever else runs, so no more is asserted)
     assert burnt["machine"]["after"]["cpu_other"] >= 0.4, burnt["machine"]["after"]
-    print(f"cpu_other_frac: first run {idle['machine']['during']['cpu_other_frac']}, burnt run "
-          f"{during['cpu_other_frac']} (burners {burnt_s:.2f} CPU-s in a {t1 - t0:.2f} s window)")
+    print(
+        f"cpu_other_frac: first run {idle['machine']['during']['cpu_other_frac']}, burnt run "
+        f"{during['cpu_other_frac']} (burners {burnt_s:.2f} CPU-s in a {t1 - t0:.2f} s window)"
+    )
 
 
 @pytest.mark.slow
@@ -229,12 +263,29 @@ def test_pinned_server_and_client(tmp_path):
         pytest.skip("needs two CPUs")
     server_cpu, client_cpu = cpus[-1], cpus[0]
     root = tmp_path / "embedded_aa" / "pin"
-    runner = subprocess.Popen([sys.executable, "-m", "harness.bench", f"results_dir={tmp_path}", "campaign=pin",
-                               "experiment=embedded_aa", "experiment.base_seeds=[3]", *SMALL[:-2],
-                               "client.concurrency=1", "sampling.max_new_tokens=256", "sampling.ignore_eos=true",
-                               "report=false", f"server.cpus=[{server_cpu}]", f"client.cpus=[{client_cpu}]"],
-                              stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+    runner = subprocess.Popen(
+        [
+            sys.executable,
+            "-m",
+            "harness.bench",
+            f"results_dir={tmp_path}",
+            "campaign=pin",
+            "experiment=embedded_aa",
+            "experiment.base_seeds=[3]",
+            *SMALL[:-2],
+            "client.concurrency=1",
+            "sampling.max_new_tokens=256",
+            "sampling.ignore_eos=true",
+            "report=false",
+            f"server.cpus=[{server_cpu}]",
+            f"client.cpus=[{client_cpu}]",
+        ],
+        stdout=subprocess.PIPE,
+        stderr=subprocess.STDOUT,
+        text=True,
+    )
     try:
+
         def measuring() -> list[psutil.Process] | None:
             files = list(root.glob("runs/*/records.jsonl"))
             if not files or not any(not r["warmup"] for r in read_jsonl(files[0])):

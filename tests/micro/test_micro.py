@@ -37,14 +37,32 @@ def make_logits(rows: int, vocab: int, *, seed: int, padding_fraction: float = 0
     """The micro's i.i.d. logits (fp32, on the CPU), the last rows padding."""
     cfg = MicroConfig(vocab=[vocab], seed=seed, padding_fraction=padding_fraction)
     return app.make_logits(cfg, app.Input("iid", vocab), rows, torch.device("cpu"))
-REQUIRED_KEYS = {"impl", "rows", "vocab", "median_ms", "min_ms", "max_ms", "peak_temp_bytes", "bitwise_equal",
-                 "copy_floor_ms", "status", "top_k", "top_p", "dtype", "padding_fraction", "bandwidth_gbs",
-                 "floor_fraction"}
+
+
+REQUIRED_KEYS = {
+    "impl",
+    "rows",
+    "vocab",
+    "median_ms",
+    "min_ms",
+    "max_ms",
+    "peak_temp_bytes",
+    "bitwise_equal",
+    "copy_floor_ms",
+    "status",
+    "top_k",
+    "top_p",
+    "dtype",
+    "padding_fraction",
+    "bandwidth_gbs",
+    "floor_fraction",
+}
 
 
 def run_micro(*overrides: str) -> subprocess.CompletedProcess:
-    return subprocess.run([sys.executable, "-m", "harness.micro", *overrides], cwd=REPO, capture_output=True,
-                          text=True, timeout=120)
+    return subprocess.run(
+        [sys.executable, "-m", "harness.micro", *overrides], cwd=REPO, capture_output=True, text=True, timeout=120
+    )
 
 
 def sglang_importable() -> bool:
@@ -63,10 +81,18 @@ def sglang_importable() -> bool:
 @pytest.fixture(scope="module")
 def e2e(tmp_path_factory):
     results = tmp_path_factory.mktemp("results")
-    proc = run_micro(f"micro.vocab=[{VOCAB}]", f"micro.rows=[{','.join(map(str, ROWS))}]", "micro.repeats=2",
-                     f"micro.logits=[{','.join(FAMILIES)}]", "micro.bank=tests/fixtures/logit_bank",
-                     "micro.warmup=1", "micro.padding_fraction=0.25", "micro.min_rotate_bytes=65536",
-                     "micro.device=cpu", f"results_dir={results}")
+    proc = run_micro(
+        f"micro.vocab=[{VOCAB}]",
+        f"micro.rows=[{','.join(map(str, ROWS))}]",
+        "micro.repeats=2",
+        f"micro.logits=[{','.join(FAMILIES)}]",
+        "micro.bank=tests/fixtures/logit_bank",
+        "micro.warmup=1",
+        "micro.padding_fraction=0.25",
+        "micro.min_rotate_bytes=65536",
+        "micro.device=cpu",
+        f"results_dir={results}",
+    )
     assert proc.returncode == 0, proc.stderr[-3000:]
     dirs = list((results / "micro").iterdir())
     assert len(dirs) == 1, dirs
@@ -78,7 +104,7 @@ def e2e(tmp_path_factory):
 def test_e2e_writes_three_files_with_required_keys(e2e):
     assert {p.name for p in e2e.out.iterdir()} == {"manifest.json", "results.jsonl", "report.md"}
     assert len(e2e.rows) == len(ROWS) * IMPLS * len(FAMILIES)
-    assert [r["family"] for r in e2e.rows[::len(ROWS) * IMPLS]] == FAMILIES
+    assert [r["family"] for r in e2e.rows[:: len(ROWS) * IMPLS]] == FAMILIES
     for row in e2e.rows:
         assert REQUIRED_KEYS <= row.keys(), REQUIRED_KEYS - row.keys()
         assert row["vocab"] == VOCAB and row["padding_fraction"] == 0.25
@@ -123,8 +149,11 @@ def test_e2e_report_has_seed_table_and_full_table(e2e):
     assert "| rows | before | after | peak temporary memory, before to after |" in " ".join(text.split())
     assert "n/a (CPU)" in text
     for n in ROWS:
-        assert any(line.split("|")[3].strip() == str(n) and "topk_first" in line for line in text.splitlines()
-                   if line.startswith("|") and line.count("|") > 10)
+        assert any(
+            line.split("|")[3].strip() == str(n) and "topk_first" in line
+            for line in text.splitlines()
+            if line.startswith("|") and line.count("|") > 10
+        )
     for family in FAMILIES:  # one table per family, and each builder's worst one
         assert f"### `{family}`" in text
     assert "### Worst family per implementation" in text
@@ -140,8 +169,13 @@ def test_bad_impl_name_fails_listing_valid_names(tmp_path):
 
 
 def test_a_set_that_cannot_be_allocated_is_refused_naming_its_size(tmp_path):
-    proc = run_micro("micro.vocab=[1000000000000]", "micro.rows=[4]", "micro.impls=[full_vocab]", "micro.device=cpu",
-                     f"results_dir={tmp_path}")
+    proc = run_micro(
+        "micro.vocab=[1000000000000]",
+        "micro.rows=[4]",
+        "micro.impls=[full_vocab]",
+        "micro.device=cpu",
+        f"results_dir={tmp_path}",
+    )
     assert proc.returncode == 2 and "Traceback" not in proc.stderr, proc.stderr[-2000:]
     assert "micro.vocab=1000000000000 x micro.rows=4" in proc.stderr
     assert "needs at least 32,000,000,000,000 bytes" in proc.stderr and "cannot be allocated" in proc.stderr
@@ -229,8 +263,7 @@ def test_time_interleaved_round_robin_rotates_order_and_inputs():
     def call(name):
         return lambda x: log.append((name, int(x))) or x
 
-    times = measure.time_interleaved({n: call(n) for n in "abc"}, inputs, warmup=1, repeats=2,
-                                     on_round=rounds.append)
+    times = measure.time_interleaved({n: call(n) for n in "abc"}, inputs, warmup=1, repeats=2, on_round=rounds.append)
     assert [n for n, _ in log] == [n for r in range(3) for n in measure.round_robin_order(list("abc"), r)]
     assert [i for _, i in log] == [0, 1, 0, 1, 0, 1, 0, 1, 0]
     assert rounds == [0, 1, 2]
@@ -325,8 +358,16 @@ def test_baseline_must_be_a_project_builder():
         app.check_config(MicroConfig(baseline="sglang"))
 
 
-def fake_sglang_builder(*, next_token_logits, sampling_info, draft_token_num, bs, max_top_k=None,
-                        uniform_top_k_value=None, use_sparse_topk=True):
+def fake_sglang_builder(
+    *,
+    next_token_logits,
+    sampling_info,
+    draft_token_num,
+    bs,
+    max_top_k=None,
+    uniform_top_k_value=None,
+    use_sparse_topk=True,
+):
     """Stands in for SGLang's function under either name: checks the shapes the adapter passes, computes
     with the project's builder (the real function's values: tests/conformance/test_sglang_builders.py)."""
     assert sampling_info.temperatures.shape == (bs, 1) and sampling_info.top_ks.dtype == torch.int32
@@ -403,21 +444,29 @@ def test_sglang_whose_import_raises_is_skipped_with_the_first_line(sglang_on_dis
     sglang_on_disk({"sglang/__init__.py": "raise RuntimeError('Found no NVIDIA driver on your system.\\nmore')\n"})
     [impl] = impls.resolve_impls(["sglang"])
     assert not impl.available
-    assert impl.note.endswith("installed but sglang does not import (RuntimeError: Found no NVIDIA driver on your "
-                              "system.): skipped"), impl.note
+    assert impl.note.endswith(
+        "installed but sglang does not import (RuntimeError: Found no NVIDIA driver on your system.): skipped"
+    ), impl.note
 
 
 def test_sglang_missing_its_kernel_wheel_is_skipped_naming_the_module(sglang_on_disk):
     """As on a CUDA host without sgl_kernel (the real chain: tests/conformance/test_sglang_micro.py)."""
     if importlib.util.find_spec("sgl_kernel") is not None:
         pytest.skip("sgl_kernel is installed here")
-    sglang_on_disk({"sglang/__init__.py": "__version__ = '9.9'\n", "sglang/srt/__init__.py": "",
-                    "sglang/srt/speculative/__init__.py": "",
-                    "sglang/srt/speculative/dflash_utils.py": "from sgl_kernel import int8_scaled_mm\n"})
+    sglang_on_disk(
+        {
+            "sglang/__init__.py": "__version__ = '9.9'\n",
+            "sglang/srt/__init__.py": "",
+            "sglang/srt/speculative/__init__.py": "",
+            "sglang/srt/speculative/dflash_utils.py": "from sgl_kernel import int8_scaled_mm\n",
+        }
+    )
     [impl] = impls.resolve_impls(["sglang"])
     assert not impl.available
-    assert impl.note == ("sglang 9.9 installed but sglang.srt.speculative.dflash_utils needs the module 'sgl_kernel', "
-                         "which is not installed (SGLang's compiled CUDA kernel wheel): skipped")
+    assert impl.note == (
+        "sglang 9.9 installed but sglang.srt.speculative.dflash_utils needs the module 'sgl_kernel', "
+        "which is not installed (SGLang's compiled CUDA kernel wheel): skipped"
+    )
 
 
 def test_sglang_kwargs_repeat_requests_over_draft_tokens(monkeypatch):
@@ -433,6 +482,7 @@ def test_sglang_kwargs_repeat_requests_over_draft_tokens(monkeypatch):
 def test_an_external_impl_error_is_recorded_a_project_error_raises():
     cfg = MicroConfig(vocab=[64], rows=[4], repeats=1, warmup=0, min_rotate_bytes=0, device="cpu")
     source = app.Input("iid", 64)
+
     def boom(_p):
         return lambda _x: (_ for _ in ()).throw(RuntimeError("kernel missing"))
 
@@ -441,8 +491,9 @@ def test_an_external_impl_error_is_recorded_a_project_error_raises():
     rows = app.bench_rows(cfg, source, 4, torch.device("cpu"), [base, ext], base, step=lambda _s: None)
     assert rows[0].status == "ok" and rows[1].status == "error" and "kernel missing" in rows[1].note
     with pytest.raises(RuntimeError, match="kernel missing"):
-        app.bench_rows(cfg, source, 4, torch.device("cpu"), [impls.Impl(name="x", prepare=boom)], base,
-                       step=lambda _s: None)
+        app.bench_rows(
+            cfg, source, 4, torch.device("cpu"), [impls.Impl(name="x", prepare=boom)], base, step=lambda _s: None
+        )
 
 
 # ---------------------------------------------------------------------------------------------
@@ -452,14 +503,26 @@ def test_an_external_impl_error_is_recorded_a_project_error_raises():
 
 def test_seed_table_formatting():
     def row(impl, ms, peak):
-        r = app.ResultRow(impl=impl, rows=1024, vocab=248320, status="ok", top_k=20, top_p=0.95, temperature=1.0,
-                          dtype="float32", padding_fraction=0.0, padding_rows=0, device="cuda")
+        r = app.ResultRow(
+            impl=impl,
+            rows=1024,
+            vocab=248320,
+            status="ok",
+            top_k=20,
+            top_p=0.95,
+            temperature=1.0,
+            dtype="float32",
+            padding_fraction=0.0,
+            padding_rows=0,
+            device="cuda",
+        )
         r.median_ms, r.peak_temp_bytes = ms, peak
         return r
 
     out = 1024 * 248320 * 4  # the dense fp32 output: 0.95 GiB
-    table = writeup.seed_table([row("full_vocab", 3.774, 2 * out), row("topk_first", 1.04, out)],
-                              "full_vocab", "topk_first")
+    table = writeup.seed_table(
+        [row("full_vocab", 3.774, 2 * out), row("topk_first", 1.04, out)], "full_vocab", "topk_first"
+    )
     line = " ".join(table.splitlines()[-1].split())
     assert line == "| 1024 | 3.77 ms | 1.04 ms | 1.89 to 0.95 GiB |"
     assert writeup.fmt_ms(14.21) == "14.2" and writeup.fmt_ms(0.6712) == "0.67" and writeup.fmt_ms(153.2) == "153"
@@ -467,10 +530,17 @@ def test_seed_table_formatting():
 
 
 def test_nvidia_smi_parsing_and_tolerance(monkeypatch):
-    gpus = envinfo.parse_nvidia_smi("NVIDIA H200, 570.124.06, 1980 MHz, 3201 MHz, 1980 MHz\n"
-                                    "NVIDIA H200, 570.124.06, [N/A], 3201 MHz, 1980 MHz\n")
-    assert gpus[0] == {"index": 0, "name": "NVIDIA H200", "driver_version": "570.124.06", "clocks_sm_mhz": 1980,
-                       "clocks_mem_mhz": 3201, "clocks_max_sm_mhz": 1980}
+    gpus = envinfo.parse_nvidia_smi(
+        "NVIDIA H200, 570.124.06, 1980 MHz, 3201 MHz, 1980 MHz\nNVIDIA H200, 570.124.06, [N/A], 3201 MHz, 1980 MHz\n"
+    )
+    assert gpus[0] == {
+        "index": 0,
+        "name": "NVIDIA H200",
+        "driver_version": "570.124.06",
+        "clocks_sm_mhz": 1980,
+        "clocks_mem_mhz": 3201,
+        "clocks_max_sm_mhz": 1980,
+    }
     assert gpus[1]["clocks_sm_mhz"] is None
     monkeypatch.setenv("PATH", "/nonexistent")
     assert envinfo.gpu_info() is None
@@ -500,8 +570,17 @@ def test_an_interrupted_set_is_marked_so_and_keeps_its_rows(tmp_path):
         steps.append(label)
         if len(steps) == 3:
             raise KeyboardInterrupt
-    cfg = MicroConfig(vocab=[64], rows=[2, 4], repeats=1, warmup=0, impls=["full_vocab"], device="cpu",
-                      min_rotate_bytes=0, out_dir=str(tmp_path / "m"))
+
+    cfg = MicroConfig(
+        vocab=[64],
+        rows=[2, 4],
+        repeats=1,
+        warmup=0,
+        impls=["full_vocab"],
+        device="cpu",
+        min_rotate_bytes=0,
+        out_dir=str(tmp_path / "m"),
+    )
     with pytest.raises(KeyboardInterrupt):
         app.run(cfg, results_dir=str(tmp_path), resolved={}, overrides=[], step=step, say=said.append)
     assert json.loads((tmp_path / "m" / "manifest.json").read_text())["status"] == "interrupted"
@@ -509,12 +588,15 @@ def test_an_interrupted_set_is_marked_so_and_keeps_its_rows(tmp_path):
     assert any("interrupted: the rows measured so far are kept in" in s for s in said)
 
 
-@pytest.mark.parametrize(("values", "message"), [
-    ({"min_rotate_bytes": -1}, "micro.min_rotate_bytes=-1 must be >= 0"),
-    ({"temperature": math.nan}, "micro.temperature=nan must be finite and >= 0"),
-    ({"temperature": math.inf}, "micro.temperature=inf must be finite"),
-    ({"top_k": 20, "vocab": [32000, 16]}, "micro.top_k=20 covers a whole vocabulary of micro.vocab=[32000, 16]"),
-])
+@pytest.mark.parametrize(
+    ("values", "message"),
+    [
+        ({"min_rotate_bytes": -1}, "micro.min_rotate_bytes=-1 must be >= 0"),
+        ({"temperature": math.nan}, "micro.temperature=nan must be finite and >= 0"),
+        ({"temperature": math.inf}, "micro.temperature=inf must be finite"),
+        ({"top_k": 20, "vocab": [32000, 16]}, "micro.top_k=20 covers a whole vocabulary of micro.vocab=[32000, 16]"),
+    ],
+)
 def test_values_the_builders_would_not_honour_are_refused(values, message):
     with pytest.raises(ConfigError, match=message.replace("[", "\\[").replace("]", "\\]")):
         MicroConfig(**values)
@@ -523,8 +605,16 @@ def test_values_the_builders_would_not_honour_are_refused(values, message):
 
 @pytest.mark.skipif(sglang_importable(), reason="needs an environment without SGLang (its implementation skipped)")
 def test_a_set_that_measured_nothing_fails(tmp_path):
-    proc = run_micro("micro.impls=[sglang]", "micro.vocab=[64]", "micro.rows=[4]", "micro.repeats=1",
-                     "micro.warmup=0", "micro.device=cpu", "micro.min_rotate_bytes=0", f"micro.out_dir={tmp_path}")
+    proc = run_micro(
+        "micro.impls=[sglang]",
+        "micro.vocab=[64]",
+        "micro.rows=[4]",
+        "micro.repeats=1",
+        "micro.warmup=0",
+        "micro.device=cpu",
+        "micro.min_rotate_bytes=0",
+        f"micro.out_dir={tmp_path}",
+    )
     assert proc.returncode == 1 and "failed: nothing was measured" in proc.stderr, proc.stdout + proc.stderr
     assert "- (nothing ran)" in (tmp_path / "report.md").read_text()  # never "bitwise" for what was not compared
 
@@ -533,8 +623,14 @@ def test_a_set_that_measured_nothing_fails(tmp_path):
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")
 def test_gpu_run_measures_peak_memory_and_matches(tmp_path):
     vocab, rows = 32000, 64
-    proc = run_micro(f"micro.vocab=[{vocab}]", f"micro.rows=[{rows}]", "micro.repeats=5", "micro.device=cuda",
-                     "micro.impls=[full_vocab,topk_first,topk_first_torch]", f"micro.out_dir={tmp_path}")
+    proc = run_micro(
+        f"micro.vocab=[{vocab}]",
+        f"micro.rows=[{rows}]",
+        "micro.repeats=5",
+        "micro.device=cuda",
+        "micro.impls=[full_vocab,topk_first,topk_first_torch]",
+        f"micro.out_dir={tmp_path}",
+    )
     assert proc.returncode == 0, proc.stderr[-3000:]
     got = {r["impl"]: r for r in map(json.loads, (tmp_path / "results.jsonl").read_text().splitlines())}
     out_bytes = rows * vocab * 4

@@ -65,7 +65,7 @@ def covered(ids: torch.Tensor, width: int, windows: int) -> int:
         ends = torch.searchsorted(left, left + width)
         best = int(torch.argmax(ends - torch.arange(left.numel())))
         total += int(ends[best]) - best
-        left = torch.cat([left[:best], left[int(ends[best]):]])
+        left = torch.cat([left[:best], left[int(ends[best]) :]])
     return total
 
 
@@ -138,7 +138,7 @@ def test_real_families_tile_the_banks_rows(name):
     assert x.shape == (2 * rows.shape[0] + 1, 32_000) and x.dtype == torch.float32
     assert torch.equal(x[0], rows[0, :32_000].float()) and torch.equal(x[rows.shape[0]], x[0])
     wide = make_family(name, 1, manifest["vocab"] + 7, seed=0, device=CPU, bank_rows=rows)
-    assert bool((wide[0, manifest["vocab"]:] == rows[0].float().min()).all())
+    assert bool((wide[0, manifest["vocab"] :] == rows[0].float().min()).all())
     with pytest.raises(FamilyError, match="logit bank"):
         make_family(name, 1, 100, seed=0, device=CPU)
 
@@ -180,14 +180,17 @@ def test_a_bank_whose_manifest_names_another_model_is_refused(tmp_path):
         bank.load_rows(tmp_path / "b", "smollm2")
 
 
-@pytest.mark.parametrize(("array", "said"), [
-    (lambda a: a.astype(np.float32), "holds a float32 array of shape (8, 49152)"),
-    (lambda a: a[:, :-1].astype(np.uint8), "holds a uint8 array of shape (8, 49151)"),
-    (lambda a: a[:, :-1] > 5, "holds a bool array of shape (8, 49151)"),
-    (lambda a: np.array(3, dtype=np.uint8), "holds a uint8 array of shape ()"),
-    (lambda a: a.ravel(), "holds a uint16 array of shape (393216,)"),
-    (lambda a: a[:3], "logits.npy is (3, 49152), the manifest says (8, 49152)"),
-])
+@pytest.mark.parametrize(
+    ("array", "said"),
+    [
+        (lambda a: a.astype(np.float32), "holds a float32 array of shape (8, 49152)"),
+        (lambda a: a[:, :-1].astype(np.uint8), "holds a uint8 array of shape (8, 49151)"),
+        (lambda a: a[:, :-1] > 5, "holds a bool array of shape (8, 49151)"),
+        (lambda a: np.array(3, dtype=np.uint8), "holds a uint8 array of shape ()"),
+        (lambda a: a.ravel(), "holds a uint16 array of shape (393216,)"),
+        (lambda a: a[:3], "logits.npy is (3, 49152), the manifest says (8, 49152)"),
+    ],
+)
 def test_a_bank_whose_rows_have_another_dtype_or_size_is_a_message(tmp_path, array, said):
     shutil.copytree(FIXTURE_BANK / "smollm2", tmp_path / "smollm2")
     path = tmp_path / "smollm2" / "logits.npy"

@@ -12,8 +12,27 @@ from harness.micro import verify_step
 
 def test_a_small_run_writes_its_report_and_the_paths_agree(tmp_path, capsys):
     out = tmp_path / "vs"
-    assert verify_step.main(["--families", "iid,bf16,padding", "--vocabs", "2048", "--steps", "8", "--gamma", "3",
-                             "--repeats", "2", "--device", "cpu", "--out", str(out)]) == 0
+    assert (
+        verify_step.main(
+            [
+                "--families",
+                "iid,bf16,padding",
+                "--vocabs",
+                "2048",
+                "--steps",
+                "8",
+                "--gamma",
+                "3",
+                "--repeats",
+                "2",
+                "--device",
+                "cpu",
+                "--out",
+                str(out),
+            ]
+        )
+        == 0
+    )
     results = [json.loads(line) for line in (out / "results.jsonl").read_text().splitlines()]
     assert [r["family"] for r in results] == ["iid", "bf16", "padding"]
     for r in results:
@@ -50,13 +69,19 @@ def test_the_report_says_how_calls_were_timed():
     assert "queued behind a GPU busy-wait of about 1 ms" in queued and "host's launches overlap GPU work" in queued
 
 
-@pytest.mark.parametrize(("args", "message"), [
-    (["--families", ","], "--families ',' names no family"),
-    (["--vocabs", "abc"], "--vocabs 'abc': not a comma-separated list of integers"),
-    (["--vocabs", "32000,8"], "--vocabs '32000,8': each must be above top_k 20"),
-    (["--repeats", "0"], "--repeats 0 must each be >= 1"),
-    (["--families", "smollm2", "--bank", "/nonexistent"], "no readable smollm2 rows in the logit bank /nonexistent"),
-])
+@pytest.mark.parametrize(
+    ("args", "message"),
+    [
+        (["--families", ","], "--families ',' names no family"),
+        (["--vocabs", "abc"], "--vocabs 'abc': not a comma-separated list of integers"),
+        (["--vocabs", "32000,8"], "--vocabs '32000,8': each must be above top_k 20"),
+        (["--repeats", "0"], "--repeats 0 must each be >= 1"),
+        (
+            ["--families", "smollm2", "--bank", "/nonexistent"],
+            "no readable smollm2 rows in the logit bank /nonexistent",
+        ),
+    ],
+)
 def test_bad_arguments_are_named_before_anything_runs(tmp_path, capsys, args, message):
     with pytest.raises(SystemExit) as exit_info:
         verify_step.main([*args, "--device", "cpu", "--out", str(tmp_path / "vs")])
@@ -80,17 +105,55 @@ def test_an_interrupt_keeps_the_cells_measured(tmp_path, capsys, monkeypatch):
         if len(calls) == 2:
             raise KeyboardInterrupt
         return real(*args, **kwargs)
+
     monkeypatch.setattr(verify_step, "one_cell", one_cell)
-    code = verify_step.main(["--families", "iid,bf16", "--vocabs", "256", "--steps", "2", "--gamma", "1",
-                             "--repeats", "1", "--device", "cpu", "--out", str(tmp_path / "vs")])
+    code = verify_step.main(
+        [
+            "--families",
+            "iid,bf16",
+            "--vocabs",
+            "256",
+            "--steps",
+            "2",
+            "--gamma",
+            "1",
+            "--repeats",
+            "1",
+            "--device",
+            "cpu",
+            "--out",
+            str(tmp_path / "vs"),
+        ]
+    )
     assert code == 130 and "interrupted: 1 of 2 cells measured" in capsys.readouterr().err
     assert len((tmp_path / "vs" / "results.jsonl").read_text().splitlines()) == 1
 
 
 def test_real_rows_are_named_with_their_bank_and_count(tmp_path):
     out = tmp_path / "vs"
-    assert verify_step.main(["--families", "smollm2", "--vocabs", "256", "--steps", "2", "--gamma", "1", "--repeats",
-                             "1", "--device", "cpu", "--bank", "tests/fixtures/logit_bank", "--out", str(out)]) == 0
+    assert (
+        verify_step.main(
+            [
+                "--families",
+                "smollm2",
+                "--vocabs",
+                "256",
+                "--steps",
+                "2",
+                "--gamma",
+                "1",
+                "--repeats",
+                "1",
+                "--device",
+                "cpu",
+                "--bank",
+                "tests/fixtures/logit_bank",
+                "--out",
+                str(out),
+            ]
+        )
+        == 0
+    )
     row = json.loads((out / "results.jsonl").read_text())
     assert row["bank"] == "tests/fixtures/logit_bank" and row["bank_rows"] == 4  # 2 x 2 rows, of the bank's 8
     assert "smollm2 at 256: 4 distinct rows of tests/fixtures/logit_bank tiled to 4" in (out / "report.md").read_text()

@@ -90,8 +90,12 @@ def test_an_interruption_while_waiting_leaves_no_probe_running(rendezvous: Path,
     timer.start()
     try:
         with pytest.raises(KeyboardInterrupt):
-            ask_all([_question(rendezvous, str(me), str(tmp_path / "never")),
-                     _question(rendezvous, str(other), str(tmp_path / "never"))])
+            ask_all(
+                [
+                    _question(rendezvous, str(me), str(tmp_path / "never")),
+                    _question(rendezvous, str(other), str(tmp_path / "never")),
+                ]
+            )
     finally:
         timer.cancel()
         signal.signal(signal.SIGUSR1, previous)

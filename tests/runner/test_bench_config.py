@@ -81,25 +81,31 @@ def test_bad_values_are_named():
         composed("sampling.top_p=1.5")
 
 
-@pytest.mark.parametrize("override, message", [
-    ("sampling.temperature=nan", r"sampling.temperature=nan must be a finite number in \[0, inf\)"),
-    ("sampling.temperature=inf", r"sampling.temperature=inf must be a finite number"),
-    ("sampling.top_p=nan", r"sampling.top_p=nan must be a finite number in \(0, 1\]"),
-    ("sampling.min_p=-0.1", r"sampling.min_p=-0.1 must be a finite number in \[0, 1\]"),
-    ("sampling.top_k=4294967296", r"sampling.top_k=4294967296 must be -1 \(whole vocabulary\) or in \[1, 2147483647\]"),
-    ("client.timeout_s=-1", r"client.timeout_s=-1.0 must be a finite number in \(0, inf\)"),
-    ("client.request_rate=nan", r"client.request_rate \(requests/s; null for closed loop\)=nan"),
-    ("server.ready_timeout_s=0", r"server.ready_timeout_s=0.0 must be a finite number in \(0, inf\)"),
-    ("server.health_timeout_s=0", r"server.health_timeout_s=0.0 must be a finite number in \(0, inf\)"),
-    ("experiment.warmup.requests=-1", r"experiment.warmup.requests=-1 must be >= 0"),
-    ("experiment.max_failed_requests=-1", r"experiment.max_failed_requests=-1 must be >= 0"),
-    ("campaign=../elsewhere", r"campaign='../elsewhere' is not a safe directory name"),
-    ("campaign=a/b", r"campaign='a/b' is not a safe directory name"),
-    ("experiment.name=..", r"experiment.name='..' is not a safe directory name"),
-    ("experiment.arms.0.name=x/y", r"experiment.arms\[0\].name='x/y' is not a safe directory name"),
-    ("server.log_checks.must=['(']", r"log_checks.must regex '\(' is invalid \(missing \)"),
-    ("experiment.arms.1.log_checks.must_not=['[a']", r"log_checks.must_not regex '\[a' is invalid"),
-])
+@pytest.mark.parametrize(
+    "override, message",
+    [
+        ("sampling.temperature=nan", r"sampling.temperature=nan must be a finite number in \[0, inf\)"),
+        ("sampling.temperature=inf", r"sampling.temperature=inf must be a finite number"),
+        ("sampling.top_p=nan", r"sampling.top_p=nan must be a finite number in \(0, 1\]"),
+        ("sampling.min_p=-0.1", r"sampling.min_p=-0.1 must be a finite number in \[0, 1\]"),
+        (
+            "sampling.top_k=4294967296",
+            r"sampling.top_k=4294967296 must be -1 \(whole vocabulary\) or in \[1, 2147483647\]",
+        ),
+        ("client.timeout_s=-1", r"client.timeout_s=-1.0 must be a finite number in \(0, inf\)"),
+        ("client.request_rate=nan", r"client.request_rate \(requests/s; null for closed loop\)=nan"),
+        ("server.ready_timeout_s=0", r"server.ready_timeout_s=0.0 must be a finite number in \(0, inf\)"),
+        ("server.health_timeout_s=0", r"server.health_timeout_s=0.0 must be a finite number in \(0, inf\)"),
+        ("experiment.warmup.requests=-1", r"experiment.warmup.requests=-1 must be >= 0"),
+        ("experiment.max_failed_requests=-1", r"experiment.max_failed_requests=-1 must be >= 0"),
+        ("campaign=../elsewhere", r"campaign='../elsewhere' is not a safe directory name"),
+        ("campaign=a/b", r"campaign='a/b' is not a safe directory name"),
+        ("experiment.name=..", r"experiment.name='..' is not a safe directory name"),
+        ("experiment.arms.0.name=x/y", r"experiment.arms\[0\].name='x/y' is not a safe directory name"),
+        ("server.log_checks.must=['(']", r"log_checks.must regex '\(' is invalid \(missing \)"),
+        ("experiment.arms.1.log_checks.must_not=['[a']", r"log_checks.must_not regex '\[a' is invalid"),
+    ],
+)
 def test_bad_numbers_names_and_regexes_are_refused_before_anything_runs(override, message):
     with pytest.raises(ConfigError, match=message):
         composed(override)
@@ -108,32 +114,46 @@ def test_bad_numbers_names_and_regexes_are_refused_before_anything_runs(override
 def test_unwritable_results_dir_is_a_message_not_a_traceback(tmp_path):
     blocker = tmp_path / "file"
     blocker.write_text("not a folder")
-    proc = subprocess.run([sys.executable, "-m", "harness.bench", f"results_dir={blocker}", "workload.n_items=1",
-                           "server.model_path=embedded:mini"], capture_output=True, text=True, timeout=120)
+    proc = subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "harness.bench",
+            f"results_dir={blocker}",
+            "workload.n_items=1",
+            "server.model_path=embedded:mini",
+        ],
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
     assert proc.returncode == 2, proc.stdout + proc.stderr
     out = proc.stdout.replace("\n", "")
     assert f"cannot write the campaign folder {blocker}" in out and "choose a writable results_dir" in out
     assert "Traceback" not in proc.stdout + proc.stderr
 
 
-@pytest.mark.parametrize("override, message", [
-    ("client.concurency=3", "client has no key 'concurency'; valid keys: route, stream, concurrency"),
-    ("experiment.warmup.request=3", "warmup has no key 'request'; valid keys: requests, max_new_tokens"),
-    ("bogus=1", "the top level has no key 'bogus'"),
-    ("+client.concurency=1", "client has no key 'concurency'"),  # added, it would be dropped without a word
-    ("++experiment.foo=1", "experiment has no key 'foo'"),
-    ("+extra=1", "the top level has no key 'extra'"),
-    ("client.concurrency=abc", "client.concurrency='abc' is not an integer"),  # a value the typed config refuses:
-    ("client.concurrency=1.5", "client.concurrency=1.5 is not an integer"),  # named here, exit 2 (Hydra: exit 1)
-    ("client.concurrency=4,abc", "client.concurrency='abc' is not an integer"),
-    ("dry_run=maybe", "dry_run='maybe' is not true or false"),
-    ("experiment.base_seeds=abc", "experiment.base_seeds='abc' is not a list"),
-    ("experiment.base_seeds=[1,x]", "experiment.base_seeds='x' is not an integer"),
-    ("client.concurrency=null", "client.concurrency needs a value"),
-    ("~client.concurrency", "the typed config cannot lose a key"),
-    ("experiment=nope", "valid experiment configs: dflash_block_vs_token"),
-    ("server=vllm", "valid server configs: embedded, llamacpp, sglang"),
-])
+@pytest.mark.parametrize(
+    "override, message",
+    [
+        ("client.concurency=3", "client has no key 'concurency'; valid keys: route, stream, concurrency"),
+        ("experiment.warmup.request=3", "warmup has no key 'request'; valid keys: requests, max_new_tokens"),
+        ("bogus=1", "the top level has no key 'bogus'"),
+        ("+client.concurency=1", "client has no key 'concurency'"),  # added, it would be dropped without a word
+        ("++experiment.foo=1", "experiment has no key 'foo'"),
+        ("+extra=1", "the top level has no key 'extra'"),
+        ("client.concurrency=abc", "client.concurrency='abc' is not an integer"),  # a value the typed config refuses:
+        ("client.concurrency=1.5", "client.concurrency=1.5 is not an integer"),  # named here, exit 2 (Hydra: exit 1)
+        ("client.concurrency=4,abc", "client.concurrency='abc' is not an integer"),
+        ("dry_run=maybe", "dry_run='maybe' is not true or false"),
+        ("experiment.base_seeds=abc", "experiment.base_seeds='abc' is not a list"),
+        ("experiment.base_seeds=[1,x]", "experiment.base_seeds='x' is not an integer"),
+        ("client.concurrency=null", "client.concurrency needs a value"),
+        ("~client.concurrency", "the typed config cannot lose a key"),
+        ("experiment=nope", "valid experiment configs: dflash_block_vs_token"),
+        ("server=vllm", "valid server configs: embedded, llamacpp, sglang"),
+    ],
+)
 def test_bad_overrides_list_the_valid_keys(override, message):
     with pytest.raises(OverrideError) as err:
         check_overrides([override], BenchConfig, GROUPS)
@@ -141,36 +161,57 @@ def test_bad_overrides_list_the_valid_keys(override, message):
 
 
 def test_good_overrides_pass():
-    check_overrides(["client.concurrency=4", "experiment.arms.0.args=[--x]", "server.env.FOO=1",
-                     "experiment=embedded_aa", "+server.env.FOO=1", "++client.concurrency=2", "hydra.verbose=true",
-                     "client.request_rate=null", "experiment.base_seeds=[1,2]", "client.concurrency=range(1,3)",
-                     "dry_run=yes", "~server.env.FOO", "client.timeout_s=5",
-                     "client.concurrency=64,128"], BenchConfig, GROUPS)
+    check_overrides(
+        [
+            "client.concurrency=4",
+            "experiment.arms.0.args=[--x]",
+            "server.env.FOO=1",
+            "experiment=embedded_aa",
+            "+server.env.FOO=1",
+            "++client.concurrency=2",
+            "hydra.verbose=true",
+            "client.request_rate=null",
+            "experiment.base_seeds=[1,2]",
+            "client.concurrency=range(1,3)",
+            "dry_run=yes",
+            "~server.env.FOO",
+            "client.timeout_s=5",
+            "client.concurrency=64,128",
+        ],
+        BenchConfig,
+        GROUPS,
+    )
 
 
 def test_cli_bad_override_exits_with_the_valid_keys():
-    proc = subprocess.run([sys.executable, "-m", "harness.bench", "client.concurency=3"],
-                          capture_output=True, text=True, timeout=120)
+    proc = subprocess.run(
+        [sys.executable, "-m", "harness.bench", "client.concurency=3"], capture_output=True, text=True, timeout=120
+    )
     assert proc.returncode == 2
     assert "concurrency" in proc.stderr and "concurency" in proc.stderr
 
 
 def test_cli_dry_run_prints_argv_and_launches_nothing():
-    proc = subprocess.run([sys.executable, "-m", "harness.bench", "dry_run=true"],
-                          capture_output=True, text=True, timeout=120)
+    proc = subprocess.run(
+        [sys.executable, "-m", "harness.bench", "dry_run=true"], capture_output=True, text=True, timeout=120
+    )
     assert proc.returncode == 0, proc.stderr
     assert proc.stdout.count("-m harness.engine") == 6
     assert "nothing was launched" in proc.stdout
     assert "workload: synthetic" in proc.stdout and "items, sha256" in proc.stdout  # read as a run reads it
 
 
-@pytest.mark.parametrize(("overrides", "message"), [
-    (["workload=jsonl", "workload.path=/nonexistent.jsonl"], "/nonexistent.jsonl does not exist"),
-    (["experiment.base_seeds=[9223372036854775807]"], "does not fit a 64-bit integer"),
-])
+@pytest.mark.parametrize(
+    ("overrides", "message"),
+    [
+        (["workload=jsonl", "workload.path=/nonexistent.jsonl"], "/nonexistent.jsonl does not exist"),
+        (["experiment.base_seeds=[9223372036854775807]"], "does not fit a 64-bit integer"),
+    ],
+)
 def test_cli_dry_run_refuses_what_the_run_would_refuse(overrides, message):
-    proc = subprocess.run([sys.executable, "-m", "harness.bench", *overrides, "dry_run=true"],
-                          capture_output=True, text=True, timeout=120)
+    proc = subprocess.run(
+        [sys.executable, "-m", "harness.bench", *overrides, "dry_run=true"], capture_output=True, text=True, timeout=120
+    )
     assert proc.returncode == 2 and message in proc.stdout + proc.stderr, proc.stdout + proc.stderr
 
 
@@ -179,7 +220,8 @@ def user_config_dir(tmp_path) -> Path:
     user = tmp_path / "user"
     (user / "experiment").mkdir(parents=True)
     (user / "experiment" / "my_aa.yaml").write_text(
-        (CONFIG_DIR / "experiment" / "embedded_aa.yaml").read_text().replace("name: embedded_aa", "name: my_aa"))
+        (CONFIG_DIR / "experiment" / "embedded_aa.yaml").read_text().replace("name: embedded_aa", "name: my_aa")
+    )
     return user
 
 
@@ -192,24 +234,40 @@ def test_override_check_reads_glob_sweeps_and_user_config_dirs(tmp_path):
     user = user_config_dir(tmp_path)
     with pytest.raises(OverrideError, match="my_aa"):
         check_overrides(["experiment=my_aa"], BenchConfig, GROUPS)
-    for argv in (["--config-dir", str(user), "experiment=my_aa"], [f"--config-dir={user}", "experiment=my_aa"],
-                 ["-cd", str(user), "experiment=my_aa"]):
+    for argv in (
+        ["--config-dir", str(user), "experiment=my_aa"],
+        [f"--config-dir={user}", "experiment=my_aa"],
+        ["-cd", str(user), "experiment=my_aa"],
+    ):
         check_overrides(argv, BenchConfig, GROUPS)
     mine = user / "experiment" / "my_aa.yaml"
     mine.write_text("\n".join(line for line in mine.read_text().splitlines() if "@package" not in line))
-    with pytest.raises(OverrideError, match=r"my_aa\.yaml: an experiment file begins with the line '# @package "
-                                            r"_global_'"):
+    with pytest.raises(
+        OverrideError,
+        match=r"my_aa\.yaml: an experiment file begins with the line '# @package "
+        r"_global_'",
+    ):
         check_overrides(["--config-dir", str(user), "experiment=my_aa"], BenchConfig, GROUPS)
 
 
 def test_cli_runs_a_user_experiment_and_a_glob_sweep(tmp_path):
     user = user_config_dir(tmp_path)
-    mine = subprocess.run([sys.executable, "-m", "harness.bench", "--config-dir", str(user), "experiment=my_aa",
-                           "dry_run=true"], capture_output=True, text=True, timeout=120, cwd=tmp_path)
+    mine = subprocess.run(
+        [sys.executable, "-m", "harness.bench", "--config-dir", str(user), "experiment=my_aa", "dry_run=true"],
+        capture_output=True,
+        text=True,
+        timeout=120,
+        cwd=tmp_path,
+    )
     assert mine.returncode == 0, mine.stdout + mine.stderr
     assert "dry run of experiment my_aa" in mine.stdout
-    sweep = subprocess.run([sys.executable, "-m", "harness.bench", "-m", "experiment=glob(embedded_a*)",
-                            "dry_run=true"], capture_output=True, text=True, timeout=120, cwd=tmp_path)
+    sweep = subprocess.run(
+        [sys.executable, "-m", "harness.bench", "-m", "experiment=glob(embedded_a*)", "dry_run=true"],
+        capture_output=True,
+        text=True,
+        timeout=120,
+        cwd=tmp_path,
+    )
     assert sweep.returncode == 0, sweep.stdout + sweep.stderr
     assert "dry run of experiment embedded_aa" in sweep.stdout and "Traceback" not in sweep.stderr
 
@@ -219,9 +277,18 @@ def test_plan_alternates_arm_order_by_seed():
     plan = make_plan(cfg.experiment)
     order = [(r.base_seed, r.repeat, r.arm) for r in plan]
     assert order == [
-        (980406, 0, "token"), (980406, 0, "block"), (980406, 1, "block"), (980406, 1, "token"),
-        (981406, 0, "token"), (981406, 0, "block"), (981406, 1, "block"), (981406, 1, "token"),
-        (982406, 0, "token"), (982406, 0, "block"), (982406, 1, "block"), (982406, 1, "token"),
+        (980406, 0, "token"),
+        (980406, 0, "block"),
+        (980406, 1, "block"),
+        (980406, 1, "token"),
+        (981406, 0, "token"),
+        (981406, 0, "block"),
+        (981406, 1, "block"),
+        (981406, 1, "token"),
+        (982406, 0, "token"),
+        (982406, 0, "block"),
+        (982406, 1, "block"),
+        (982406, 1, "token"),
     ]
     assert [r.index for r in plan] == list(range(12)) and len({r.run_id for r in plan}) == 12
     fixed = make_plan(composed("experiment.order=fixed").experiment)
@@ -280,26 +347,49 @@ def test_preflight_without_sglang_in_the_server_interpreter_fails_saying_not_che
 
 
 def test_real_run_preflight_fails_before_anything_is_loaded_or_launched(tmp_path):
-    proc = subprocess.run([sys.executable, "-m", "harness.bench", "experiment=dflash_block_vs_token", *SGLANG_PATHS,
-                           "server.python=/nonexistent/bin/python", f"results_dir={tmp_path / 'results'}"],
-                          capture_output=True, text=True, timeout=120)
+    proc = subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "harness.bench",
+            "experiment=dflash_block_vs_token",
+            *SGLANG_PATHS,
+            "server.python=/nonexistent/bin/python",
+            f"results_dir={tmp_path / 'results'}",
+        ],
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
     assert proc.returncode == EXIT_CODE, proc.stdout + proc.stderr
     assert "argv preflight FAILED" in proc.stdout and "no server was launched" in proc.stdout
     assert not (tmp_path / "results").exists()  # no campaign, no workload download
 
 
-@pytest.mark.parametrize("message, flag", [
-    ("unrecognized arguments: --speculative-use-blok-verification", "--speculative-use-blok-verification"),
-    ("argument --tp-size/--tensor-parallel-size: invalid int value: 'x'", "--tp-size"),
-    ("--speculative-use-block-verification only supports EAGLE / EAGLE3 / NEXTN / DFLASH / DSPARK.",
-     "--speculative-use-block-verification"),
-    ("DSpark speculative_num_draft_tokens must equal gamma + 1", "--speculative-num-draft-tokens"),
-    ("argument --kv-cache-dtype: invalid choice: 'bf17'", "--kv-cache-dtype"),
-    ("Currently ngram speculative decoding does not support dp attention.", None),
-])
+@pytest.mark.parametrize(
+    "message, flag",
+    [
+        ("unrecognized arguments: --speculative-use-blok-verification", "--speculative-use-blok-verification"),
+        ("argument --tp-size/--tensor-parallel-size: invalid int value: 'x'", "--tp-size"),
+        (
+            "--speculative-use-block-verification only supports EAGLE / EAGLE3 / NEXTN / DFLASH / DSPARK.",
+            "--speculative-use-block-verification",
+        ),
+        ("DSpark speculative_num_draft_tokens must equal gamma + 1", "--speculative-num-draft-tokens"),
+        ("argument --kv-cache-dtype: invalid choice: 'bf17'", "--kv-cache-dtype"),
+        ("Currently ngram speculative decoding does not support dp attention.", None),
+    ],
+)
 def test_the_flag_of_an_sglang_error_is_named(message, flag):
-    args = ["--tp-size", "x", "--speculative-use-block-verification", "--speculative-num-draft-tokens", "9",
-            "--kv-cache-dtype=bf17", "--speculative-use-blok-verification"]
+    args = [
+        "--tp-size",
+        "x",
+        "--speculative-use-block-verification",
+        "--speculative-num-draft-tokens",
+        "9",
+        "--kv-cache-dtype=bf17",
+        "--speculative-use-blok-verification",
+    ]
     assert named_flag(message, args) == flag
 
 
@@ -333,11 +423,13 @@ def test_new_campaign_ids_differ_within_one_second():
 def test_a_shard_that_ends_names_the_shards_still_to_run(tmp_path):
     plan = [SimpleNamespace(run_id=f"r{i}", slot=i // 2) for i in range(6)]  # 3 shards of 2 runs
     done = {"r0", "r1", "r4", "r5"}  # shards 0 and 2 finished, shard 1 not yet
-    campaign = SimpleNamespace(plan=plan, root=tmp_path / "c1",
-                               run_status=lambda run_id: "finished" if run_id in done else None)
+    campaign = SimpleNamespace(
+        plan=plan, root=tmp_path / "c1", run_status=lambda run_id: "finished" if run_id in done else None
+    )
     cfg = SimpleNamespace(report=True, shard=0, strict_audit=True)
     out = io.StringIO()
-    code = after_runs(cfg, campaign, {"r0": "finished", "r1": "finished"}, Console(file=out, width=300), None,
-                      "campaign=c1 shard=0")
+    code = after_runs(
+        cfg, campaign, {"r0": "finished", "r1": "finished"}, Console(file=out, width=300), None, "campaign=c1 shard=0"
+    )
     assert code == 0
     assert "shard 0 done; shards not finished: 1 (run each with campaign=c1 shard=K)" in out.getvalue()

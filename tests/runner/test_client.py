@@ -42,14 +42,24 @@ class FakeResponse:
 def collect(pieces: list[bytes]) -> list[dict]:
     async def run():
         return [e async for e in sse_events(FakeResponse(pieces))]
+
     return asyncio.run(run())
 
 
 def test_sse_events_split_anywhere_and_larger_than_a_line_limit():
     big = {"text": "x" * 300_000, "meta_info": {"completion_tokens": 3}}
-    stream = (b"data: " + json.dumps({"text": "a"}).encode() + b"\n\n" + b"data: " + json.dumps(big).encode()
-              + b"\n\n" + b": a comment\n\n" + b"data: [DONE]\n\n" + b"data: {\"after\": 1}\n\n")
-    pieces = [stream[i:i + 777] for i in range(0, len(stream), 777)]
+    stream = (
+        b"data: "
+        + json.dumps({"text": "a"}).encode()
+        + b"\n\n"
+        + b"data: "
+        + json.dumps(big).encode()
+        + b"\n\n"
+        + b": a comment\n\n"
+        + b"data: [DONE]\n\n"
+        + b'data: {"after": 1}\n\n'
+    )
+    pieces = [stream[i : i + 777] for i in range(0, len(stream), 777)]
     events = collect(pieces)
     assert events == [{"text": "a"}, big]  # nothing after [DONE]
 
@@ -62,11 +72,17 @@ def test_payloads_carry_the_seed_and_sampling():
     spec = RequestSpec(ITEM, request_seed=980413, warmup=False, max_new_tokens=99)
     native = generate_payload(sampling, ClientConfig(), spec)
     assert native["text"] == ITEM.prompt and native["stream"] is True
-    assert native["sampling_params"] == {"max_new_tokens": 99, "temperature": 1.0, "top_p": 0.95, "top_k": 20,
-                                         "min_p": 0.0, "ignore_eos": False, "stop": ["</s>"],
-                                         "sampling_seed": 980413}
-    chat = chat_payload(sampling, ClientConfig(route="chat", chat_template_kwargs={"enable_thinking": True}),
-                        spec, "m")
+    assert native["sampling_params"] == {
+        "max_new_tokens": 99,
+        "temperature": 1.0,
+        "top_p": 0.95,
+        "top_k": 20,
+        "min_p": 0.0,
+        "ignore_eos": False,
+        "stop": ["</s>"],
+        "sampling_seed": 980413,
+    }
+    chat = chat_payload(sampling, ClientConfig(route="chat", chat_template_kwargs={"enable_thinking": True}), spec, "m")
     assert chat["seed"] == 980413 and chat["max_tokens"] == 99 and chat["messages"] == ITEM.messages
     assert chat["return_spec_tokens_details"] is True and chat["chat_template_kwargs"] == {"enable_thinking": True}
     unseeded = generate_payload(sampling, ClientConfig(), RequestSpec(ITEM, None, False, 99))
@@ -104,8 +120,17 @@ EVENTS = [b'{"a":1}', b'{"b":"x y"}', b"[DONE]"]
 
 @pytest.mark.parametrize("newline", [b"\n", b"\r\n", b"\r"], ids=["LF", "CRLF", "CR"])
 def test_framing_with_every_line_end_split_at_every_byte(newline: bytes):
-    stream = b"".join(b"data: " + e + newline + newline for e in EVENTS[:2]) + b": comment" + newline * 2 \
-        + b"event: x" + newline + b"data:" + EVENTS[2] + newline + newline
+    stream = (
+        b"".join(b"data: " + e + newline + newline for e in EVENTS[:2])
+        + b": comment"
+        + newline * 2
+        + b"event: x"
+        + newline
+        + b"data:"
+        + EVENTS[2]
+        + newline
+        + newline
+    )
     for cut in range(len(stream) + 1):
         assert frame(stream, [cut]) == EVENTS, (newline, cut)
     assert frame(stream, list(range(1, len(stream)))) == EVENTS  # one byte per piece
@@ -120,8 +145,11 @@ def test_last_event_without_a_blank_line_and_multiline_data():
 
 def test_sse_events_parse_objects_and_refuse_others():
     assert collect([b'data: {"a": 1}\n\ndata: [DONE]\n\ndata: {"after": 1}\n\n']) == [{"a": 1}]
-    for bad, message in ((b"[1, 2]", "not an object"), (b'{"text": ', "invalid JSON"),
-                         (b'{"error": {"message": "boom"}}', "boom")):
+    for bad, message in (
+        (b"[1, 2]", "not an object"),
+        (b'{"text": ', "invalid JSON"),
+        (b'{"error": {"message": "boom"}}', "boom"),
+    ):
         with pytest.raises(StreamError, match=message):
             collect([b"data: " + bad + b"\n\n"])
 
@@ -146,7 +174,7 @@ def read_all(reader, events: list[bytes]) -> Outcome:
     return out
 
 
-TEXTS = ["", "Hé", "Hé \"q\"", "Hé \"q\"", "Hé \"q\" \\ λ\n", "Hé \"q\" \\ λ\nend"]
+TEXTS = ["", "Hé", 'Hé "q"', 'Hé "q"', 'Hé "q" \\ λ\n', 'Hé "q" \\ λ\nend']
 COUNTS = [0, 2, 3, 4, 6, 9]
 
 
@@ -159,8 +187,10 @@ def test_cumulative_chunks_times_and_tokens(spaced: bool):
 
 
 def test_cumulative_other_layouts_and_a_trailing_replacement_char():
-    reordered = [orjson.dumps({"meta_info": {"completion_tokens": n}, "text": t}) for t, n in
-                 zip(["a", "a\ufffd", "aé", "aé!"], [1, 2, 2, 3], strict=True)]
+    reordered = [
+        orjson.dumps({"meta_info": {"completion_tokens": n}, "text": t})
+        for t, n in zip(["a", "a\ufffd", "aé", "aé!"], [1, 2, 2, 3], strict=True)
+    ]
     out = read_all(CumulativeGenerate(), reordered)
     assert out.text == "aé!" and out.chunk_tokens == [1, 1, 1] and out.chunk_times == [0.0, 1.0, 3.0]
     mixed = cumulative_events(["ab", "ab\ufffd"], [1, 2]) + cumulative_events(["abé"], [3], spaced=True)
@@ -176,8 +206,10 @@ def test_a_stream_of_the_other_mode_is_an_error():
     with pytest.raises(StreamError, match="not incremental"):
         read_all(IncrementalGenerate(), cumulative)
     assert "without --incremental-streaming-output" in NOT_INCREMENTAL
-    pieces = [orjson.dumps({"text": t, "output_ids": ids, "meta_info": {"completion_tokens": n}})
-              for t, ids, n in (("He", [1], 1), ("", [2], 2), ("llo", [3, 4], 4))]
+    pieces = [
+        orjson.dumps({"text": t, "output_ids": ids, "meta_info": {"completion_tokens": n}})
+        for t, ids, n in (("He", [1], 1), ("", [2], 2), ("llo", [3, 4], 4))
+    ]
     out = read_all(IncrementalGenerate(), pieces)
     assert out.text == "Hello" and out.chunk_tokens == [1, 1, 2] and out.chunk_times == [0.0, 1.0, 2.0]
 
@@ -187,8 +219,9 @@ def test_a_count_that_goes_down_is_an_error():
         read_all(CumulativeGenerate(), cumulative_events(["a", "ab"], [3, 2]))
 
 
-def chat_chunk(content: str | None = None, usage: int | None = None, finish: str | None = None,
-               choices: bool = True) -> bytes:
+def chat_chunk(
+    content: str | None = None, usage: int | None = None, finish: str | None = None, choices: bool = True
+) -> bytes:
     obj: dict = {"id": "c", "choices": []}
     if choices:
         delta = {} if content is None else {"content": content}
@@ -199,8 +232,13 @@ def chat_chunk(content: str | None = None, usage: int | None = None, finish: str
 
 
 def test_chat_per_chunk_tokens_with_continuous_usage_and_without():
-    continuous = [chat_chunk(""), chat_chunk("Hi", 2), chat_chunk(" there", 5), chat_chunk(None, None, "stop"),
-                  chat_chunk(usage=6, choices=False)]
+    continuous = [
+        chat_chunk(""),
+        chat_chunk("Hi", 2),
+        chat_chunk(" there", 5),
+        chat_chunk(None, None, "stop"),
+        chat_chunk(usage=6, choices=False),
+    ]
     out = read_all(ChatStream(), continuous)
     assert out.text == "Hi there" and out.meta_info["completion_tokens"] == 6
     assert out.chunk_times == [1.0, 2.0, 4.0] and out.chunk_tokens == [2, 3, 1]  # the usage chunk adds the EOS

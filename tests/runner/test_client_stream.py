@@ -25,26 +25,51 @@ SAMPLING = SamplingConfig(temperature=0.0, max_new_tokens=24, ignore_eos=True)
 
 
 def specs(prompts: list[str], max_new_tokens: int = 24) -> list[RequestSpec]:
-    return [RequestSpec(Item(item_id=p, seed_offset=i, prompt=p, messages=[{"role": "user", "content": p}]),
-                        None, False, max_new_tokens) for i, p in enumerate(prompts)]
+    return [
+        RequestSpec(
+            Item(item_id=p, seed_offset=i, prompt=p, messages=[{"role": "user", "content": p}]),
+            None,
+            False,
+            max_new_tokens,
+        )
+        for i, p in enumerate(prompts)
+    ]
 
 
-def run_drive(url: str, prompts: list[str], client: ClientConfig, incremental: bool = False,
-              sampling: SamplingConfig = SAMPLING, seed: int = 0) -> dict[str, Outcome]:
+def run_drive(
+    url: str,
+    prompts: list[str],
+    client: ClientConfig,
+    incremental: bool = False,
+    sampling: SamplingConfig = SAMPLING,
+    seed: int = 0,
+) -> dict[str, Outcome]:
     done: dict[str, Outcome] = {}
-    asyncio.run(drive(url, specs(prompts, sampling.max_new_tokens), sampling=sampling, client=client,
-                      model="embedded:mini", concurrency=client.concurrency, arrival_seed=seed,
-                      on_done=lambda s, o: done.__setitem__(s.item.prompt, o), incremental=incremental))
+    asyncio.run(
+        drive(
+            url,
+            specs(prompts, sampling.max_new_tokens),
+            sampling=sampling,
+            client=client,
+            model="embedded:mini",
+            concurrency=client.concurrency,
+            arrival_seed=seed,
+            on_done=lambda s, o: done.__setitem__(s.item.prompt, o),
+            incremental=incremental,
+        )
+    )
     return done
 
 
 def with_server(factory: Callable[[], asyncio.Protocol], body: Callable[[str], object]) -> object:
     """Run `body(url)` (blocking, in a thread) while an asyncio server of `factory` listens."""
+
     async def main() -> object:
         server = await asyncio.get_running_loop().create_server(factory, "127.0.0.1", 0)
         url = f"http://127.0.0.1:{server.sockets[0].getsockname()[1]}"
         async with server:
             return await asyncio.to_thread(body, url)
+
     return asyncio.run(main())
 
 
@@ -52,8 +77,11 @@ def with_server(factory: Callable[[], asyncio.Protocol], body: Callable[[str], o
 
 
 def canned_event(text: str, n: int) -> bytes:
-    return b"data: " + orjson.dumps({"text": text, "output_ids": list(range(n)),
-                                     "meta_info": {"completion_tokens": n}}) + b"\n\n"
+    return (
+        b"data: "
+        + orjson.dumps({"text": text, "output_ids": list(range(n)), "meta_info": {"completion_tokens": n}})
+        + b"\n\n"
+    )
 
 
 CANNED = {  # prompt -> the body after the headers (the connection closes after it)
@@ -75,11 +103,14 @@ class Canned(asyncio.Protocol):
     def data_received(self, data: bytes) -> None:
         self.buf += data
         head, sep, body = self.buf.partition(b"\r\n\r\n")
-        length = int(next(line.split(b":")[1] for line in head.split(b"\r\n") if line.lower().startswith(b"content-length")))
+        length = int(
+            next(line.split(b":")[1] for line in head.split(b"\r\n") if line.lower().startswith(b"content-length"))
+        )
         if sep and len(body) >= length:
             prompt = orjson.loads(body[:length])["text"]
-            self.transport.write(b"HTTP/1.1 200 OK\r\nContent-Type: text/event-stream\r\nConnection: close\r\n\r\n"
-                                 + CANNED[prompt])
+            self.transport.write(
+                b"HTTP/1.1 200 OK\r\nContent-Type: text/event-stream\r\nConnection: close\r\n\r\n" + CANNED[prompt]
+            )
             self.transport.close()
 
 
@@ -109,13 +140,19 @@ def test_connections_are_reused_and_chunk_tokens_add_up(monkeypatch):
     """The stub sends [DONE] and the end of the body one step after the last event: a client that stops
     reading at [DONE] loses its connection (one per request)."""
     real_payload = client_bench.payload
-    monkeypatch.setattr("harness.runner.client.drive.generate_payload",
-                        lambda sampling, client, spec: {**real_payload(client_bench.Case("c", 4, 40, 12, 1, 0.5),
-                                                                       spec.item.prompt), "stub_done_apart": True})
+    monkeypatch.setattr(
+        "harness.runner.client.drive.generate_payload",
+        lambda sampling, client, spec: {
+            **real_payload(client_bench.Case("c", 4, 40, 12, 1, 0.5), spec.item.prompt),
+            "stub_done_apart": True,
+        },
+    )
     stub = StubOnly()
     prompts = [f"p{i}" for i in range(40)]
-    outs = with_server(stub, lambda url: run_drive(url, prompts, ClientConfig(concurrency=4),
-                                                   sampling=SamplingConfig(max_new_tokens=12)))
+    outs = with_server(
+        stub,
+        lambda url: run_drive(url, prompts, ClientConfig(concurrency=4), sampling=SamplingConfig(max_new_tokens=12)),
+    )
     assert stub.stub.connections <= 4, f"{stub.stub.connections} connections for 40 requests at concurrency 4"
     expected = client_bench.Response.build(12).text
     for out in outs.values():
@@ -129,8 +166,10 @@ def test_open_loop_schedules_from_the_arrival_times_and_closed_loop_from_the_sta
     prompts = [f"o{i}" for i in range(12)]
     rate, seed = 40.0, 5
     client = ClientConfig(concurrency=1, request_rate=rate)
-    outs = with_server(StubOnly(step_ms=5), lambda url: run_drive(url, prompts, client,
-                                                                  sampling=SamplingConfig(max_new_tokens=8), seed=seed))
+    outs = with_server(
+        StubOnly(step_ms=5),
+        lambda url: run_drive(url, prompts, client, sampling=SamplingConfig(max_new_tokens=8), seed=seed),
+    )
     offsets = poisson_offsets(len(prompts), rate, seed)
     start = outs["o0"].t_scheduled  # the first offset is 0
     for prompt, offset in zip(prompts, offsets, strict=True):
@@ -138,18 +177,42 @@ def test_open_loop_schedules_from_the_arrival_times_and_closed_loop_from_the_sta
         assert out.t_scheduled == start + offset  # exactly the scheduled arrival, not the wake-up
         assert out.t_sent >= out.t_scheduled
     assert any(outs[p].t_sent - outs[p].t_scheduled > 0.005 for p in prompts)  # one slot: some waited
-    closed = with_server(StubOnly(), lambda url: run_drive(url, prompts, ClientConfig(concurrency=2),
-                                                           sampling=SamplingConfig(max_new_tokens=8)))
+    closed = with_server(
+        StubOnly(),
+        lambda url: run_drive(url, prompts, ClientConfig(concurrency=2), sampling=SamplingConfig(max_new_tokens=8)),
+    )
     assert len({o.t_scheduled for o in closed.values()}) == 1
     assert all(o.t_scheduled <= o.t_sent for o in closed.values())
 
 
 def test_the_client_bench_runs_at_a_tiny_size(tmp_path):
     affinity = os.sched_getaffinity(0)
-    code = client_bench.main(["--streams", "3", "--waves", "2", "--short-tokens", "10", "--step-ms", "1",
-                              "--long-tokens", "40", "--long-streams", "2", "--long-requests", "2",
-                              "--long-chunk-tokens", "8", "--long-step-ms", "1", "--clients", "ours",
-                              "--out", str(tmp_path)])
+    code = client_bench.main(
+        [
+            "--streams",
+            "3",
+            "--waves",
+            "2",
+            "--short-tokens",
+            "10",
+            "--step-ms",
+            "1",
+            "--long-tokens",
+            "40",
+            "--long-streams",
+            "2",
+            "--long-requests",
+            "2",
+            "--long-chunk-tokens",
+            "8",
+            "--long-step-ms",
+            "1",
+            "--clients",
+            "ours",
+            "--out",
+            str(tmp_path),
+        ]
+    )
     assert code == 0
     assert os.sched_getaffinity(0) == affinity  # pinned for the drive only: the caller gets its CPUs back
     (run,) = tmp_path.iterdir()
@@ -178,7 +241,8 @@ def test_streamed_text_equals_the_plain_text_in_both_modes(incremental: bool):
         assert s.error is None and n.error is None and s.text == n.text and len(s.text) > 20
         assert sum(s.chunk_tokens) == s.meta_info["completion_tokens"] == 24 == n.chunk_tokens[0]
         assert len(s.chunk_times) == len(s.chunk_tokens) == s.n_chunks and n.chunk_times == [n.t_first_token]
-    assert "not incremental" in wrong[prompts[0]].error if not incremental else "not cumulative" in \
-        wrong[prompts[0]].error
+    assert (
+        "not incremental" in wrong[prompts[0]].error if not incremental else "not cumulative" in wrong[prompts[0]].error
+    )
     for out in chat.values():  # continuous_usage_stats: per-chunk counts on the chat route too
         assert out.error is None and sum(out.chunk_tokens) == out.meta_info["completion_tokens"] == 24

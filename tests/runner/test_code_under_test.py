@@ -29,9 +29,16 @@ from harness.runner.sources import materialise, resolve, worktree_commit
 from harness.validation import ConfigError
 
 ROOT = Path(__file__).resolve().parents[2]
-SMALL = ["server.model_path=embedded:mini", "workload.n_items=3", "sampling.max_new_tokens=16",
-         "experiment.warmup.requests=1", "experiment.warmup.max_new_tokens=4", "client.concurrency=3",
-         "load_sample_s=0.05", "experiment.base_seeds=[3,4]"]
+SMALL = [
+    "server.model_path=embedded:mini",
+    "workload.n_items=3",
+    "sampling.max_new_tokens=16",
+    "experiment.warmup.requests=1",
+    "experiment.warmup.max_new_tokens=4",
+    "client.concurrency=3",
+    "load_sample_s=0.05",
+    "experiment.base_seeds=[3,4]",
+]
 
 
 @pytest.fixture(scope="module")
@@ -39,8 +46,9 @@ def campaign(tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, Path]:
     """(the repository, the campaign folder) of one code A/B campaign of its main and change branches."""
     tmp = tmp_path_factory.mktemp("code_ab")
     repo = make_repo(tmp)
-    proc = bench_process(tmp / "results", "experiment=embedded_code_ab", *arms(repo), *SMALL,
-                         f"source_cache={tmp / 'cache'}")
+    proc = bench_process(
+        tmp / "results", "experiment=embedded_code_ab", *arms(repo), *SMALL, f"source_cache={tmp / 'cache'}"
+    )
     assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
     (root,) = (tmp / "results" / "embedded_code_ab").iterdir()
     return repo, root
@@ -63,9 +71,17 @@ def test_each_arm_runs_its_commit_and_the_audit_passes(campaign):
     assert "harness/engine/service.py | 2 +-" in doc["source_diff_stat"]["change"]
     for run_id, man in manifests(root).items():
         src, code = sources[man["arm"]], man["server_code"]
-        assert code["checkout"] == {"kind": "snapshot", "root": src["snapshot"], "repo": str(repo),
-                                    "commit": src["commit"], "branch": None, "dirty": False, "diff_sha256": None,
-                                    "untracked": [], "content_sha256": src["content_sha256"]}, run_id
+        assert code["checkout"] == {
+            "kind": "snapshot",
+            "root": src["snapshot"],
+            "repo": str(repo),
+            "commit": src["commit"],
+            "branch": None,
+            "dirty": False,
+            "diff_sha256": None,
+            "untracked": [],
+            "content_sha256": src["content_sha256"],
+        }, run_id
         assert code["module"] == "harness.engine" and code["module_origin"] == f"{src['snapshot']}/harness"
         assert code["distribution"] is None  # not the editable specbench install
         assert code["packages"]["torch"] == code["torch"] and len(code["packages_sha256"]) == 64
@@ -83,12 +99,14 @@ def test_each_arm_runs_its_commit_and_the_audit_passes(campaign):
 def test_a_tampered_commit_or_a_foreign_import_fails_the_audit(campaign, tmp_path):
     _, root = campaign
     for what, edit, says in (
-            ("commit", lambda code: code["checkout"].update(commit="0" * 40), "but arm change's source 'change' resolved"),
-            ("origin", lambda code: code.update(module_origin="/elsewhere/harness"), "outside its arm's source"),
-            ("content", lambda code: code["checkout"].update(content_sha256="0" * 64),
-             "it was edited after it was made")):
+        ("commit", lambda code: code["checkout"].update(commit="0" * 40), "but arm change's source 'change' resolved"),
+        ("origin", lambda code: code.update(module_origin="/elsewhere/harness"), "outside its arm's source"),
+        ("content", lambda code: code["checkout"].update(content_sha256="0" * 64), "it was edited after it was made"),
+    ):
         copy = Path(shutil.copytree(root, tmp_path / what / root.name))
-        path = next(p for p in sorted(copy.glob("runs/*/manifest.json")) if json.loads(p.read_text())["arm"] == "change")
+        path = next(
+            p for p in sorted(copy.glob("runs/*/manifest.json")) if json.loads(p.read_text())["arm"] == "change"
+        )
         man = json.loads(path.read_text())
         edit(man["server_code"])
         path.write_text(json.dumps(man))
@@ -106,8 +124,9 @@ def test_interpreters_that_differ_in_a_package_fail_unless_declared(campaign, tm
             man["server_code"]["packages"]["torch"] = "9.9.9"
             path.write_text(json.dumps(man))
     check = code_check(copy)
-    assert check.status == "fail" and any(d.startswith("package torch differs") and "change 9.9.9" in d
-                                          for d in check.details), check
+    assert check.status == "fail" and any(
+        d.startswith("package torch differs") and "change 9.9.9" in d for d in check.details
+    ), check
     doc = json.loads((copy / "campaign.json").read_text())
     doc["config"]["experiment"]["packages_may_differ"] = ["torch"]
     (copy / "campaign.json").write_text(json.dumps(doc))
@@ -122,15 +141,27 @@ def test_the_probe_reads_the_servers_own_environment(tmp_path):
     (extra / "METADATA").write_text("Metadata-Version: 2.1\nName: onlyinserver\nVersion: 1.2\n")
     server = ServerConfig(model_path="embedded:mini")
     plain = build_spec(server, ArmConfig(name="a"), port=1, base_seed=None, gpu=None, log_path=tmp_path / "l")
-    other = build_spec(server, ArmConfig(name="b", env={"PYTHONPATH": str(tmp_path / "extra")}), port=1,
-                       base_seed=None, gpu=None, log_path=tmp_path / "l")
+    other = build_spec(
+        server,
+        ArmConfig(name="b", env={"PYTHONPATH": str(tmp_path / "extra")}),
+        port=1,
+        base_seed=None,
+        gpu=None,
+        log_path=tmp_path / "l",
+    )
     assert "onlyinserver" not in probe_server_code(plain).packages
     code = probe_server_code(other)
     assert code.packages["onlyinserver"] == "1.2" and code.module_origin == str(ROOT / "harness")
     assert code.checkout is not None and code.checkout.kind == "git" and code.checkout.root == str(ROOT)
     assert code.distribution == "specbench"  # the editable install (or its egg-info in the checkout)
-    missing = build_spec(ServerConfig(model_path="x", module="no_such_module.server"), ArmConfig(name="a"), port=1,
-                         base_seed=None, gpu=None, log_path=tmp_path / "l")
+    missing = build_spec(
+        ServerConfig(model_path="x", module="no_such_module.server"),
+        ArmConfig(name="a"),
+        port=1,
+        base_seed=None,
+        gpu=None,
+        log_path=tmp_path / "l",
+    )
     with pytest.raises(ProvenanceError, match="no_such_module"):
         probe_server_code(missing)
 
@@ -145,8 +176,14 @@ def test_the_probe_finds_a_servers_module_without_running_its_packages_init(tmp_
     (tmp_path / "nspkg" / "inner").mkdir(parents=True)  # no __init__.py anywhere: namespace packages
     (tmp_path / "nspkg" / "inner" / "server.py").write_text("")
     for module, file in (("pkg.sub.server", "pkg/sub/server.py"), ("nspkg.inner.server", "nspkg/inner/server.py")):
-        spec = build_spec(ServerConfig(model_path="x", module=module), ArmConfig(name="a", env={"PYTHONPATH": str(tmp_path)}),
-                          port=1, base_seed=None, gpu=None, log_path=tmp_path / "l")
+        spec = build_spec(
+            ServerConfig(model_path="x", module=module),
+            ArmConfig(name="a", env={"PYTHONPATH": str(tmp_path)}),
+            port=1,
+            base_seed=None,
+            gpu=None,
+            log_path=tmp_path / "l",
+        )
         assert probe_server_code(spec).module_file == str(tmp_path / file)
 
 
@@ -171,12 +208,23 @@ def test_worktree_is_the_checkout_as_it_is_without_touching_it(tmp_path):
 
 def test_a_campaign_refuses_to_resume_when_a_ref_moved(tmp_path):
     repo = make_repo(tmp_path)
-    common = ["experiment=embedded_code_ab", *arms(repo), *SMALL, "experiment.base_seeds=[3]",
-              f"source_cache={tmp_path / 'cache'}", "campaign=moving", "report=false"]
+    common = [
+        "experiment=embedded_code_ab",
+        *arms(repo),
+        *SMALL,
+        "experiment.base_seeds=[3]",
+        f"source_cache={tmp_path / 'cache'}",
+        "campaign=moving",
+        "report=false",
+    ]
     # the first attempt is stopped before its first run (SIGTERM at the plan): campaign.json holds its commits
-    first = subprocess.Popen([sys.executable, "-m", "harness.bench", f"results_dir={tmp_path / 'results'}", *common],
-                             stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
-                             env={**os.environ, "SPECBENCH_HOLD_AT": "plan"})
+    first = subprocess.Popen(
+        [sys.executable, "-m", "harness.bench", f"results_dir={tmp_path / 'results'}", *common],
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+        env={**os.environ, "SPECBENCH_HOLD_AT": "plan"},
+    )
     assert first.stderr is not None
     for line in first.stderr:
         if "holding at plan" in line:
@@ -200,8 +248,9 @@ def test_a_source_arm_names_a_bad_repo_or_ref(run_bench, tmp_path):
     assert proc.returncode == 2 and squash(f"experiment.arms.0.source.repo='{tmp_path}'") in said, said
     assert squash("is not a git repository") in said
     repo = make_repo(tmp_path)
-    proc = run_bench("experiment=embedded_code_ab", *arms(repo, change="nope"), "dry_run=true",
-                     f"source_cache={tmp_path / 'cache'}")
+    proc = run_bench(
+        "experiment=embedded_code_ab", *arms(repo, change="nope"), "dry_run=true", f"source_cache={tmp_path / 'cache'}"
+    )
     said = squash(proc.stdout)
     assert proc.returncode == 2 and squash("experiment.arms.1.source.ref='nope' names no commit") in said, said
     proc = run_bench("experiment=embedded_code_ab", *arms(repo), "dry_run=true", f"source_cache={tmp_path / 'cache'}")
@@ -216,8 +265,12 @@ def test_the_default_code_ab_runs_a_checkout_against_its_worktree(run_bench, tmp
     two refs are one code, which the command refuses before anything starts."""
     clone = tmp_path / "clone"
     git(tmp_path, "clone", "-q", str(ROOT), str(clone))
-    refs = [f"experiment.arms.0.source.repo={clone}", f"experiment.arms.1.source.repo={clone}",
-            "experiment.arms.0.source.ref=HEAD", f"source_cache={tmp_path / 'cache'}"]
+    refs = [
+        f"experiment.arms.0.source.repo={clone}",
+        f"experiment.arms.1.source.repo={clone}",
+        "experiment.arms.0.source.ref=HEAD",
+        f"source_cache={tmp_path / 'cache'}",
+    ]
     same = run_bench("experiment=embedded_code_ab", *refs, "dry_run=true")
     assert same.returncode == 2 and squash("arms base and change resolve to the same launch") in squash(same.stdout)
     service = clone / SERVICE
@@ -253,22 +306,29 @@ def test_sglang_source_arms_each_report_their_own_commit(tmp_path):
     git(repo, "commit", "-q", "-m", "SGLang 0.5.23's Python files")
     git(repo, "checkout", "-q", "-b", "change")
     version = repo / "python" / "sglang" / "_version.py"
-    version.write_text(version.read_text().replace("__version__ = version = '0.5.23'",
-                                                   "__version__ = version = '0.5.23+change'"))
+    version.write_text(
+        version.read_text().replace("__version__ = version = '0.5.23'", "__version__ = version = '0.5.23+change'")
+    )
     git(repo, "commit", "-q", "-am", "one line")
-    cfg = composed("experiment=dflash_block_vs_token", "server.model_path=/models/target",
-                   "server.draft_model_path=/models/draft", f"server.python={sys.executable}",
-                   f"source_cache={tmp_path / 'cache'}",
-                   *[f"experiment.arms.{i}.source.{key}={value}" for i, ref in enumerate(("main", "change"))
-                     for key, value in (("repo", repo), ("ref", ref), ("package_dir", "python"))])
+    cfg = composed(
+        "experiment=dflash_block_vs_token",
+        "server.model_path=/models/target",
+        "server.draft_model_path=/models/draft",
+        f"server.python={sys.executable}",
+        f"source_cache={tmp_path / 'cache'}",
+        *[
+            f"experiment.arms.{i}.source.{key}={value}"
+            for i, ref in enumerate(("main", "change"))
+            for key, value in (("repo", repo), ("ref", ref), ("package_dir", "python"))
+        ],
+    )
     sources = resolve_sources(cfg)
     launches = [launch for launch in planned_launches(cfg, sources) if launch.run.slot == 0]
     report = check_planned([planned_argv(launch) for launch in launches])
     assert report.ok, report.problems()
     for launch in launches:
         src = sources[launch.run.arm]
-        assert report.outcome_of(launch.run.run_id).version == (
-            "0.5.23+change" if src.ref == "change" else "0.5.23")
+        assert report.outcome_of(launch.run.run_id).version == ("0.5.23+change" if src.ref == "change" else "0.5.23")
         code = probe_server_code(launch.spec)
         assert code.module == "sglang.launch_server" and code.checkout is not None
         assert code.checkout.kind == "snapshot" and code.checkout.commit == git(repo, "rev-parse", src.ref)
@@ -282,16 +342,23 @@ def test_two_installs_that_differ_in_a_package_fail_the_audit_and_the_report_sho
     extra = tmp_path / "site" / "onlyinb-2.0.dist-info"
     extra.mkdir(parents=True)
     (extra / "METADATA").write_text("Metadata-Version: 2.1\nName: onlyinb\nVersion: 2.0\n")
-    proc = run_bench("experiment=embedded_aa", "experiment.aa=false",
-                     f"+experiment.arms.1.env.PYTHONPATH={tmp_path / 'site'}", *SMALL,
-                     "experiment.base_seeds=[3]")
+    proc = run_bench(
+        "experiment=embedded_aa",
+        "experiment.aa=false",
+        f"+experiment.arms.1.env.PYTHONPATH={tmp_path / 'site'}",
+        *SMALL,
+        "experiment.base_seeds=[3]",
+    )
     assert proc.returncode == 1, proc.stdout[-3000:]
     (root,) = (tmp_path / "embedded_aa").iterdir()
     check = code_check(root)
-    assert check.status == "fail" and any("package onlyinb differs" in d and "a (absent), b 2.0" in d
-                                          for d in check.details), check
+    assert check.status == "fail" and any(
+        "package onlyinb differs" in d and "a (absent), b 2.0" in d for d in check.details
+    ), check
     report = (root / "report.md").read_text()
-    assert "Packages that differ between the arms' interpreters" in report and "|onlyinb|(absent)|2.0|" in squash(report)
+    assert "Packages that differ between the arms' interpreters" in report and "|onlyinb|(absent)|2.0|" in squash(
+        report
+    )
 
 
 def test_a_dry_run_fails_when_an_arms_code_cannot_be_read(run_bench):
@@ -302,6 +369,7 @@ def test_a_dry_run_fails_when_an_arms_code_cannot_be_read(run_bench):
     said = squash(proc.stdout)
     assert proc.returncode == 2 and squash("code under test unknown for arm(s)") in said, proc.stdout[-2000:]
     assert "no_such_module" in said
-    proc = run_bench("experiment=embedded_aa", "server.module=no_such_module.server", "dry_run=true",
-                     "server.preflight=skip")
+    proc = run_bench(
+        "experiment=embedded_aa", "server.module=no_such_module.server", "dry_run=true", "server.preflight=skip"
+    )
     assert proc.returncode == 0 and squash("not counted in the exit code") in squash(proc.stdout), proc.stdout[-2000:]

@@ -44,8 +44,9 @@ def typed(*overrides: str) -> BenchConfig:
 
 
 def bench(*overrides: str, cwd: Path | None = None) -> subprocess.CompletedProcess:
-    return subprocess.run([sys.executable, "-m", "harness.bench", *overrides], capture_output=True, text=True,
-                          timeout=300, cwd=cwd)
+    return subprocess.run(
+        [sys.executable, "-m", "harness.bench", *overrides], capture_output=True, text=True, timeout=300, cwd=cwd
+    )
 
 
 def flat(text: str) -> str:
@@ -60,19 +61,28 @@ def test_an_arms_required_interpreter_is_not_dropped():
     own interpreter for both arms, and the comparison compared one install with itself."""
     with pytest.raises(ConfigError, match=r"experiment\.arms\.0\.python, experiment\.arms\.1\.python are required"):
         typed("experiment=dflash_verify_probs_speedbench", *SGLANG_PATHS)
-    with pytest.raises(ConfigError, match=r"^experiment\.arms\.1\.python is required and has no value: set it on the "
-                                          r"command line \(experiment\.arms\.1\.python=\.\.\.\)"):
+    with pytest.raises(
+        ConfigError,
+        match=r"^experiment\.arms\.1\.python is required and has no value: set it on the "
+        r"command line \(experiment\.arms\.1\.python=\.\.\.\)",
+    ):
         typed("experiment=dflash_verify_probs_speedbench", *SGLANG_PATHS, "experiment.arms.0.python=/envs/a/bin/python")
-    cfg = typed("experiment=dflash_verify_probs_speedbench", *SGLANG_PATHS, "experiment.arms.0.python=/envs/a/bin/python",
-                "experiment.arms.1.python=/envs/b/bin/python")
+    cfg = typed(
+        "experiment=dflash_verify_probs_speedbench",
+        *SGLANG_PATHS,
+        "experiment.arms.0.python=/envs/a/bin/python",
+        "experiment.arms.1.python=/envs/b/bin/python",
+    )
     assert [a.python for a in cfg.experiment.arms] == ["/envs/a/bin/python", "/envs/b/bin/python"]
 
 
 def test_required_values_are_named_by_the_command_before_anything_runs():
     proc = bench("experiment=dflash_verify_probs_speedbench", "dry_run=true")
     assert proc.returncode == 2, proc.stdout + proc.stderr
-    assert ("error: experiment.arms.0.python, experiment.arms.1.python, server.draft_model_path, server.model_path "
-            "are required") in flat(proc.stdout)
+    assert (
+        "error: experiment.arms.0.python, experiment.arms.1.python, server.draft_model_path, server.model_path "
+        "are required"
+    ) in flat(proc.stdout)
 
 
 # ---------------------------------------------------------------------- arms that resolve equal
@@ -80,8 +90,11 @@ def test_required_values_are_named_by_the_command_before_anything_runs():
 
 def test_arms_without_their_difference_are_refused():
     cfg = typed("experiment.arms.1.args=[]")
-    with pytest.raises(ConfigError, match=r"arms token and block resolve to the same launch .*declares a difference "
-                                          r"\('--speculative-use-block-verification'\).*experiment\.aa=true"):
+    with pytest.raises(
+        ConfigError,
+        match=r"arms token and block resolve to the same launch .*declares a difference "
+        r"\('--speculative-use-block-verification'\).*experiment\.aa=true",
+    ):
         check_arms_differ(cfg, planned_launches(cfg), {})
     check_arms_differ(typed(), planned_launches(typed()), {})  # the shipped A/B differs
 
@@ -91,8 +104,11 @@ def test_an_aa_is_declared_and_must_launch_alike():
     assert cfg.experiment.aa
     check_arms_differ(cfg, planned_launches(cfg), {})  # seed streams differ: still an A/A
     cfg = typed("experiment=embedded_aa", "experiment.arms.1.args=[--draft-mode,greedy]")
-    with pytest.raises(ConfigError, match=r"experiment\.aa=true declares an A/A, but arms a and b would launch "
-                                          r"differently: args \[\] vs \['--draft-mode', 'greedy'\]"):
+    with pytest.raises(
+        ConfigError,
+        match=r"experiment\.aa=true declares an A/A, but arms a and b would launch "
+        r"differently: args \[\] vs \['--draft-mode', 'greedy'\]",
+    ):
         check_arms_differ(cfg, planned_launches(cfg), {})
     cfg = typed("experiment=embedded_aa", "experiment.aa=false")
     with pytest.raises(ConfigError, match="arms a and b resolve to the same launch"):
@@ -101,14 +117,33 @@ def test_an_aa_is_declared_and_must_launch_alike():
 
 def code(packages_sha256: str) -> ServerCode:
     checkout = CheckoutState("git", "/src", "/src", "c" * 40, "main", False, None, [])
-    return ServerCode("3.11", "/x/python", None, None, None, None, None, None, None, "harness.engine", None,
-                      "/src/harness", None, None, None, checkout, {}, packages_sha256)
+    return ServerCode(
+        "3.11",
+        "/x/python",
+        None,
+        None,
+        None,
+        None,
+        None,
+        None,
+        None,
+        "harness.engine",
+        None,
+        "/src/harness",
+        None,
+        None,
+        None,
+        checkout,
+        {},
+        packages_sha256,
+    )
 
 
 def test_two_paths_of_one_interpreter_are_one_interpreter():
     """Interpreters given as different paths count as one when their probes say the same packages and code."""
-    cfg = typed("experiment.arms.1.args=[]", "experiment.arms.0.python=/a/bin/python",
-                "experiment.arms.1.python=/a/bin/python3")
+    cfg = typed(
+        "experiment.arms.1.args=[]", "experiment.arms.0.python=/a/bin/python", "experiment.arms.1.python=/a/bin/python3"
+    )
     launches = planned_launches(cfg)
 
     def same(spec: LaunchSpec) -> ServerCode:
@@ -136,12 +171,19 @@ def test_two_refs_of_one_commit_are_refused(tmp_path):
     git(repo, "-c", "user.email=t@e", "-c", "user.name=t", "commit", "-qm", "main")
     git(repo, "branch", "x")
     (repo / "harness" / "engine" / "x.py").write_text("A = 2\n")  # the change, not committed
-    refs = [f"experiment.arms.0.source.repo={repo}", f"experiment.arms.1.source.repo={repo}",
-            "experiment.arms.0.source.ref=main", f"source_cache={tmp_path / 'cache'}"]
+    refs = [
+        f"experiment.arms.0.source.repo={repo}",
+        f"experiment.arms.1.source.repo={repo}",
+        "experiment.arms.0.source.ref=main",
+        f"source_cache={tmp_path / 'cache'}",
+    ]
     cfg = typed("experiment=embedded_code_ab", *refs, "experiment.arms.1.source.ref=x")
     sources = resolve_sources(cfg)
-    with pytest.raises(ConfigError, match=r"arms base and change resolve to the same launch .*the same code \(tree "
-                                          r"[0-9a-f]{40} \(\.\): ref 'main' -> [0-9a-f]{12}, ref 'x' -> "):
+    with pytest.raises(
+        ConfigError,
+        match=r"arms base and change resolve to the same launch .*the same code \(tree "
+        r"[0-9a-f]{40} \(\.\): ref 'main' -> [0-9a-f]{12}, ref 'x' -> ",
+    ):
         check_arms_differ(cfg, planned_launches(cfg, sources), sources)
     cfg = typed("experiment=embedded_code_ab", *refs, "experiment.arms.1.source.ref=WORKTREE")
     sources = resolve_sources(cfg)
@@ -162,12 +204,16 @@ def test_the_dry_run_checks_embedded_flags_with_the_servers_parser():
     proc = bench("experiment.arms.1.args=[--speculative-use-block-verification,--bogus]", "dry_run=true")
     assert proc.returncode == 2, proc.stdout + proc.stderr
     text = flat(proc.stdout)
-    assert ("--bogus (from experiment.arms.1.args): refused by the embedded server's parse check: python -m "
-            "harness.engine: error: unrecognized arguments: --bogus") in text
+    assert (
+        "--bogus (from experiment.arms.1.args): refused by the embedded server's parse check: python -m "
+        "harness.engine: error: unrecognized arguments: --bogus"
+    ) in text
     assert "argv preflight FAILED" in text
     ok = bench("dry_run=true")
-    assert ok.returncode == 0 and "argv preflight passed: 6 distinct command(s) accepted by the embedded server's " \
-                                  "parser" in flat(ok.stdout)
+    assert (
+        ok.returncode == 0
+        and "argv preflight passed: 6 distinct command(s) accepted by the embedded server's parser" in flat(ok.stdout)
+    )
 
 
 def test_a_real_run_with_a_refused_flag_launches_nothing(tmp_path):
@@ -190,16 +236,24 @@ def test_a_ref_that_needs_quoting_says_how(ref):
 # ---------------------------------------------------------------------------------------------- overrides nothing reads
 
 
-@pytest.mark.parametrize(("overrides", "said"), [
-    (["workload.path=/tmp/p.jsonl"], "workload.path is not read with workload.kind=synthetic (only with "
-                                     "workload.kind=aime25 or speed_bench or jsonl): for a kind that reads it, add "
-                                     "workload=jsonl"),
-    (["experiment=dflash_block_vs_token", *SGLANG_PATHS, "workload.n_items=5"],
-     "workload.n_items is not read with workload.kind=aime25 (only with workload.kind=synthetic): take a seeded "
-     "subset of the fixed set with workload.subsample=N"),
-    (["experiment.gpus=[2,3]"], "experiment.gpus is not read with experiment.placement=sequential"),
-    (["server.binary=/usr/bin/llama-server"], "server.binary is not read with server.backend=embedded"),
-])
+@pytest.mark.parametrize(
+    ("overrides", "said"),
+    [
+        (
+            ["workload.path=/tmp/p.jsonl"],
+            "workload.path is not read with workload.kind=synthetic (only with "
+            "workload.kind=aime25 or speed_bench or jsonl): for a kind that reads it, add "
+            "workload=jsonl",
+        ),
+        (
+            ["experiment=dflash_block_vs_token", *SGLANG_PATHS, "workload.n_items=5"],
+            "workload.n_items is not read with workload.kind=aime25 (only with workload.kind=synthetic): take a seeded "
+            "subset of the fixed set with workload.subsample=N",
+        ),
+        (["experiment.gpus=[2,3]"], "experiment.gpus is not read with experiment.placement=sequential"),
+        (["server.binary=/usr/bin/llama-server"], "server.binary is not read with server.backend=embedded"),
+    ],
+)
 def test_an_override_that_nothing_reads_is_refused(overrides, said):
     cfg = typed(*overrides)
     with pytest.raises(ConfigError, match=re.escape(said)):
@@ -220,8 +274,14 @@ def test_the_command_names_an_unread_override_before_anything_runs(tmp_path):
 @pytest.fixture(scope="module")
 def aa_campaign(tmp_path_factory: pytest.TempPathFactory) -> Path:
     tmp = tmp_path_factory.mktemp("aa")
-    proc = bench(f"results_dir={tmp}", "experiment=embedded_aa", "workload.n_items=3", "experiment.base_seeds=[1]",
-                 "sampling.max_new_tokens=16", "experiment.warmup.requests=1")
+    proc = bench(
+        f"results_dir={tmp}",
+        "experiment=embedded_aa",
+        "workload.n_items=3",
+        "experiment.base_seeds=[1]",
+        "sampling.max_new_tokens=16",
+        "experiment.warmup.requests=1",
+    )
     assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-2000:]
     (root,) = (tmp / "embedded_aa").iterdir()
     return root

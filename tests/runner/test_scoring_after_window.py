@@ -55,13 +55,16 @@ def run_in_process(tmp: Path, scorer: Scorer, *overrides: str) -> tuple[Path, di
     """A campaign of embedded_aa (one base seed: two runs) with `scorer` in place of the workload's."""
     register_configs()
     with initialize_config_dir(config_dir=str(CONFIG_DIR), version_base="1.3"):
-        node = compose(config_name="bench", overrides=["experiment=embedded_aa", "experiment.base_seeds=[5]",
-                                                       f"results_dir={tmp}", *SMALL, *overrides])
+        node = compose(
+            config_name="bench",
+            overrides=["experiment=embedded_aa", "experiment.base_seeds=[5]", f"results_dir={tmp}", *SMALL, *overrides],
+        )
     cfg = to_typed(node)
     workload = load_workload(cfg.workload)
     workload.scorer = scorer
-    campaign = build_campaign(cfg, OmegaConf.to_container(node, resolve=True), workload,
-                              Console(file=io.StringIO(), width=200))
+    campaign = build_campaign(
+        cfg, OmegaConf.to_container(node, resolve=True), workload, Console(file=io.StringIO(), width=200)
+    )
     campaign.open()
     try:
         statuses = asyncio.run(run_campaign(campaign))
@@ -83,7 +86,7 @@ def test_a_slow_scorer_runs_after_the_window_and_does_not_stretch_it(tmp_path):
         window = max(r["t_end"] for r in measured) - min(r["t_sent"] for r in measured)
         assert window < DELAY_S * len(records)  # the sleeps are not inside it
         assert manifest["machine"]["during"]["wall_s"] < manifest["scoring"]["seconds"]
-        calls = scorer.calls[n_scored:n_scored + len(records)]
+        calls = scorer.calls[n_scored : n_scored + len(records)]
         assert len(calls) == len(records) and min(calls) > max(r["t_end"] for r in records)  # after the last request
         n_scored += len(records)
         assert all(isinstance(s["correct"], bool) for s in scores)  # every synthetic item has a reference
@@ -107,9 +110,15 @@ def test_parallel_runs_score_only_when_every_run_of_the_slot_is_done(tmp_path):
     (arm b serves one request at a time with a far larger vocabulary, so it measures for seconds after arm a
     is done)."""
     scorer = SlowScorer()
-    root, statuses = run_in_process(tmp_path, scorer, "experiment.placement=parallel", "experiment.gpus=[0,1]",
-                                    "experiment.arms.1.args=[--max-running-requests,'1',--vocab-size,'65536']",
-                                    "sampling.max_new_tokens=256", "sampling.ignore_eos=true")
+    root, statuses = run_in_process(
+        tmp_path,
+        scorer,
+        "experiment.placement=parallel",
+        "experiment.gpus=[0,1]",
+        "experiment.arms.1.args=[--max-running-requests,'1',--vocab-size,'65536']",
+        "sampling.max_new_tokens=256",
+        "sampling.ignore_eos=true",
+    )
     assert set(statuses.values()) == {"finished"}
     records = [r for f in root.glob("runs/*/records.jsonl") for r in read_jsonl(f)]
     assert {r["arm"] for r in records} == {"a", "b"}

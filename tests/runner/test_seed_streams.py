@@ -86,8 +86,14 @@ def campaign_at(root, *overrides: str) -> Campaign:
     with initialize_config_dir(config_dir=str(CONFIG_DIR), version_base="1.3"):
         node = compose(config_name="bench", overrides=list(overrides))
     cfg = to_typed(node)
-    return Campaign(cfg=cfg, config_dict=OmegaConf.to_container(node, resolve=True), workload=load_workload(cfg.workload),
-                    plan=make_plan(cfg.experiment), root=root, console=Console(file=io.StringIO()))
+    return Campaign(
+        cfg=cfg,
+        config_dict=OmegaConf.to_container(node, resolve=True),
+        workload=load_workload(cfg.workload),
+        plan=make_plan(cfg.experiment),
+        root=root,
+        console=Console(file=io.StringIO()),
+    )
 
 
 def test_a_campaign_made_before_seed_streams_resumes(tmp_path):
@@ -110,8 +116,9 @@ def test_a_campaign_resumes_with_longer_server_timeouts_but_not_another_measurem
     first.open()
     assert "new campaign" in first.console.file.getvalue()  # campaign=c named none: said, in case it was mistyped
     first.close()
-    again = campaign_at(tmp_path / "c", *base, "server.ready_timeout_s=120", "server.stop_timeout_s=5",
-                        "server.health_timeout_s=3")
+    again = campaign_at(
+        tmp_path / "c", *base, "server.ready_timeout_s=120", "server.stop_timeout_s=5", "server.health_timeout_s=3"
+    )
     again.open()
     assert "resuming" in again.console.file.getvalue()
     again.close()

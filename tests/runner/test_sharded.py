@@ -135,15 +135,19 @@ def test_a_pair_split_across_nodes_and_mixed_hardware_fail_the_audit(parallel_ca
     def other_host(man):
         man["host"]["hostname"] = "node-b"
 
-    split = check(build_report([edited_copy(parallel_campaign, tmp_path / "split", run_ids[0], other_host)]),
-                  "Paired runs on one node, one node type")
+    split = check(
+        build_report([edited_copy(parallel_campaign, tmp_path / "split", run_ids[0], other_host)]),
+        "Paired runs on one node, one node type",
+    )
     assert split.status == "fail" and "split across nodes" in split.details[0] and "node-b" in split.details[0]
 
     def other_cpu(man):
         man["host"]["cpu"] = "Some Other CPU"
 
-    mixed = check(build_report([edited_copy(parallel_campaign, tmp_path / "cpu", run_ids[0], other_cpu)]),
-                  "Paired runs on one node, one node type")
+    mixed = check(
+        build_report([edited_copy(parallel_campaign, tmp_path / "cpu", run_ids[0], other_cpu)]),
+        "Paired runs on one node, one node type",
+    )
     assert mixed.status == "fail" and any("mixed hardware: CPU Some Other CPU" in d for d in mixed.details)
 
     def other_gpu(man):

@@ -45,8 +45,11 @@ def test_an_edited_snapshot_is_refused_naming_the_file_and_a_new_one_is_read_onl
         proc = dry_run(run_bench, repo, cache, *more)
         said = squash(proc.stdout + proc.stderr)
         assert proc.returncode == 2, proc.stdout[-2000:] + proc.stderr[-2000:]
-        assert squash(f"the snapshot {snapshot} no longer holds commit") in said and \
-            squash(f"edited: {SERVICE}") in said and squash(f"rm -rf {snapshot}") in said, said[-2000:]
+        assert (
+            squash(f"the snapshot {snapshot} no longer holds commit") in said
+            and squash(f"edited: {SERVICE}") in said
+            and squash(f"rm -rf {snapshot}") in said
+        ), said[-2000:]
         assert "Traceback" not in proc.stderr
     assert not (tmp_path / "embedded_code_ab").exists()  # nothing was written: no campaign folder
     assert read_only
@@ -73,8 +76,15 @@ def test_a_snapshot_edited_after_the_campaign_checked_it_fails_the_run(tmp_path)
     repo = make_repo(tmp_path)
     cfg = composed("experiment=embedded_code_ab", *arms(repo), f"source_cache={tmp_path / 'cache'}")
     source = resolve_sources(cfg)["change"]
-    spec = build_spec(ServerConfig(model_path="embedded:mini"), ArmConfig(name="change"), port=1, base_seed=None,
-                      gpu=None, log_path=tmp_path / "l", source=source)
+    spec = build_spec(
+        ServerConfig(model_path="embedded:mini"),
+        ArmConfig(name="change"),
+        port=1,
+        base_seed=None,
+        gpu=None,
+        log_path=tmp_path / "l",
+        source=source,
+    )
     check_snapshot_unchanged(source, probe_server_code(spec))  # as checked: the run goes on
     service = Path(source.snapshot) / SERVICE
     writable(service)
@@ -95,8 +105,9 @@ def test_links_out_of_the_repository_are_refused_naming_them(run_bench, tmp_path
     for name, target in (("abs_link", "/etc/hostname"), ("rel_link", "../../outside.py")):
         link = repo / "harness" / name
         link.symlink_to(target)  # untracked: WORKTREE holds it
-        proc = run_bench("experiment=embedded_code_ab", *arms(repo, change="WORKTREE"), "dry_run=true",
-                         f"source_cache={cache}")
+        proc = run_bench(
+            "experiment=embedded_code_ab", *arms(repo, change="WORKTREE"), "dry_run=true", f"source_cache={cache}"
+        )
         said = squash(proc.stdout + proc.stderr)
         assert proc.returncode == 2 and squash(f"symbolic link harness/{name} -> {target}") in said, said[-2000:]
         assert squash("points outside the repository") in said and "Traceback" not in proc.stderr
@@ -114,21 +125,37 @@ def test_a_source_cache_that_is_a_file_is_refused_in_one_line(run_bench, tmp_pat
 
 
 @pytest.mark.skipif(NO_NAMESPACE is not None, reason=str(NO_NAMESPACE))
-@pytest.mark.parametrize(("mount", "reason"), [
-    ("mount --bind {d} {d} && mount -o remount,bind,ro {d}", "Read-only file system"),
-    ("mount -t tmpfs -o size=64k tmpfs {d}", "No space left on device"),
-])
+@pytest.mark.parametrize(
+    ("mount", "reason"),
+    [
+        ("mount --bind {d} {d} && mount -o remount,bind,ro {d}", "Read-only file system"),
+        ("mount -t tmpfs -o size=64k tmpfs {d}", "No space left on device"),
+    ],
+)
 def test_a_source_cache_that_cannot_take_the_snapshot_is_refused_naming_it(tmp_path, mount, reason):
     """A read-only file system, and one too small for the repository's files (64 KiB: the disk fills while the
     snapshot is written), in a private mount namespace."""
     repo = make_repo(tmp_path)
     cache = tmp_path / "cache"
     cache.mkdir()
-    bench = [sys.executable, "-m", "harness.bench", f"results_dir={tmp_path / 'results'}",
-             "experiment=embedded_code_ab", *arms(repo), "dry_run=true", f"source_cache={cache}"]
+    bench = [
+        sys.executable,
+        "-m",
+        "harness.bench",
+        f"results_dir={tmp_path / 'results'}",
+        "experiment=embedded_code_ab",
+        *arms(repo),
+        "dry_run=true",
+        f"source_cache={cache}",
+    ]
     script = mount.format(d=cache) + " && exec " + " ".join(f"'{a}'" for a in bench)
-    proc = subprocess.run(["unshare", "--mount", "--map-root-user", "sh", "-c", script], capture_output=True,
-                          text=True, timeout=300, env=os.environ)
+    proc = subprocess.run(
+        ["unshare", "--mount", "--map-root-user", "sh", "-c", script],
+        capture_output=True,
+        text=True,
+        timeout=300,
+        env=os.environ,
+    )
     said = squash(proc.stdout + proc.stderr)
     assert proc.returncode == 2, proc.stdout[-2000:] + proc.stderr[-2000:]
     assert squash(f"source_cache={cache}: cannot write the snapshot of commit") in said and squash(reason) in said

@@ -9,8 +9,15 @@ from analysis.report import build_report
 from analysis.sweep import swept_keys
 
 pytestmark = pytest.mark.slow
-TINY = ["experiment=embedded_perf", "client.concurrency=1,3", "workload.n_items=3", "sampling.max_new_tokens=12",
-        "server.model_path=embedded:mini", "experiment.warmup.requests=1", "load_sample_s=0.05"]
+TINY = [
+    "experiment=embedded_perf",
+    "client.concurrency=1,3",
+    "workload.n_items=3",
+    "sampling.max_new_tokens=12",
+    "server.model_path=embedded:mini",
+    "experiment.warmup.requests=1",
+    "load_sample_s=0.05",
+]
 
 
 def test_a_concurrency_sweep_of_embedded_perf_ends_with_a_sweep_table(tmp_path, run_bench):
@@ -21,15 +28,23 @@ def test_a_concurrency_sweep_of_embedded_perf_ends_with_a_sweep_table(tmp_path, 
     (table,) = tmp_path.glob(".multirun/*/sweep-embedded_perf.md")
     rows = [line.split("|")[1:-1] for line in table.read_text().splitlines() if line.startswith("| ")]
     header, body = [c.strip() for c in rows[0]], [[c.strip() for c in r] for r in rows[1:]]
-    assert header == ["client.concurrency", "none tok/s (AL)", "token tok/s (AL)", "token / none",
-                      "block tok/s (AL)", "block / none", "audit"]
+    assert header == [
+        "client.concurrency",
+        "none tok/s (AL)",
+        "token tok/s (AL)",
+        "token / none",
+        "block tok/s (AL)",
+        "block / none",
+        "audit",
+    ]
     assert [r[0] for r in body] == ["1", "3"]
     for root, row in zip(roots, body, strict=True):
         pooled = build_report([root]).tables.pooled
         cells = dict(zip(header, row, strict=True))
         assert cells["none tok/s (AL)"] == f"{pooled.at['throughput', 'none']:,.1f}"
-        assert cells["block tok/s (AL)"] == (f"{pooled.at['throughput', 'block']:,.1f} "
-                                             f"({pooled.at['acceptance_length', 'block']:.2f})")
+        assert cells["block tok/s (AL)"] == (
+            f"{pooled.at['throughput', 'block']:,.1f} ({pooled.at['acceptance_length', 'block']:.2f})"
+        )
         ratio = pooled.at["throughput", "token"] / pooled.at["throughput", "none"]
         assert cells["token / none"] == f"{ratio:.2f}x" and cells["audit"] == "passed"
     assert f"sweep table: {table}" in proc.stdout.replace("\n", "")

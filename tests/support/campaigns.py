@@ -14,10 +14,36 @@ import psutil
 from workloads.scoring import Scorer
 
 RECORD_KEYS = {
-    "schema_version", "campaign_id", "run_id", "arm", "request_index", "base_seed", "repeat", "item_id",
-    "seed_offset", "request_seed", "category", "warmup", "prompt_tokens", "completion_tokens", "spec_verify_ct",
-    "spec_num_correct_drafts", "max_new_tokens", "finish_reason", "hit_cap", "t_scheduled", "t_sent",
-    "t_first_token", "t_end", "n_chunks", "chunk_us", "chunk_tokens", "error", "output_text", "output_ids", "reference_answer",
+    "schema_version",
+    "campaign_id",
+    "run_id",
+    "arm",
+    "request_index",
+    "base_seed",
+    "repeat",
+    "item_id",
+    "seed_offset",
+    "request_seed",
+    "category",
+    "warmup",
+    "prompt_tokens",
+    "completion_tokens",
+    "spec_verify_ct",
+    "spec_num_correct_drafts",
+    "max_new_tokens",
+    "finish_reason",
+    "hit_cap",
+    "t_scheduled",
+    "t_sent",
+    "t_first_token",
+    "t_end",
+    "n_chunks",
+    "chunk_us",
+    "chunk_tokens",
+    "error",
+    "output_text",
+    "output_ids",
+    "reference_answer",
     "meta_info",
 }
 
@@ -26,23 +52,50 @@ SCORE_KEYS = {"request_index", "item_id", "warmup", "answer", "correct", "score_
 
 
 MANIFEST_KEYS = {
-    "command", "env", "versions", "host", "dataset", "t_start_unix", "t_end_unix", "log_checks", "status",
-    "server_info", "model_info", "seeds_honoured", "wall_anchor", "client", "server_cpus", "machine", "scorer",
+    "command",
+    "env",
+    "versions",
+    "host",
+    "dataset",
+    "t_start_unix",
+    "t_end_unix",
+    "log_checks",
+    "status",
+    "server_info",
+    "model_info",
+    "seeds_honoured",
+    "wall_anchor",
+    "client",
+    "server_cpus",
+    "machine",
+    "scorer",
     "scoring",
 }
 
 
 # load_sample_s: 0.1 s machine-load samples around each run instead of 1 s (the suite runs many campaigns)
-SMALL = ["server.model_path=embedded:mini", "workload.n_items=4", "sampling.max_new_tokens=24", "experiment.warmup.requests=2",
-         "experiment.warmup.max_new_tokens=4", "client.concurrency=4", "load_sample_s=0.1", "report=false"]
+SMALL = [
+    "server.model_path=embedded:mini",
+    "workload.n_items=4",
+    "sampling.max_new_tokens=24",
+    "experiment.warmup.requests=2",
+    "experiment.warmup.max_new_tokens=4",
+    "client.concurrency=4",
+    "load_sample_s=0.1",
+    "report=false",
+]
 
 
 WITH_REPORT = SMALL[:-1]
 
 
 def bench(tmp: Path, *overrides: str, timeout: float = 240) -> subprocess.CompletedProcess:
-    return subprocess.run([sys.executable, "-m", "harness.bench", f"results_dir={tmp}", *overrides],
-                          capture_output=True, text=True, timeout=timeout)
+    return subprocess.run(
+        [sys.executable, "-m", "harness.bench", f"results_dir={tmp}", *overrides],
+        capture_output=True,
+        text=True,
+        timeout=timeout,
+    )
 
 
 def read_jsonl(path: Path) -> list[dict]:
@@ -73,7 +126,10 @@ def check_schema2_run(run_dir: Path) -> tuple[dict, list[dict], list[dict]]:
         if rec["output_text"] is not None and manifest["scorer"]["name"] == "boxed+math-verify":
             again = Scorer().score(rec["output_text"], rec["reference_answer"])
             assert (score["answer"], score["correct"], score["score_fallback"]) == (
-                again.answer, again.correct, again.fallback)
+                again.answer,
+                again.correct,
+                again.fallback,
+            )
     assert manifest["scoring"]["scored"] == len(records) and manifest["scoring"]["seconds"] >= 0
     wall = manifest["wall_anchor"]
     last_end_unix = wall["unix"] + max(r["t_end"] for r in records) - wall["monotonic"]
@@ -150,5 +206,3 @@ def running_server_of_first_run(root: Path) -> psutil.Process | None:
 
 def jobs_of(results: Path) -> list[dict]:
     return [json.loads(p.read_text()) for p in sorted(results.glob(".multirun/*/specbench-jobs/*.json"))]
-
-

@@ -48,7 +48,9 @@ def make_repo(where: Path) -> Path:
 
 
 def arms(repo: Path, base: str = "main", change: str = "change") -> list[str]:
-    return [f"experiment.arms.0.source.repo={repo}", f"experiment.arms.0.source.ref={base}",
-            f"experiment.arms.1.source.repo={repo}", f"experiment.arms.1.source.ref={change}"]
-
-
+    return [
+        f"experiment.arms.0.source.repo={repo}",
+        f"experiment.arms.0.source.ref={base}",
+        f"experiment.arms.1.source.repo={repo}",
+        f"experiment.arms.1.source.ref={change}",
+    ]

@@ -16,14 +16,20 @@ from harness.runner.dryrun import print_dry_run
 SGLANG_PATHS = ["server.model_path=/models/target", "server.draft_model_path=/models/draft"]
 
 
-SKIP = "server.preflight=skip"  # the argv preflight needs SGLang: tests/conformance/test_sglang_argv.py runs it for real
+SKIP = (
+    "server.preflight=skip"  # the argv preflight needs SGLang: tests/conformance/test_sglang_argv.py runs it for real
+)
 
 
 NEEDS = {
     "dflash_block_vs_token": [*SGLANG_PATHS, SKIP],
     "dspark_block_vs_token": [*SGLANG_PATHS, SKIP],
-    "dflash_verify_probs_speedbench": [*SGLANG_PATHS, SKIP, "experiment.arms.0.python=/envs/before/bin/python",
-                                       "experiment.arms.1.python=/envs/after/bin/python"],
+    "dflash_verify_probs_speedbench": [
+        *SGLANG_PATHS,
+        SKIP,
+        "experiment.arms.0.python=/envs/before/bin/python",
+        "experiment.arms.1.python=/envs/after/bin/python",
+    ],
 }
 
 
@@ -43,5 +49,3 @@ def dry_run_text(cfg: BenchConfig) -> str:
     code, text = dry_run(cfg)
     assert code == 0, text
     return text
-
-

@@ -28,9 +28,18 @@ HOLD = "specbench: holding at measure"
 
 def can_unshare() -> str | None:
     """None when a private mount namespace with a tmpfs can be made here, else why not."""
-    probe = subprocess.run(["unshare", "--mount", "--map-root-user", "sh", "-c",
-                            "d=$(mktemp -d) && mount -t tmpfs -o size=64k tmpfs $d && umount $d && rmdir $d"],
-                           capture_output=True, text=True)
+    probe = subprocess.run(
+        [
+            "unshare",
+            "--mount",
+            "--map-root-user",
+            "sh",
+            "-c",
+            "d=$(mktemp -d) && mount -t tmpfs -o size=64k tmpfs $d && umount $d && rmdir $d",
+        ],
+        capture_output=True,
+        text=True,
+    )
     return None if probe.returncode == 0 else f"no private mount namespace here: {probe.stderr.strip()[:200]}"
 
 
@@ -38,8 +47,12 @@ def run_in_mount_namespace(spec: dict, timeout: float = 300) -> dict:
     """spec: {"out": DIR, "size": "8m", "fault": "full"|"readonly", "campaign": NAME, "experiment": NAME,
     "args": [overrides], "resume": bool}. Returns {"rc": [..], "log": [..]} (one per runner call); the
     tmpfs's files end up in DIR/results."""
-    proc = subprocess.run(["unshare", "--mount", "--map-root-user", sys.executable, __file__, json.dumps(spec)],
-                          capture_output=True, text=True, timeout=timeout)
+    proc = subprocess.run(
+        ["unshare", "--mount", "--map-root-user", sys.executable, __file__, json.dumps(spec)],
+        capture_output=True,
+        text=True,
+        timeout=timeout,
+    )
     assert proc.returncode == 0, proc.stdout + proc.stderr
     return json.loads((Path(spec["out"]) / "outcome.json").read_text())
 
@@ -59,8 +72,15 @@ def fill(root: Path) -> None:
 
 def runner(mount: Path, spec: dict, log: Path, hold: bool) -> subprocess.Popen:
     env = {**os.environ, **({"SPECBENCH_HOLD_AT": "measure", "SPECBENCH_HOLD_S": "2"} if hold else {})}
-    cmd = [sys.executable, "-m", "harness.bench", f"results_dir={mount}", f"campaign={spec['campaign']}",
-           f"experiment={spec['experiment']}", *spec["args"]]
+    cmd = [
+        sys.executable,
+        "-m",
+        "harness.bench",
+        f"results_dir={mount}",
+        f"campaign={spec['campaign']}",
+        f"experiment={spec['experiment']}",
+        *spec["args"],
+    ]
     with open(log, "w") as out:
         return subprocess.Popen(cmd, stdout=out, stderr=subprocess.STDOUT, env=env)
 

@@ -63,14 +63,26 @@ class EngineServer:
         return self.server.alive()
 
 
-def start_engine(args: list[str], log_path: Path, port: int | None = None,
-                 env: dict[str, str] | None = None, timeout_s: float = 120.0) -> EngineServer:
+def start_engine(
+    args: list[str],
+    log_path: Path,
+    port: int | None = None,
+    env: dict[str, str] | None = None,
+    timeout_s: float = 120.0,
+) -> EngineServer:
     """Start `python -m harness.engine ARGS --host 127.0.0.1 --port PORT` without waiting; `env` adds to
     (or overrides) the inherited environment."""
     port = port or free_port(HOST)
-    spec = LaunchSpec(argv=[sys.executable, "-m", "harness.engine", *args, "--host", HOST, "--port", str(port)],
-                      env_overrides=dict(env or {}), host=HOST, port=port, log_path=log_path,
-                      log_checks=LogChecks(), ready_timeout_s=timeout_s, stop_timeout_s=15.0)
+    spec = LaunchSpec(
+        argv=[sys.executable, "-m", "harness.engine", *args, "--host", HOST, "--port", str(port)],
+        env_overrides=dict(env or {}),
+        host=HOST,
+        port=port,
+        log_path=log_path,
+        log_checks=LogChecks(),
+        ready_timeout_s=timeout_s,
+        stop_timeout_s=15.0,
+    )
     server = Server(spec)
     server.start()
     return EngineServer(server)
@@ -88,8 +100,9 @@ def stop_engine(server: EngineServer) -> int | None:
 
 
 @contextlib.contextmanager
-def engine_server(args: list[str], timeout_s: float = 120.0,
-                  env: dict[str, str] | None = None) -> Iterator[EngineServer]:
+def engine_server(
+    args: list[str], timeout_s: float = 120.0, env: dict[str, str] | None = None
+) -> Iterator[EngineServer]:
     """Start the engine with `args` (and extra `env`) on a free loopback port, wait until ready, stop it
     afterwards."""
     with tempfile.TemporaryDirectory(prefix="engine-") as tmp:
@@ -143,7 +156,7 @@ def post_sse(url: str, body: Any, timeout_s: float = 120.0) -> list[str]:
     """The `data:` payloads of a streamed response, in order (including '[DONE]')."""
     status, text = post_raw(url, json.dumps(body).encode(), timeout_s)
     assert status == 200, (status, text)
-    return [line[len("data: "):] for line in text.split("\n\n") if line.startswith("data: ")]
+    return [line[len("data: ") :] for line in text.split("\n\n") if line.startswith("data: ")]
 
 
 # ---------------------------------------------------------------------- concurrent requests
@@ -153,6 +166,7 @@ async def _generate_all(url: str, bodies: list[dict], concurrency: int) -> list[
     sem = asyncio.Semaphore(concurrency)
     timeout = aiohttp.ClientTimeout(total=600)
     async with aiohttp.ClientSession(timeout=timeout) as session:
+
         async def one(body: dict) -> dict:
             async with sem, session.post(url + "/generate", json=body) as resp:
                 assert resp.status == 200, (resp.status, await resp.text())
@@ -183,7 +197,7 @@ class Stream:
                 return None
             line = line.decode().rstrip("\n")
             if line.startswith("data: "):
-                return line[len("data: "):]
+                return line[len("data: ") :]
 
     def close(self) -> None:
         self.response.close()

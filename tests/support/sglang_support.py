@@ -52,8 +52,10 @@ def import_sglang(module: str = "sglang") -> ModuleType:
         _absent(f"SGLang is not installed in this environment ({exc})")
     pinned = pinned_sglang_version()
     if required() and sglang.__version__ != pinned:
-        pytest.fail(f"installed SGLang is {sglang.__version__}, the conformance tests pin {pinned}: rebuild .venv-sglang "
-                    f"(rm -r .venv-sglang && make sglang)")
+        pytest.fail(
+            f"installed SGLang is {sglang.__version__}, the conformance tests pin {pinned}: rebuild .venv-sglang "
+            f"(rm -r .venv-sglang && make sglang)"
+        )
     return importlib.import_module(module)
 
 

@@ -27,9 +27,16 @@ def main() -> None:
     marker = f"spawn-race-{uuid.uuid4().hex[:8]}"
     rng = random.Random(0)
     for i in range(n):
-        spec = LaunchSpec(argv=["/bin/sh", "-c", "sleep 60", marker], env_overrides={}, host="127.0.0.1", port=0,
-                          log_path=logs / f"server-{i}.log", log_checks=LogChecks(), ready_timeout_s=5,
-                          stop_timeout_s=5)
+        spec = LaunchSpec(
+            argv=["/bin/sh", "-c", "sleep 60", marker],
+            env_overrides={},
+            host="127.0.0.1",
+            port=0,
+            log_path=logs / f"server-{i}.log",
+            log_checks=LogChecks(),
+            ready_timeout_s=5,
+            stop_timeout_s=5,
+        )
         ready_r, ready_w = os.pipe()
         pid = os.fork()
         if pid == 0:  # the runner
@@ -45,8 +52,11 @@ def main() -> None:
         os.kill(pid, signal.SIGKILL)
         os.waitpid(pid, 0)
     time.sleep(1.0)  # the death signal's SIGTERM takes effect
-    left = [p for p in psutil.process_iter(["cmdline", "status"])
-            if marker in (p.info["cmdline"] or []) and p.info["status"] != psutil.STATUS_ZOMBIE]
+    left = [
+        p
+        for p in psutil.process_iter(["cmdline", "status"])
+        if marker in (p.info["cmdline"] or []) and p.info["status"] != psutil.STATUS_ZOMBIE
+    ]
     for proc in left:
         proc.kill()
     print(f"left behind: {len(left)}")

@@ -31,6 +31,7 @@ def kernel_verifier(name: str):
     def verifier(target: SparseProbs, drafts, q, *, uniforms):
         values, ids = target.values.flip(-1), target.ids.flip(-1).int()
         return sparse_kernel.verify_entries(values, ids, target.vocab, drafts, q, uniforms, name == "block")
+
     return verifier
 
 
@@ -68,7 +69,8 @@ def test_the_kernel_on_padding_and_top_p_zeros():
     for block in (False, True):
         got = sparse_kernel.verify_entries(values, ids, 16, drafts, None, u, block)
         want = (sp.verify_block_sparse if block else sp.verify_tokenwise_sparse)(
-            SparseProbs(values, ids.long(), 16), drafts, None, uniforms=u)
+            SparseProbs(values, ids.long(), 16), drafts, None, uniforms=u
+        )
         assert got.tokens.tolist() == want.tokens.tolist() and got.num_accepted.tolist() == [1]
         assert got.tokens[0, 1] in (2, 7)  # the correction has p's support at position 1, the top coin: id 7
 
@@ -84,7 +86,7 @@ def test_garbage_entries_are_never_looked_up_in_q():
     target, drafts, q, u = random_case(2, 64, 3, "dense-q", seed=3, near=0.3)
     entries = SparseProbs.from_dense(target)
     ids = entries.ids.clone()
-    ids[1] = torch.tensor([-7, -2**31, 10**6, -10**9]).repeat(ids.shape[-1] // 4 + 1)[: ids.shape[-1]]
+    ids[1] = torch.tensor([-7, -(2**31), 10**6, -(10**9)]).repeat(ids.shape[-1] // 4 + 1)[: ids.shape[-1]]
     got = sparse_kernel.verify_entries(entries.values, ids, 64, drafts, q, u, True)
     want = sp.verify_block_sparse(entries, drafts, q, uniforms=u)
     assert got.tokens[0].tolist() == want.tokens[0].tolist()
@@ -144,8 +146,12 @@ def test_the_step_verified_inside_the_finish_is_the_verify_kernels():
         want = sp._fused_step(logits, t, k, p, drafts, q_arg, u, block, config={"VERIFY": 0})
         values, ids, _ = topk_fused.run_sparse(logits, t, k, p)
         kernel = sparse_kernel.verify_entries(values.view(4, 4, -1), ids.view(4, 4, -1), 2048, drafts, q_arg, u, block)
-        for config in ({"VERIFY": 1}, {"VERIFY": 1, "FUSE": 1}, {"VERIFY": 1, "CHUNKS": 3, "HALVING": 1},
-                       {"VERIFY": 1, "CHUNKS": 2, "REPLACE": 1}):
+        for config in (
+            {"VERIFY": 1},
+            {"VERIFY": 1, "FUSE": 1},
+            {"VERIFY": 1, "CHUNKS": 3, "HALVING": 1},
+            {"VERIFY": 1, "CHUNKS": 2, "REPLACE": 1},
+        ):
             step = topk_fused.Step(drafts, q_arg, u, block)
             _, _, inside, left = topk_fused.queue_step(logits, t, k, p, step, config)
             assert left() is not None and left().tolist() == [6, 9]
@@ -201,8 +207,7 @@ def test_verify_step_names_bad_shapes():
     with pytest.raises(ValueError, match=r"10 rows of logits for 2 steps of 3 drafts: need B \* \(G\+1\)"):
         sp.verify_step(logits, t, k, p, drafts[:, :3], None, block=True, fused=False, uniforms=torch.rand(2, 4))
     with pytest.raises(ValueError, match=r"draft_probs \(2, 4, 32\) must be \[B, G, V\] = \[2, 4, 64\]"):
-        sp.verify_step(logits, t, k, p, drafts, torch.rand(2, 4, 32), block=True, fused=True,
-                       uniforms=torch.rand(2, 5))
+        sp.verify_step(logits, t, k, p, drafts, torch.rand(2, 4, 32), block=True, fused=True, uniforms=torch.rand(2, 5))
 
 
 @pytest.mark.gpu
@@ -215,22 +220,30 @@ def test_the_fused_step_on_a_gpu(family):
     bsz, gamma, vocab = 512, 7, 248_320
     rows = bsz * (gamma + 1)
     logits = make_family(family, rows, vocab, seed=6, device=torch.device("cuda"))
-    t, k, p = (torch.ones(rows, device="cuda"), torch.full((rows,), 20, device="cuda"),
-               torch.full((rows,), 0.95, device="cuda"))
+    t, k, p = (
+        torch.ones(rows, device="cuda"),
+        torch.full((rows,), 20, device="cuda"),
+        torch.full((rows,), 0.95, device="cuda"),
+    )
     drafts = logits.view(bsz, gamma + 1, vocab)[:, :gamma].argmax(dim=-1)
     u = torch.rand(bsz, gamma + 1, generator=torch.Generator().manual_seed(4)).cuda()
     entries = sp.fused_sparse_probs(logits, t, k, p)
     target = SparseProbs(entries.values.view(bsz, gamma + 1, -1), entries.ids.view(bsz, gamma + 1, -1), vocab)
-    configs = ({"VERIFY": 0}, {"VERIFY": 1}, {"VERIFY": 1, "FUSE": 1},
-               {"VERIFY": 1, "CHUNKS": 4, "HALVING": 1, "REPLACE": 1, "SUPER": 8})
+    configs = (
+        {"VERIFY": 0},
+        {"VERIFY": 1},
+        {"VERIFY": 1, "FUSE": 1},
+        {"VERIFY": 1, "CHUNKS": 4, "HALVING": 1, "REPLACE": 1, "SUPER": 8},
+    )
     for block in (False, True):
         want = (sp.verify_block_sparse if block else sp.verify_tokenwise_sparse)(target, drafts, None, uniforms=u)
         got = sp.verify_step(logits, t, k, p, drafts, None, block=block, fused=True, uniforms=u)
         assert int(same_outputs(got, want).sum()) == 0
         for config in configs:  # the verification inside the finish, one kernel or slices; the host's bound
             for bound in (None, 20):
-                got = sp.verify_step(logits, t, k, p, drafts, None, block=block, fused=True, uniforms=u,
-                                     max_top_k=bound, config=config)
+                got = sp.verify_step(
+                    logits, t, k, p, drafts, None, block=block, fused=True, uniforms=u, max_top_k=bound, config=config
+                )
                 assert int(same_outputs(got, want).sum()) == 0, (block, config, bound)
 
 

@@ -86,8 +86,13 @@ def test_the_k_largest_groups_hold_the_k_largest_logits(group):
     values (ties within and across groups), sorted rows, all-equal rows, rows not a whole number of groups."""
     g = torch.Generator().manual_seed(group)
     for vocab in (7, 40, 97):
-        rows = torch.cat([torch.randint(0, 4, (64, vocab), generator=g).float(),
-                          torch.randn(16, vocab, generator=g).sort(dim=-1).values, torch.zeros(2, vocab)])
+        rows = torch.cat(
+            [
+                torch.randint(0, 4, (64, vocab), generator=g).float(),
+                torch.randn(16, vocab, generator=g).sort(dim=-1).values,
+                torch.zeros(2, vocab),
+            ]
+        )
         groups = -(-vocab // group)
         padded = torch.nn.functional.pad(rows, (0, groups * group - vocab), value=float("-inf"))
         maxima = padded.view(-1, groups, group).amax(-1)
@@ -175,8 +180,11 @@ def test_strided_rows_and_many_rows_on_cuda():
     base = torch.randn(4096, 248_320 + 64, device="cuda")
     logits = base[:, :248_320]  # rows 248,384 apart
     n = logits.shape[0]
-    temperature, top_k, top_p = (torch.ones(n, device="cuda"), torch.full((n,), 20, device="cuda"),
-                                 torch.full((n,), 0.95, device="cuda"))
+    temperature, top_k, top_p = (
+        torch.ones(n, device="cuda"),
+        torch.full((n,), 20, device="cuda"),
+        torch.full((n,), 0.95, device="cuda"),
+    )
     got = verify.topk_fused_probs(logits, temperature, top_k, top_p)
     ref = verify.full_vocab_probs(logits, temperature, top_k, top_p)
     assert torch.equal(got > 0, ref > 0) and float((got - ref).abs().max()) <= TOLERANCE
@@ -190,13 +198,21 @@ def test_finishes_on_the_side_stream_on_cuda(sparse):
     (SUPER): the same output as one pass and one finish; and work queued after the call on the current stream sees
     every slice."""
     logits = make_family("lm_like", 1000, 151_936, seed=3, device=torch.device("cuda"))
-    temperature, top_k, top_p = (torch.ones(1000, device="cuda"), torch.full((1000,), 20, device="cuda"),
-                                 torch.full((1000,), 0.95, device="cuda"))
+    temperature, top_k, top_p = (
+        torch.ones(1000, device="cuda"),
+        torch.full((1000,), 20, device="cuda"),
+        torch.full((1000,), 0.95, device="cuda"),
+    )
     run = topk_fused.run_sparse if sparse else topk_fused.run
     ref = run(logits, temperature, top_k, top_p, {"FUSE": 0})
-    for config in ({"FUSE": 0, "CHUNKS": 4}, {"FUSE": 0, "CHUNKS": 7, "REPLACE": 1}, {"REPLACE": 1}, {"SUPER": 8},
-                   {"FUSE": 0, "CHUNKS": 4, "REPLACE": 1, "SUPER": 8},
-                   {"FUSE": 0, "CHUNKS": 4, "HALVING": 1, "REPLACE": 1, "SUPER": 8}):
+    for config in (
+        {"FUSE": 0, "CHUNKS": 4},
+        {"FUSE": 0, "CHUNKS": 7, "REPLACE": 1},
+        {"REPLACE": 1},
+        {"SUPER": 8},
+        {"FUSE": 0, "CHUNKS": 4, "REPLACE": 1, "SUPER": 8},
+        {"FUSE": 0, "CHUNKS": 4, "HALVING": 1, "REPLACE": 1, "SUPER": 8},
+    ):
         got = run(logits, temperature, top_k, top_p, config)
         assert got[-1] is None and all(torch.equal(a, b) for a, b in zip(ref[:-1], got[:-1], strict=True)), config
     if sparse:  # work queued on the current stream right after queue_sparse (no synchronisation) sees every slice
@@ -212,8 +228,11 @@ def test_half_the_rows_all_equal_on_cuda():
     logits = torch.randn(512, 248_320, device="cuda")
     logits[:256] = 0.0
     n = logits.shape[0]
-    temperature, top_k, top_p = (torch.ones(n, device="cuda"), torch.full((n,), 20, device="cuda"),
-                                 torch.full((n,), 0.95, device="cuda"))
+    temperature, top_k, top_p = (
+        torch.ones(n, device="cuda"),
+        torch.full((n,), 20, device="cuda"),
+        torch.full((n,), 0.95, device="cuda"),
+    )
     got = verify.topk_fused_probs(logits, temperature, top_k, top_p)
     ref = verify.full_vocab_probs(logits, temperature, top_k, top_p)
     assert torch.equal(got[256:] > 0, ref[256:] > 0)
@@ -283,9 +302,16 @@ def test_every_logit_family_under_the_interpreter(family):
 
 
 @pytest.mark.interpreter
-@pytest.mark.parametrize(("family", "vocab", "config"), [
-    ("iid", 9_000, {"SUPER": 4}), ("bf16", 9_000, {"SUPER": 4, "FUSE": 0}), ("clustered", 9_000, {"SUPER": 4}),
-    ("sorted", 20_000, {"SUPER": 8}), ("lm_like", 20_000, {"SUPER": 8, "REPLACE": 1, "FUSE": 0})])
+@pytest.mark.parametrize(
+    ("family", "vocab", "config"),
+    [
+        ("iid", 9_000, {"SUPER": 4}),
+        ("bf16", 9_000, {"SUPER": 4, "FUSE": 0}),
+        ("clustered", 9_000, {"SUPER": 4}),
+        ("sorted", 20_000, {"SUPER": 8}),
+        ("lm_like", 20_000, {"SUPER": 8, "REPLACE": 1, "FUSE": 0}),
+    ],
+)
 def test_the_two_level_pick_is_the_pick(family, vocab, config):
     """SUPER (the k largest super-groups of SUPER groups, then the k largest groups among theirs, for top_k up to
     32; its scratch in the row's maxima: 512 of them for SUPER 4, 1,024 for 8): bitwise the output of the one
@@ -363,10 +389,16 @@ def test_the_sparse_output_is_the_dense_output_without_its_zeros(family):
     # entering key in place of the least): bitwise the same, sparse and dense (a tile's merge is exact: it skips
     # only the running top's ranks that beat every key of the tile)
     dense = topk_fused.run(logits, temperature, top_k, top_p)[0]
-    others = ({"PASS_BLOCK": 64, "GROUPS": 16}, {"TILE": 256, "FUSE": 1}, {"GROUPS": 128, "TILE": 1},
-              {"TILE": 64, "FUSE": 0, "CHUNKS": 3}, {"REPLACE": 1, "TILE": 256}, {"REPLACE": 1, "FUSE": 1, "TILE": 64},
-              {"FUSE": 0, "CHUNKS": 4, "HALVING": 1, "REPLACE": 1})
-    for config in (others if family in ("iid", "sorted", "bf16") else ()):
+    others = (
+        {"PASS_BLOCK": 64, "GROUPS": 16},
+        {"TILE": 256, "FUSE": 1},
+        {"GROUPS": 128, "TILE": 1},
+        {"TILE": 64, "FUSE": 0, "CHUNKS": 3},
+        {"REPLACE": 1, "TILE": 256},
+        {"REPLACE": 1, "FUSE": 1, "TILE": 64},
+        {"FUSE": 0, "CHUNKS": 4, "HALVING": 1, "REPLACE": 1},
+    )
+    for config in others if family in ("iid", "sorted", "bf16") else ():
         v2, i2, left2 = topk_fused.run_sparse(logits, temperature, top_k, top_p, config)
         assert torch.equal(left2, left) and torch.equal(v2[taken], values[taken]) and torch.equal(i2[taken], ids[taken])
         assert torch.equal(topk_fused.run(logits, temperature, top_k, top_p, config)[0][taken], dense[taken]), config

@@ -16,8 +16,12 @@ DEVICES = ["cpu"] + (["cuda"] if CUDA else [])
 
 def params(rows: int, top_k, top_p, temperature=1.0, device="cpu"):
     def col(v, dtype):
-        return torch.as_tensor(v, dtype=dtype).expand(rows).clone().to(device) if not isinstance(v, list) \
+        return (
+            torch.as_tensor(v, dtype=dtype).expand(rows).clone().to(device)
+            if not isinstance(v, list)
             else torch.tensor(v, dtype=dtype, device=device)
+        )
+
     return col(temperature, torch.float32), col(top_k, torch.int64), col(top_p, torch.float32)
 
 
@@ -110,7 +114,7 @@ def tied_rows(top_ks: list[int], vocab: int = VOCAB, seed: int = 4) -> torch.Ten
         tie = torch.full((7,), 2.0)  # ranks k-3 .. k+3 tie at the boundary
         perm = torch.randperm(vocab, generator=g)
         row[perm[: k - 3]] = head
-        row[perm[k - 3: k + 4]] = tie
+        row[perm[k - 3 : k + 4]] = tie
         rows.append(row)
     return torch.stack(rows)
 

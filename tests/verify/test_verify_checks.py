@@ -31,32 +31,48 @@ def inputs(seed: int = 0) -> dict:
     dense = verify.topk_first_probs(logits, *params).view(B, G + 1, V)
     s = sparse_probs(logits, *params)
     target = SparseProbs(s.values.view(B, G + 1, -1), s.ids.view(B, G + 1, -1), V)
-    return {"logits": logits, "params": params, "dense": dense, "target": target,
-            "drafts": torch.randint(0, V, (B, G), generator=g), "u": torch.rand(B, G + 1, generator=g)}
+    return {
+        "logits": logits,
+        "params": params,
+        "dense": dense,
+        "target": target,
+        "drafts": torch.randint(0, V, (B, G), generator=g),
+        "u": torch.rand(B, G + 1, generator=g),
+    }
 
 
 def dense_calls(x: dict, drafts, u):
-    return {"verify_tokenwise": lambda: verify.verify_tokenwise(x["dense"], drafts, None, uniforms=u),
-            "verify_block": lambda: verify.verify_block(x["dense"], drafts, None, uniforms=u),
-            "block_weights": lambda: verify.block_weights(x["dense"], drafts, None)}
+    return {
+        "verify_tokenwise": lambda: verify.verify_tokenwise(x["dense"], drafts, None, uniforms=u),
+        "verify_block": lambda: verify.verify_block(x["dense"], drafts, None, uniforms=u),
+        "block_weights": lambda: verify.block_weights(x["dense"], drafts, None),
+    }
 
 
 def sparse_calls(x: dict, drafts, u):
-    return {"verify_tokenwise_sparse": lambda: verify_tokenwise_sparse(x["target"], drafts, None, uniforms=u),
-            "verify_block_sparse": lambda: verify_block_sparse(x["target"], drafts, None, uniforms=u),
-            "block_weights_sparse": lambda: block_weights_sparse(x["target"], drafts, None),
-            "verify_step": lambda: verify_step(x["logits"], *x["params"], drafts, None, block=True, fused=False,
-                                               uniforms=u),
-            "verify_step tokenwise fused": lambda: verify_step(x["logits"], *x["params"], drafts, None, block=False,
-                                                               fused=True, uniforms=u)}
+    return {
+        "verify_tokenwise_sparse": lambda: verify_tokenwise_sparse(x["target"], drafts, None, uniforms=u),
+        "verify_block_sparse": lambda: verify_block_sparse(x["target"], drafts, None, uniforms=u),
+        "block_weights_sparse": lambda: block_weights_sparse(x["target"], drafts, None),
+        "verify_step": lambda: verify_step(
+            x["logits"], *x["params"], drafts, None, block=True, fused=False, uniforms=u
+        ),
+        "verify_step tokenwise fused": lambda: verify_step(
+            x["logits"], *x["params"], drafts, None, block=False, fused=True, uniforms=u
+        ),
+    }
 
 
 BAD_DRAFTS = {
     "float ids": (lambda d: d.float(), "draft_tokens has dtype torch.float32: token ids are an integer tensor"),
-    "an id of V": (lambda d: d.index_put((torch.tensor([1]), torch.tensor([2])), torch.tensor(V)),
-                   f"draft_tokens[1, 2] = {V} is outside the vocabulary [0, {V})"),
-    "a negative id": (lambda d: d.index_put((torch.tensor([0]), torch.tensor([0])), torch.tensor(-3)),
-                      f"draft_tokens[0, 0] = -3 is outside the vocabulary [0, {V})"),
+    "an id of V": (
+        lambda d: d.index_put((torch.tensor([1]), torch.tensor([2])), torch.tensor(V)),
+        f"draft_tokens[1, 2] = {V} is outside the vocabulary [0, {V})",
+    ),
+    "a negative id": (
+        lambda d: d.index_put((torch.tensor([0]), torch.tensor([0])), torch.tensor(-3)),
+        f"draft_tokens[0, 0] = -3 is outside the vocabulary [0, {V})",
+    ),
     "another device": (lambda d: d.to("meta"), "draft_tokens is on meta but"),
     "one dimension": (lambda d: d[0], "draft_tokens has shape (4,); expected [B, G]"),
 }
@@ -78,8 +94,15 @@ def test_an_empty_batch_and_an_empty_vocabulary_are_named():
     with pytest.raises(ValueError, match="draft_tokens has B = 0 rows"):
         verify.verify_block(x["dense"][:0], x["drafts"][:0], None, uniforms=x["u"][:0])
     with pytest.raises(ValueError, match="draft_tokens has B = 0 rows"):
-        verify_step(x["logits"][:0], *[p[:0] for p in x["params"]], x["drafts"][:0], None, block=True, fused=False,
-                    uniforms=x["u"][:0])
+        verify_step(
+            x["logits"][:0],
+            *[p[:0] for p in x["params"]],
+            x["drafts"][:0],
+            None,
+            block=True,
+            fused=False,
+            uniforms=x["u"][:0],
+        )
     empty = torch.zeros(ROWS, 0)
     for builder in (*verify.BUILDERS.values(), sparse_probs, fused_sparse_probs):
         with pytest.raises(ValueError, match="logits has a vocabulary of 0 ids"):
@@ -126,8 +149,15 @@ def test_the_sparse_verifiers_never_emit_an_id_outside_the_vocabulary(monkeypatc
             emitted = out.tokens[out.tokens >= 0]
             assert bool(((emitted >= 0) & (emitted < V)).all())
     in_range = inputs(1)
-    out = verify_step(in_range["logits"], *in_range["params"], in_range["drafts"], None, block=True, fused=False,
-                      uniforms=in_range["u"])
+    out = verify_step(
+        in_range["logits"],
+        *in_range["params"],
+        in_range["drafts"],
+        None,
+        block=True,
+        fused=False,
+        uniforms=in_range["u"],
+    )
     ref = verify.verify_block(in_range["dense"], in_range["drafts"], None, uniforms=in_range["u"])
     assert torch.equal(out.tokens, ref.tokens)  # the guard changes nothing for valid drafts
 

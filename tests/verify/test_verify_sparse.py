@@ -30,8 +30,7 @@ def mixed_params(n: int, whole_vocab: bool) -> tuple[torch.Tensor, torch.Tensor,
     if whole_vocab:
         kinds.append((1.0, -1, 0.9))
     rows = [kinds[i % len(kinds)] for i in range(n)]
-    return (torch.tensor([r[0] for r in rows]), torch.tensor([r[1] for r in rows]),
-            torch.tensor([r[2] for r in rows]))
+    return (torch.tensor([r[0] for r in rows]), torch.tensor([r[1] for r in rows]), torch.tensor([r[2] for r in rows]))
 
 
 @pytest.mark.parametrize("family", ["iid", "sorted", "bf16", "padding", "clustered"])
@@ -72,8 +71,9 @@ def random_case(n: int, vocab: int, gamma: int, draft: str, seed: int, near: flo
     if near is None:
         q_logits = torch.randn(qrows, vocab, generator=g) * 2
     else:
-        q_logits = (logits.view(n, gamma + 1, vocab)[:, :gamma]
-                    + near * torch.randn(n, gamma, vocab, generator=g)).reshape(qrows, vocab)
+        q_logits = (
+            logits.view(n, gamma + 1, vocab)[:, :gamma] + near * torch.randn(n, gamma, vocab, generator=g)
+        ).reshape(qrows, vocab)
     q = full_vocab_probs(q_logits, torch.ones(qrows), torch.full((qrows,), 16), torch.ones(qrows)).view(n, gamma, vocab)
     if draft == "greedy":
         drafts, q_arg = q.argmax(dim=-1), None
@@ -155,14 +155,16 @@ def test_a_target_row_without_mass_is_an_error_not_a_made_up_token(bad, block):
 # token (as after top-k), a full-support draft (so that drafts fall outside the target's support)
 # ---------------------------------------------------------------------------------------------
 
-P_CHAIN = torch.tensor([
-    [0.50, 0.00, 0.30, 0.00, 0.20, 0.00],
-    [0.00, 0.40, 0.00, 0.35, 0.25, 0.00],
-    [0.60, 0.00, 0.00, 0.10, 0.00, 0.30],
-    [0.00, 0.20, 0.50, 0.00, 0.00, 0.30],
-    [0.25, 0.25, 0.00, 0.00, 0.50, 0.00],
-    [0.00, 0.00, 0.45, 0.45, 0.00, 0.10],
-])
+P_CHAIN = torch.tensor(
+    [
+        [0.50, 0.00, 0.30, 0.00, 0.20, 0.00],
+        [0.00, 0.40, 0.00, 0.35, 0.25, 0.00],
+        [0.60, 0.00, 0.00, 0.10, 0.00, 0.30],
+        [0.00, 0.20, 0.50, 0.00, 0.00, 0.30],
+        [0.25, 0.25, 0.00, 0.00, 0.50, 0.00],
+        [0.00, 0.00, 0.45, 0.45, 0.00, 0.10],
+    ]
+)
 Q_CHAIN = torch.full((6, 6), 1.0 / 12) + 0.5 * torch.eye(6).roll(1, dims=1)
 
 

@@ -15,18 +15,22 @@ from harness.verify import draw_uniforms, sample_from_probs, verifiers, verify_b
 VERIFIERS = {"token": verify_tokenwise, "block": verify_block}
 
 # A tiny order-1 Markov target and a draft that differs from it: p(. | previous token).
-P_CHAIN = torch.tensor([
-    [0.50, 0.30, 0.15, 0.05],
-    [0.10, 0.20, 0.30, 0.40],
-    [0.25, 0.25, 0.25, 0.25],
-    [0.70, 0.05, 0.05, 0.20],
-])
-Q_CHAIN = torch.tensor([
-    [0.20, 0.40, 0.30, 0.10],
-    [0.40, 0.30, 0.20, 0.10],
-    [0.10, 0.60, 0.10, 0.20],
-    [0.25, 0.25, 0.25, 0.25],
-])
+P_CHAIN = torch.tensor(
+    [
+        [0.50, 0.30, 0.15, 0.05],
+        [0.10, 0.20, 0.30, 0.40],
+        [0.25, 0.25, 0.25, 0.25],
+        [0.70, 0.05, 0.05, 0.20],
+    ]
+)
+Q_CHAIN = torch.tensor(
+    [
+        [0.20, 0.40, 0.30, 0.10],
+        [0.40, 0.30, 0.20, 0.10],
+        [0.10, 0.60, 0.10, 0.20],
+        [0.25, 0.25, 0.25, 0.25],
+    ]
+)
 
 
 def draft_round(ctx: torch.Tensor, gamma: int, greedy: bool, g: torch.Generator):
@@ -115,7 +119,7 @@ def exact_block_expectation(p: list[float], q: list[float], gamma: int) -> float
             denom = r + 1.0 - acc[i]
             h.append(r / denom if denom > 0 else 0.0)
         h.append(acc[gamma])
-        expected_tau = sum((i + 1) * h[i] * math.prod(1 - hj for hj in h[i + 1:]) for i in range(gamma))
+        expected_tau = sum((i + 1) * h[i] * math.prod(1 - hj for hj in h[i + 1 :]) for i in range(gamma))
         total += weight * expected_tau
     return total
 
@@ -210,7 +214,7 @@ def test_emitted_tokens_are_the_accepted_prefix_plus_one():
             n = int(out.num_accepted[r])
             assert torch.equal(out.tokens[r, :n], drafts[r, :n])
             assert 0 <= int(out.tokens[r, n]) < vocab
-            assert bool((out.tokens[r, n + 1:] == -1).all())
+            assert bool((out.tokens[r, n + 1 :] == -1).all())
 
 
 def test_bad_arguments_are_named():

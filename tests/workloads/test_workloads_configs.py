@@ -44,7 +44,10 @@ def test_each_option_composes(kind: str) -> None:
 def test_aime25_preset_is_the_protocol() -> None:
     cfg = _compose(["workload=aime25"])
     assert (cfg.hf_id, cfg.split, cfg.scoring, cfg.fallback_last_integer) == (
-        "MathArena/aime_2025", "train", "boxed", True,
+        "MathArena/aime_2025",
+        "train",
+        "boxed",
+        True,
     )
     assert cfg.prompt_template == MATHARENA_AIME_TEMPLATE
     assert cfg.sha256 is None  # not frozen until computed from the real rows

@@ -33,28 +33,58 @@ from workloads.speed_bench import PLACEHOLDER  # noqa: E402
 PLACEHOLDER_TEXT = PLACEHOLDER + " USING SPECDEC_BENCH"
 
 AIME_SCHEMA = pa.schema(
-    [("problem_idx", pa.int64()), ("problem", pa.string()), ("answer", pa.int64()),
-     ("problem_type", pa.list_(pa.string()))]
+    [
+        ("problem_idx", pa.int64()),
+        ("problem", pa.string()),
+        ("answer", pa.int64()),
+        ("problem_type", pa.list_(pa.string())),
+    ]
 )
 AIME_ROWS: list[dict[str, Any]] = [
-    {"problem_idx": 1, "problem": "How many ordered pairs $(a,b)$ of positive integers satisfy $a+b=12$?",
-     "answer": 11, "problem_type": ["Combinatorics"]},
-    {"problem_idx": 2, "problem": "Find $x$ if $x^2 - 1176 x = -345744$.", "answer": 588,
-     "problem_type": ["Algebra"]},
-    {"problem_idx": 3, "problem": "Find the least $n$ with $n \\equiv 7 \\pmod{9}$ and $n > 60$.",
-     "answer": 70, "problem_type": ["Number Theory"]},
-    {"problem_idx": 4, "problem": "A square of area $25$ has side $s$. Find $s$.", "answer": 5,
-     "problem_type": ["Geometry", "Algebra"]},
-    {"problem_idx": 5, "problem": "Find the remainder of $10^{10}$ modulo $10$.", "answer": 0,
-     "problem_type": ["Number Theory"]},
-    {"problem_idx": 6, "problem": "Find the largest three-digit integer.", "answer": 999,
-     "problem_type": ["Combinatorics"]},
+    {
+        "problem_idx": 1,
+        "problem": "How many ordered pairs $(a,b)$ of positive integers satisfy $a+b=12$?",
+        "answer": 11,
+        "problem_type": ["Combinatorics"],
+    },
+    {"problem_idx": 2, "problem": "Find $x$ if $x^2 - 1176 x = -345744$.", "answer": 588, "problem_type": ["Algebra"]},
+    {
+        "problem_idx": 3,
+        "problem": "Find the least $n$ with $n \\equiv 7 \\pmod{9}$ and $n > 60$.",
+        "answer": 70,
+        "problem_type": ["Number Theory"],
+    },
+    {
+        "problem_idx": 4,
+        "problem": "A square of area $25$ has side $s$. Find $s$.",
+        "answer": 5,
+        "problem_type": ["Geometry", "Algebra"],
+    },
+    {
+        "problem_idx": 5,
+        "problem": "Find the remainder of $10^{10}$ modulo $10$.",
+        "answer": 0,
+        "problem_type": ["Number Theory"],
+    },
+    {
+        "problem_idx": 6,
+        "problem": "Find the largest three-digit integer.",
+        "answer": 999,
+        "problem_type": ["Combinatorics"],
+    },
 ]
 
 SPEED_SCHEMA = pa.schema(
-    [("question_id", pa.string()), ("category", pa.string()), ("sub_category", pa.string()),
-     ("turns", pa.list_(pa.string())), ("source", pa.string()), ("src_id", pa.string()),
-     ("difficulty", pa.string()), ("multiturn", pa.bool_())]
+    [
+        ("question_id", pa.string()),
+        ("category", pa.string()),
+        ("sub_category", pa.string()),
+        ("turns", pa.list_(pa.string())),
+        ("source", pa.string()),
+        ("src_id", pa.string()),
+        ("difficulty", pa.string()),
+        ("multiturn", pa.bool_()),
+    ]
 )
 PLACEHOLDER_IDS = {"qa": 3, "coding": 1}  # how many rows of each category are placeholders
 
@@ -69,16 +99,18 @@ def _speed_rows() -> list[dict[str, Any]]:
                 if placeholder
                 else [f"({category} {k}) Please explain topic number {k} in detail.", "Now summarise it."]
             )
-            rows.append({
-                "question_id": hashlib.md5(f"{category}-{k}".encode()).hexdigest()[:20],
-                "category": category,
-                "sub_category": f"{category}-sub",
-                "turns": turns,
-                "source": "invented/source" if placeholder else "invented/inline",
-                "src_id": f"{category}_{k}",
-                "difficulty": "easy",
-                "multiturn": len(turns) > 1,
-            })
+            rows.append(
+                {
+                    "question_id": hashlib.md5(f"{category}-{k}".encode()).hexdigest()[:20],
+                    "category": category,
+                    "sub_category": f"{category}-sub",
+                    "turns": turns,
+                    "source": "invented/source" if placeholder else "invented/inline",
+                    "src_id": f"{category}_{k}",
+                    "difficulty": "easy",
+                    "multiturn": len(turns) > 1,
+                }
+            )
     return rows
 
 
@@ -87,6 +119,7 @@ N_PLACEHOLDERS = sum(PLACEHOLDER_IDS.values())
 
 
 # --- writing the fixtures ------------------------------------------------------------------------
+
 
 def write_parquet(rows: list[dict], schema: pa.Schema, path: Path) -> Path:
     path.parent.mkdir(parents=True, exist_ok=True)
@@ -132,12 +165,19 @@ def aime_cfg(tmp_path: Path, path: Path | None, **kw: Any) -> WorkloadConfig:
 
 
 def speed_cfg(tmp_path: Path, path: Path, **kw: Any) -> WorkloadConfig:
-    base = dict(kind="speed_bench", hf_id="nvidia/SPEED-Bench", hf_config="qualitative", split="test",
-                scoring="none", cache_dir=str(tmp_path / "cache"))
+    base = dict(
+        kind="speed_bench",
+        hf_id="nvidia/SPEED-Bench",
+        hf_config="qualitative",
+        split="test",
+        scoring="none",
+        cache_dir=str(tmp_path / "cache"),
+    )
     return WorkloadConfig(**{**base, "path": str(path), **kw})
 
 
 # --- AIME 2025 -------------------------------------------------------------------------------------
+
 
 def test_aime_every_local_form_gives_the_same_rows_and_hash(tmp_path: Path) -> None:
     forms = [
@@ -197,6 +237,7 @@ def test_aime_wrong_file_lists_the_columns(tmp_path: Path) -> None:
 
 # --- freezing --------------------------------------------------------------------------------------
 
+
 def test_unpinned_load_logs_the_hash_to_pin(tmp_path: Path, caplog: pytest.LogCaptureFixture) -> None:
     caplog.set_level(logging.INFO, logger="workloads")
     w = load_workload(aime_cfg(tmp_path, write_parquet(AIME_ROWS, AIME_SCHEMA, tmp_path / "a.parquet")))
@@ -240,6 +281,7 @@ def test_hash_is_of_values_not_key_order() -> None:
 
 
 # --- where the data comes from ----------------------------------------------------------------------
+
 
 def test_offline_hub_miss_says_what_to_do(tmp_path: Path) -> None:
     cfg = aime_cfg(tmp_path, None, hf_id="specbench-tests/not-a-dataset", revision="abc123")
@@ -290,6 +332,7 @@ def test_saved_dict_without_the_split_lists_its_splits(tmp_path: Path) -> None:
 
 
 # --- SPEED-Bench -----------------------------------------------------------------------------------
+
 
 def test_speed_every_local_form_gives_the_same_hash(tmp_path: Path) -> None:
     forms = [

@@ -20,8 +20,11 @@ from workloads.hashing import rows_sha256  # noqa: E402
 
 GOOD = [
     {"id": 7, "prompt": "What is 6 times 7? Put the answer in \\boxed{}.", "answer": 42, "category": "arith"},
-    {"id": 9, "messages": [{"role": "system", "content": "Be brief."}, {"role": "user", "content": "Say hi."}],
-     "category": "chat"},
+    {
+        "id": 9,
+        "messages": [{"role": "system", "content": "Be brief."}, {"role": "user", "content": "Say hi."}],
+        "category": "chat",
+    },
     {"id": 12, "prompt": "Half of one?", "answer": "\\frac{1}{2}", "meta": {"source": "me"}},
 ]
 
@@ -82,19 +85,25 @@ BAD_LINES = [
     ("bad message keys", {"id": 1, "messages": [{"role": "user", "text": "x"}]}, "messages[0] must be an object"),
     ("bad role", {"id": 1, "messages": [{"role": "bot", "content": "x"}]}, "messages[0].role='bot'; use one of"),
     ("content not text", {"id": 1, "messages": [{"role": "user", "content": 3}]}, "messages[0].content must be"),
-    ("ends with assistant", {"id": 1, "messages": [{"role": "user", "content": "a"},
-                                                   {"role": "assistant", "content": "b"}]}, "the last message must be the user's"),
+    (
+        "ends with assistant",
+        {"id": 1, "messages": [{"role": "user", "content": "a"}, {"role": "assistant", "content": "b"}]},
+        "the last message must be the user's",
+    ),
     ("float answer", {"id": 1, "prompt": "x", "answer": 0.5}, "'answer' must be a string or an integer"),
     ("bool answer", {"id": 1, "prompt": "x", "answer": False}, "'answer' must be a string or an integer"),
     ("category not text", {"id": 1, "prompt": "x", "category": 3}, "'category' must be a string"),
-    ("duplicate id", {"id": 7, "prompt": "again"}, "id '7' is already used (" ),
+    ("duplicate id", {"id": 7, "prompt": "again"}, "id '7' is already used ("),
     ("NaN", '{"id": 1, "prompt": "x", "meta": NaN}', "NaN is not a JSON number; write the value as text"),
     ("Infinity", '{"id": 1, "prompt": "x", "meta": {"w": -Infinity}}', "-Infinity is not a JSON number"),
     ("huge integer", '{"id": 1, "prompt": "x", "meta": ' + "9" * 5000 + "}", "an integer of more than 4,300 digits"),
     ("lone surrogate", '{"id": 1, "prompt": "bad \\ud800"}', "holds text that is not valid Unicode"),
     ("empty answer", {"id": 1, "prompt": "x", "answer": " "}, "'answer' is empty (no response could match it)"),
-    ("empty last message", {"id": 1, "messages": [{"role": "user", "content": "  "}]},
-     "the last message (the user's, which the model answers) has no text"),
+    (
+        "empty last message",
+        {"id": 1, "messages": [{"role": "user", "content": "  "}]},
+        "the last message (the user's, which the model answers) has no text",
+    ),
 ]
 
 
@@ -136,8 +145,11 @@ def test_selection_applies_to_custom_items(tmp_path: Path) -> None:
 def test_non_utf8_bytes_name_the_line_and_column(tmp_path: Path) -> None:
     path = tmp_path / "items.jsonl"
     path.write_bytes(json.dumps(GOOD[0]).encode() + b'\n{"id": 2, "prompt": "caf\xe9"}\n')
-    with pytest.raises(WorkloadError, match=r"items\.jsonl: line 2: not UTF-8 \(byte 0xe9 at column 25\); save the "
-                                            r"file as UTF-8"):
+    with pytest.raises(
+        WorkloadError,
+        match=r"items\.jsonl: line 2: not UTF-8 \(byte 0xe9 at column 25\); save the "
+        r"file as UTF-8",
+    ):
         load_workload(cfg_for(path))
 
 

@@ -51,8 +51,12 @@ def test_answers_are_right_and_in_range(seed: int) -> None:
         assert 0 <= row["answer"] <= 999
 
 
-EASY_CHECKS = {"addition": lambda n: n[0] + n[1], "subtraction": lambda n: n[0] - n[1],
-               "multiplication": lambda n: n[0] * n[1], "word-addition": lambda n: n[0] + n[1]}
+EASY_CHECKS = {
+    "addition": lambda n: n[0] + n[1],
+    "subtraction": lambda n: n[0] - n[1],
+    "multiplication": lambda n: n[0] * n[1],
+    "word-addition": lambda n: n[0] + n[1],
+}
 
 
 def test_the_easy_level_asks_one_digit_operations_with_right_answers() -> None:

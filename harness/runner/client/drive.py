@@ -46,8 +46,9 @@ async def read_body(resp: aiohttp.ClientResponse) -> dict:
     return parse_object(await resp.read())
 
 
-async def _read_generate(resp: aiohttp.ClientResponse, stream: bool, incremental: bool, out: Outcome,
-                         parser: Parser | None) -> None:
+async def _read_generate(
+    resp: aiohttp.ClientResponse, stream: bool, incremental: bool, out: Outcome, parser: Parser | None
+) -> None:
     """Native /generate: the body, or the SSE events (cumulative text in SGLang's default)."""
     if stream:
         await read_stream(resp, IncrementalGenerate() if incremental else CumulativeGenerate(), out, parser)
@@ -58,8 +59,9 @@ async def _read_generate(resp: aiohttp.ClientResponse, stream: bool, incremental
     single_chunk(out, completion_count(out.meta_info))
 
 
-async def _read_chat(resp: aiohttp.ClientResponse, stream: bool, incremental: bool, out: Outcome,
-                     parser: Parser | None) -> None:
+async def _read_chat(
+    resp: aiohttp.ClientResponse, stream: bool, incremental: bool, out: Outcome, parser: Parser | None
+) -> None:
     """OpenAI chat completions: the body, or the SSE deltas (always incremental on this route)."""
     if stream:
         await read_stream(resp, ChatStream(), out, parser)
@@ -83,8 +85,9 @@ def single_chunk(out: Outcome, completion: int | None) -> None:
     out.chunk_tokens = None if completion is None else [completion]
 
 
-async def _read_llama(resp: aiohttp.ClientResponse, stream: bool, incremental: bool, out: Outcome,
-                      parser: Parser | None) -> None:
+async def _read_llama(
+    resp: aiohttp.ClientResponse, stream: bool, incremental: bool, out: Outcome, parser: Parser | None
+) -> None:
     """llama-server's chat or completions route, streamed or not (its streams are always incremental)."""
     if stream:
         await read_stream(resp, llamacpp.LlamaStream(), out, parser)
@@ -106,9 +109,17 @@ LLAMA_ROUTES = {route: (path, _read_llama) for route, path in llamacpp.PATHS.ite
 DIALECTS = ("sglang", "llamacpp")  # sglang: SGLang's protocol (SGLang, the embedded server); llamacpp
 
 
-async def send_one(session: aiohttp.ClientSession, base_url: str, route: str, payload: dict,
-                   timeout_s: float, out: Outcome, incremental: bool = False,
-                   parser: Parser | None = None, dialect: str = "sglang") -> Outcome:
+async def send_one(
+    session: aiohttp.ClientSession,
+    base_url: str,
+    route: str,
+    payload: dict,
+    timeout_s: float,
+    out: Outcome,
+    incremental: bool = False,
+    parser: Parser | None = None,
+    dialect: str = "sglang",
+) -> Outcome:
     """Send one request; any failure becomes `out.error` (no retry). `incremental`: the server streams
     /generate with --incremental-streaming-output. `parser`: parse the stream there (see Parser). `dialect`:
     whose protocol the server speaks (DIALECTS)."""
@@ -117,8 +128,7 @@ async def send_one(session: aiohttp.ClientSession, base_url: str, route: str, pa
     out.t_sent = time.monotonic()
     try:
         async with asyncio.timeout(timeout_s):
-            async with session.post(base_url + path, data=body,
-                                    headers={"Content-Type": "application/json"}) as resp:
+            async with session.post(base_url + path, data=body, headers={"Content-Type": "application/json"}) as resp:
                 if resp.status != 200:
                     out.error = f"HTTP {resp.status}: {(await resp.text())[:500]}"
                 else:
@@ -151,14 +161,26 @@ def new_session(limit: int = 0, force_close: bool = False) -> aiohttp.ClientSess
     """A session whose connections are kept and reused (`limit` 0: as many as requests in flight), or with
     `force_close` one connection per request (llama-server closes its end after each response: a kept connection
     would fail the next request at random)."""
-    return aiohttp.ClientSession(connector=aiohttp.TCPConnector(limit=limit, force_close=force_close),
-                                 timeout=aiohttp.ClientTimeout(total=None), read_bufsize=READ_BUFSIZE)
+    return aiohttp.ClientSession(
+        connector=aiohttp.TCPConnector(limit=limit, force_close=force_close),
+        timeout=aiohttp.ClientTimeout(total=None),
+        read_bufsize=READ_BUFSIZE,
+    )
 
 
-async def drive(base_url: str, specs: list[RequestSpec], *, sampling: SamplingConfig, client: ClientConfig,
-                model: str, concurrency: int, arrival_seed: int,
-                on_done: Callable[[RequestSpec, Outcome], None], incremental: bool = False,
-                dialect: str = "sglang") -> None:
+async def drive(
+    base_url: str,
+    specs: list[RequestSpec],
+    *,
+    sampling: SamplingConfig,
+    client: ClientConfig,
+    model: str,
+    concurrency: int,
+    arrival_seed: int,
+    on_done: Callable[[RequestSpec, Outcome], None],
+    incremental: bool = False,
+    dialect: str = "sglang",
+) -> None:
     """Send every spec (at most `concurrency` in flight; Poisson arrivals when client.request_rate is set),
     calling `on_done` as each finishes (the runner appends its record there). An exception of `on_done`
     cancels the requests still in flight and is raised here.
@@ -186,8 +208,9 @@ async def drive(base_url: str, specs: list[RequestSpec], *, sampling: SamplingCo
             else:
                 payload = chat_payload(sampling, client, spec, model)
             async with semaphore:
-                await send_one(session, base_url, client.route, payload, client.timeout_s, out, incremental, parser,
-                               dialect)
+                await send_one(
+                    session, base_url, client.route, payload, client.timeout_s, out, incremental, parser, dialect
+                )
             on_done(spec, out)
 
         tasks = [asyncio.ensure_future(one(s, o)) for s, o in zip(specs, offsets, strict=True)]

@@ -32,9 +32,15 @@ def payload(route: str, sampling: SamplingConfig, client: ClientConfig, spec: Re
     """The body of one request on `route` (chat: the item's messages through the model's chat template;
     completions: its raw prompt)."""
     body: dict[str, Any] = {
-        "max_tokens": spec.max_new_tokens, "temperature": sampling.temperature, "top_p": sampling.top_p,
-        "top_k": sampling.top_k, "min_p": sampling.min_p, "ignore_eos": sampling.ignore_eos, "stream": client.stream,
-        "cache_prompt": False, "timings_per_token": True,
+        "max_tokens": spec.max_new_tokens,
+        "temperature": sampling.temperature,
+        "top_p": sampling.top_p,
+        "top_k": sampling.top_k,
+        "min_p": sampling.min_p,
+        "ignore_eos": sampling.ignore_eos,
+        "stream": client.stream,
+        "cache_prompt": False,
+        "timings_per_token": True,
     }
     if route == "chat":
         body["messages"] = spec.item.messages

@@ -47,9 +47,11 @@ from harness.runner.client.requests import Outcome
 from harness.runner.client.streams import Parser
 
 HOST = "127.0.0.1"
-WORDS = [" the", " token", " value", " é", " \"quoted\"", "\n", " x\\y", " 42", " λ", " end", "\t", " speculative"]
-HTTP_OK_SSE = (b"HTTP/1.1 200 OK\r\nContent-Type: text/event-stream\r\nCache-Control: no-cache\r\n"
-               b"Transfer-Encoding: chunked\r\n\r\n")
+WORDS = [" the", " token", " value", " é", ' "quoted"', "\n", " x\\y", " 42", " λ", " end", "\t", " speculative"]
+HTTP_OK_SSE = (
+    b"HTTP/1.1 200 OK\r\nContent-Type: text/event-stream\r\nCache-Control: no-cache\r\n"
+    b"Transfer-Encoding: chunked\r\n\r\n"
+)
 
 
 # ---------------------------------------------------------------------- the stub's responses
@@ -73,8 +75,14 @@ class Response:
         pieces = [rng.choice(WORDS) for _ in range(tokens)]
         raw = [orjson.dumps(p)[1:-1] for p in pieces]
         ids = [str(rng.randrange(151_000)).encode() for _ in range(tokens)]
-        return cls(tokens=tokens, text="".join(pieces), text_raw=b"".join(raw), text_ends=_ends(raw, 0),
-                   ids_raw=b",".join(ids), ids_ends=_ends(ids, 1))
+        return cls(
+            tokens=tokens,
+            text="".join(pieces),
+            text_raw=b"".join(raw),
+            text_ends=_ends(raw, 0),
+            ids_raw=b",".join(ids),
+            ids_ends=_ends(ids, 1),
+        )
 
     def event(self, done: int, final: bool, rid: str) -> list[bytes | memoryview]:
         """The cumulative `/generate` event after `done` tokens as SGLang writes it (orjson, meta_info last),
@@ -82,10 +90,25 @@ class Response:
         text_end = self.text_ends[done - 1] if done else 0
         ids_end = self.ids_ends[done - 1] if done else 0
         finish = {"type": "length", "length": done} if final else None
-        meta = {"id": rid, "finish_reason": finish, "prompt_tokens": 16, "weight_version": "default",
-                "total_retractions": 0, "completion_tokens": done, "cached_tokens": 0, "spec_verify_ct": 0}
-        return [b'{"text":"', memoryview(self.text_raw)[:text_end], b'","output_ids":[',
-                memoryview(self.ids_raw)[:ids_end], b'],"meta_info":', orjson.dumps(meta), b"}"]
+        meta = {
+            "id": rid,
+            "finish_reason": finish,
+            "prompt_tokens": 16,
+            "weight_version": "default",
+            "total_retractions": 0,
+            "completion_tokens": done,
+            "cached_tokens": 0,
+            "spec_verify_ct": 0,
+        }
+        return [
+            b'{"text":"',
+            memoryview(self.text_raw)[:text_end],
+            b'","output_ids":[',
+            memoryview(self.ids_raw)[:ids_end],
+            b'],"meta_info":',
+            orjson.dumps(meta),
+            b"}",
+        ]
 
 
 def _ends(parts: list[bytes], sep: int) -> list[int]:
@@ -155,8 +178,13 @@ class Stub:
         tokens = int(body["sampling_params"]["max_new_tokens"])
         if tokens not in self.responses:
             self.responses[tokens] = Response.build(tokens)
-        stream = Stream(transport, self.responses[tokens], str(body["text"]), int(body.get("stub_chunk_tokens", 1)),
-                        bool(body.get("stub_done_apart", False)))
+        stream = Stream(
+            transport,
+            self.responses[tokens],
+            str(body["text"]),
+            int(body.get("stub_chunk_tokens", 1)),
+            bool(body.get("stub_done_apart", False)),
+        )
         transport.write(HTTP_OK_SSE)
         step = float(body.get("stub_step_ms", self.step_s * 1000)) / 1000
         if step not in self.batches:
@@ -174,8 +202,9 @@ class Stub:
         del self.batches[step]
 
     def stats(self) -> bytes:
-        return orjson.dumps({"connections": self.connections,
-                             "last_write": {k: list(v) for k, v in self.last_write.items()}})
+        return orjson.dumps(
+            {"connections": self.connections, "last_write": {k: list(v) for k, v in self.last_write.items()}}
+        )
 
 
 class StubProtocol(asyncio.Protocol):
@@ -216,8 +245,8 @@ class StubProtocol(asyncio.Protocol):
         length = int(match.group(1)) if match else 0
         if len(self.buf) < head_end + 4 + length:
             return None
-        body = bytes(self.buf[head_end + 4:head_end + 4 + length])
-        del self.buf[:head_end + 4 + length]
+        body = bytes(self.buf[head_end + 4 : head_end + 4 + length])
+        del self.buf[: head_end + 4 + length]
         return head.split(" ", 2)[1], body
 
     def _handle(self, path: str, body: bytes) -> None:
@@ -227,8 +256,14 @@ class StubProtocol(asyncio.Protocol):
             return
         reply = self.stub.stats() if path.startswith("/stats") else b"{}"
         status = b"200 OK" if path.startswith("/stats") else b"404 Not Found"
-        self.transport.write(b"HTTP/1.1 " + status + b"\r\nContent-Type: application/json\r\nContent-Length: "
-                             + str(len(reply)).encode() + b"\r\n\r\n" + reply)
+        self.transport.write(
+            b"HTTP/1.1 "
+            + status
+            + b"\r\nContent-Type: application/json\r\nContent-Length: "
+            + str(len(reply)).encode()
+            + b"\r\n\r\n"
+            + reply
+        )
 
 
 async def serve(port: int, step_s: float) -> None:
@@ -281,8 +316,13 @@ class Drive:
 
 
 def payload(case: Case, prompt: str) -> dict[str, Any]:
-    return {"text": prompt, "sampling_params": {"max_new_tokens": case.tokens, "temperature": 0.0},
-            "stream": True, "stub_chunk_tokens": case.chunk_tokens, "stub_step_ms": case.step_ms}
+    return {
+        "text": prompt,
+        "sampling_params": {"max_new_tokens": case.tokens, "temperature": 0.0},
+        "stream": True,
+        "stub_chunk_tokens": case.chunk_tokens,
+        "stub_step_ms": case.step_ms,
+    }
 
 
 async def drive_ours(url: str, case: Case, prompts: list[str], expected: str) -> Drive:
@@ -304,9 +344,11 @@ async def drive_ours(url: str, case: Case, prompts: list[str], expected: str) ->
     cpu, wall = time.process_time() - cpu, time.monotonic() - wall
     for prompt, out in outcomes.items():
         if out.error is not None or out.text != expected or sum(out.chunk_tokens or []) != case.tokens:
-            raise RuntimeError(f"the project's client got a wrong response ({prompt}): error={out.error!r}, "
-                               f"{len(out.text)} of {len(expected)} characters, chunk_tokens sum "
-                               f"{sum(out.chunk_tokens or [])} of {case.tokens}")
+            raise RuntimeError(
+                f"the project's client got a wrong response ({prompt}): error={out.error!r}, "
+                f"{len(out.text)} of {len(expected)} characters, chunk_tokens sum "
+                f"{sum(out.chunk_tokens or [])} of {case.tokens}"
+            )
     return Drive({p: o.chunk_times[-1] for p, o in outcomes.items()}, cpu, wall)
 
 
@@ -318,10 +360,20 @@ def sglang_request_func() -> Callable | None:
             from sglang.benchmark import serving  # noqa: PLC0415  (optional: only in .venv-sglang)
     except ImportError:
         return None
-    serving.set_global_args(argparse.Namespace(
-        temperature=0.0, disable_ignore_eos=False, top_p=1.0, disable_stream=False, return_logprob=False,
-        return_routed_experts=False, logprob_start_len=-1, top_logprobs_num=0, token_ids_logprob=None,
-        cache_report=False))
+    serving.set_global_args(
+        argparse.Namespace(
+            temperature=0.0,
+            disable_ignore_eos=False,
+            top_p=1.0,
+            disable_stream=False,
+            return_logprob=False,
+            return_routed_experts=False,
+            logprob_start_len=-1,
+            top_logprobs_num=0,
+            token_ids_logprob=None,
+            cache_report=False,
+        )
+    )
     return serving.async_request_sglang_generate
 
 
@@ -337,13 +389,23 @@ async def drive_sglang(url: str, case: Case, prompts: list[str], expected: str) 
     last: dict[str, float] = {}
 
     async def one(prompt: str) -> None:
-        req = RequestFuncInput(prompt=prompt, api_url=url + "/generate", prompt_len=16, output_len=case.tokens,
-                               model="stub", lora_name="", image_data=None, extra_request_body=extra)
+        req = RequestFuncInput(
+            prompt=prompt,
+            api_url=url + "/generate",
+            prompt_len=16,
+            output_len=case.tokens,
+            model="stub",
+            lora_name="",
+            image_data=None,
+            extra_request_body=extra,
+        )
         async with semaphore:
             out = await func(req)
         if not out.success or out.generated_text != expected:
-            raise RuntimeError(f"SGLang's client got a wrong response ({prompt}): {out.error[:500]!r}, "
-                               f"{len(out.generated_text)} of {len(expected)} characters")
+            raise RuntimeError(
+                f"SGLang's client got a wrong response ({prompt}): {out.error[:500]!r}, "
+                f"{len(out.generated_text)} of {len(expected)} characters"
+            )
         last[prompt] = out.start_time + out.latency  # perf_counter is CLOCK_MONOTONIC on Linux
 
     cpu, wall = time.process_time(), time.monotonic()
@@ -369,11 +431,23 @@ async def run_case(url: str, client: str, case: Case) -> Result:
     writes = {p: stats["last_write"][p] for p in prompts}
     errors = np.array([seen.last_chunk[p] - writes[p][0] for p in prompts]) * 1000
     chunks = sum(n for _, n in writes.values())
-    return Result(client=client, case=case.name, streams=case.streams, requests=case.requests, tokens=case.tokens,
-                  chunk_tokens=case.chunk_tokens, step_ms=case.step_ms, chunks=chunks, cpu_s=seen.cpu_s, wall_s=seen.wall_s,
-                  chunks_per_cpu_s=chunks / seen.cpu_s, err_p50_ms=float(np.percentile(errors, 50)),
-                  err_p99_ms=float(np.percentile(errors, 99)), err_max_ms=float(errors.max()),
-                  connections=stats["connections"] - before - 1)  # the /stats request's own connection
+    return Result(
+        client=client,
+        case=case.name,
+        streams=case.streams,
+        requests=case.requests,
+        tokens=case.tokens,
+        chunk_tokens=case.chunk_tokens,
+        step_ms=case.step_ms,
+        chunks=chunks,
+        cpu_s=seen.cpu_s,
+        wall_s=seen.wall_s,
+        chunks_per_cpu_s=chunks / seen.cpu_s,
+        err_p50_ms=float(np.percentile(errors, 50)),
+        err_p99_ms=float(np.percentile(errors, 99)),
+        err_max_ms=float(errors.max()),
+        connections=stats["connections"] - before - 1,
+    )  # the /stats request's own connection
 
 
 # ---------------------------------------------------------------------- process placement
@@ -393,8 +467,11 @@ def placement() -> tuple[set[int], set[int]]:
 
 
 def start_stub(step_s: float, cpus: set[int]) -> tuple[subprocess.Popen, str]:
-    proc = subprocess.Popen([sys.executable, "-m", "harness.runner.client.overhead", "--serve", "--step-ms",
-                             str(step_s * 1000)], stdout=subprocess.PIPE, text=True)
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "harness.runner.client.overhead", "--serve", "--step-ms", str(step_s * 1000)],
+        stdout=subprocess.PIPE,
+        text=True,
+    )
     pin(proc.pid, cpus)
     line = proc.stdout.readline() if proc.stdout else ""
     if not line.startswith("READY "):
@@ -410,33 +487,75 @@ def cases(args: argparse.Namespace) -> list[Case]:
     steps = args.step_ms * len(args.streams) if len(args.step_ms) == 1 else args.step_ms
     if len(steps) != len(args.streams):
         raise SystemExit(f"--step-ms {args.step_ms}: give one value or one per --streams value {args.streams}")
-    short = [Case(f"short-{s}", s, s * args.waves, args.short_tokens, 1, step)
-             for s, step in zip(args.streams, steps, strict=True)]
-    long = Case("long", args.long_streams, args.long_requests, args.long_tokens, args.long_chunk_tokens,
-                args.long_step_ms)
+    short = [
+        Case(f"short-{s}", s, s * args.waves, args.short_tokens, 1, step)
+        for s, step in zip(args.streams, steps, strict=True)
+    ]
+    long = Case(
+        "long", args.long_streams, args.long_requests, args.long_tokens, args.long_chunk_tokens, args.long_step_ms
+    )
     return [*short, long] if args.long_tokens else short
 
 
-MD_HEADERS = ("client", "streams", "tokens/response (per chunk)", "stub step ms", "requests", "chunks",
-              "chunks per client CPU-s", "CPU-s", "wall s", "last-chunk error p50 / p99 / max (ms)",
-              "connections opened")
+MD_HEADERS = (
+    "client",
+    "streams",
+    "tokens/response (per chunk)",
+    "stub step ms",
+    "requests",
+    "chunks",
+    "chunks per client CPU-s",
+    "CPU-s",
+    "wall s",
+    "last-chunk error p50 / p99 / max (ms)",
+    "connections opened",
+)
 
 
 def table_md(results: list[Result], note: str) -> str:
-    rows = [[r.client, r.streams, f"{r.tokens} ({r.chunk_tokens})", f"{r.step_ms:g}", r.requests, r.chunks,
-             f"{r.chunks_per_cpu_s:,.0f}", f"{r.cpu_s:.2f}", f"{r.wall_s:.2f}",
-             f"{r.err_p50_ms:.2f} / {r.err_p99_ms:.2f} / {r.err_max_ms:.2f}", r.connections] for r in results]
+    rows = [
+        [
+            r.client,
+            r.streams,
+            f"{r.tokens} ({r.chunk_tokens})",
+            f"{r.step_ms:g}",
+            r.requests,
+            r.chunks,
+            f"{r.chunks_per_cpu_s:,.0f}",
+            f"{r.cpu_s:.2f}",
+            f"{r.wall_s:.2f}",
+            f"{r.err_p50_ms:.2f} / {r.err_p99_ms:.2f} / {r.err_max_ms:.2f}",
+            r.connections,
+        ]
+        for r in results
+    ]
     return f"{note}\n\n" + tabulate(rows, headers=MD_HEADERS, tablefmt="pipe", disable_numparse=True) + "\n"
 
 
 def rich_table(results: list[Result]) -> Table:
     table = Table(title="client overhead (stub SSE server, SGLang cumulative /generate)")
-    for col in ("client", "streams", "tokens (per chunk)", "chunks", "chunks/CPU-s", "err p50 ms", "err p99 ms",
-                "connections"):
+    for col in (
+        "client",
+        "streams",
+        "tokens (per chunk)",
+        "chunks",
+        "chunks/CPU-s",
+        "err p50 ms",
+        "err p99 ms",
+        "connections",
+    ):
         table.add_column(col, justify="left" if col == "client" else "right")
     for r in results:
-        table.add_row(r.client, str(r.streams), f"{r.tokens} ({r.chunk_tokens})", str(r.chunks),
-                      f"{r.chunks_per_cpu_s:,.0f}", f"{r.err_p50_ms:.2f}", f"{r.err_p99_ms:.2f}", str(r.connections))
+        table.add_row(
+            r.client,
+            str(r.streams),
+            f"{r.tokens} ({r.chunk_tokens})",
+            str(r.chunks),
+            f"{r.chunks_per_cpu_s:,.0f}",
+            f"{r.err_p50_ms:.2f}",
+            f"{r.err_p99_ms:.2f}",
+            str(r.connections),
+        )
     return table
 
 
@@ -459,8 +578,13 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--streams", type=int, nargs="+", default=[64, 512], help="concurrent streams, short responses")
     p.add_argument("--waves", type=int, default=2, help="requests per stream slot (requests = streams x waves)")
     p.add_argument("--short-tokens", type=int, default=512)
-    p.add_argument("--step-ms", type=float, nargs="+", default=[20.0, 40.0],
-                   help="the stub's step per --streams value (one event per stream per step)")
+    p.add_argument(
+        "--step-ms",
+        type=float,
+        nargs="+",
+        default=[20.0, 40.0],
+        help="the stub's step per --streams value (one event per stream per step)",
+    )
     p.add_argument("--long-tokens", type=int, default=32768, help="0 skips the long case")
     p.add_argument("--long-streams", type=int, default=4)
     p.add_argument("--long-requests", type=int, default=4)
@@ -480,8 +604,10 @@ def main(argv: list[str] | None = None) -> int:
     note = f"Python {sys.version.split()[0]}, aiohttp {aiohttp.__version__}, orjson {orjson.__version__}"
     if "sglang" in clients and sglang_request_func() is None:
         clients.remove("sglang")
-        console.print("[bold yellow]SGLang is not importable here: running the project's client alone "
-                      "(make client-bench runs in .venv-sglang when it exists)")
+        console.print(
+            "[bold yellow]SGLang is not importable here: running the project's client alone "
+            "(make client-bench runs in .venv-sglang when it exists)"
+        )
         note += "; SGLang's client not run (SGLang not importable)"
     elif "sglang" in clients:
         import sglang  # noqa: PLC0415  (optional: only in .venv-sglang)
@@ -503,9 +629,17 @@ def main(argv: list[str] | None = None) -> int:
     out_dir.mkdir(parents=True, exist_ok=True)
     command = "python -m harness.runner.client.overhead " + " ".join(argv if argv is not None else sys.argv[1:])
     (out_dir / "client_bench.md").write_text(f"`{command}`\n\n" + table_md(results, note))
-    (out_dir / "client_bench.json").write_bytes(orjson.dumps({"command": command, "note": note, "args": {
-        k: str(v) for k, v in vars(args).items()}, "results": [asdict(r) for r in results]},
-        option=orjson.OPT_INDENT_2))
+    (out_dir / "client_bench.json").write_bytes(
+        orjson.dumps(
+            {
+                "command": command,
+                "note": note,
+                "args": {k: str(v) for k, v in vars(args).items()},
+                "results": [asdict(r) for r in results],
+            },
+            option=orjson.OPT_INDENT_2,
+        )
+    )
     console.print(rich_table(results))
     console.print(note)
     console.print(f"table written to {out_dir / 'client_bench.md'}")

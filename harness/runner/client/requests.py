@@ -73,8 +73,12 @@ def meta_problem(meta: Any) -> str | None:
 def sampling_params(sampling: SamplingConfig, spec: RequestSpec) -> dict[str, Any]:
     """SGLang's `sampling_params` for one request."""
     params: dict[str, Any] = {
-        "max_new_tokens": spec.max_new_tokens, "temperature": sampling.temperature, "top_p": sampling.top_p,
-        "top_k": sampling.top_k, "min_p": sampling.min_p, "ignore_eos": sampling.ignore_eos,
+        "max_new_tokens": spec.max_new_tokens,
+        "temperature": sampling.temperature,
+        "top_p": sampling.top_p,
+        "top_k": sampling.top_k,
+        "min_p": sampling.min_p,
+        "ignore_eos": sampling.ignore_eos,
     }
     if sampling.stop:
         params["stop"] = list(sampling.stop)
@@ -89,9 +93,15 @@ def generate_payload(sampling: SamplingConfig, client: ClientConfig, spec: Reque
 
 def chat_payload(sampling: SamplingConfig, client: ClientConfig, spec: RequestSpec, model: str) -> dict[str, Any]:
     payload: dict[str, Any] = {
-        "model": model, "messages": spec.item.messages, "max_tokens": spec.max_new_tokens,
-        "temperature": sampling.temperature, "top_p": sampling.top_p, "top_k": sampling.top_k,
-        "min_p": sampling.min_p, "ignore_eos": sampling.ignore_eos, "stream": client.stream,
+        "model": model,
+        "messages": spec.item.messages,
+        "max_tokens": spec.max_new_tokens,
+        "temperature": sampling.temperature,
+        "top_p": sampling.top_p,
+        "top_k": sampling.top_k,
+        "min_p": sampling.min_p,
+        "ignore_eos": sampling.ignore_eos,
+        "stream": client.stream,
         "return_spec_tokens_details": True,
     }
     if client.stream:  # continuous_usage_stats: every content chunk carries the cumulative usage (SGLang)

@@ -69,7 +69,7 @@ def split_events(data: bytes) -> tuple[list[bytes], int]:
             at = i + 1  # a line end inside the event
             continue
         if at == start and data.startswith(b"data: ", start):  # one `data: ` line: slice it out directly
-            events.append(data[start + 6:i])
+            events.append(data[start + 6 : i])
         elif (payload := event_data(data[start:i])) is not None:
             events.append(payload)
         start = at = i + 2

@@ -22,11 +22,15 @@ import orjson
 from harness.runner.client.requests import Outcome, StreamError, token_ids
 from harness.runner.client.sse import DONE, SseFramer, parse_object
 
-NOT_CUMULATIVE = ("the stream is not cumulative (an event's text does not extend the previous one); the server "
-                  "seems to run with --incremental-streaming-output: read it with incremental=True (the runner "
-                  "does when server_info.incremental_streaming_output is true)")
-NOT_INCREMENTAL = ("the stream is not incremental (an event repeats earlier output_ids); the server seems to run "
-                   "without --incremental-streaming-output: read it with incremental=False")
+NOT_CUMULATIVE = (
+    "the stream is not cumulative (an event's text does not extend the previous one); the server "
+    "seems to run with --incremental-streaming-output: read it with incremental=True (the runner "
+    "does when server_info.incremental_streaming_output is true)"
+)
+NOT_INCREMENTAL = (
+    "the stream is not incremental (an event repeats earlier output_ids); the server seems to run "
+    "without --incremental-streaming-output: read it with incremental=False"
+)
 
 
 class EventReader(Protocol):
@@ -103,7 +107,7 @@ def trailing_meta(data: bytes) -> dict | None:
     at = data.rfind(META_KEY)
     if at < 0:
         return None
-    tail = data[at + len(META_KEY):].rstrip()
+    tail = data[at + len(META_KEY) :].rstrip()
     if not tail.endswith(b"}"):
         return None
     try:
@@ -333,8 +337,9 @@ class Parser:
                     until = time.monotonic() + self.slice_s
 
 
-async def read_stream(resp: aiohttp.ClientResponse, reader: EventReader, out: Outcome,
-                      parser: Parser | None = None) -> None:
+async def read_stream(
+    resp: aiohttp.ClientResponse, reader: EventReader, out: Outcome, parser: Parser | None = None
+) -> None:
     """Feed every event to `reader` with the time its piece was read (taken before parsing), until
     `[DONE]`; read on to the end of the body so the connection goes back to the pool. With a `parser`,
     the pieces are parsed there (in slices) instead of here."""

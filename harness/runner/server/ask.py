@@ -34,8 +34,18 @@ class Question:
     what: str = "the probe"
 
 
-def ask(python: str, script: Path, args: list[str], *, mark: str, env: dict[str, str], timeout_s: float,
-        stdin: str | None = None, cwd: Path | None = None, what: str = "the probe") -> dict[str, Any]:
+def ask(
+    python: str,
+    script: Path,
+    args: list[str],
+    *,
+    mark: str,
+    env: dict[str, str],
+    timeout_s: float,
+    stdin: str | None = None,
+    cwd: Path | None = None,
+    what: str = "the probe",
+) -> dict[str, Any]:
     """The last `mark`-prefixed JSON line `python script ARGS` prints (its environment: ours plus `env`)."""
     answer = ask_all([Question(python, script, args, mark, env, timeout_s, stdin, cwd, what)])[0]
     if isinstance(answer, AskError):
@@ -62,8 +72,15 @@ def ask_all(questions: list[Question]) -> list[dict[str, Any] | AskError]:
 
 def _start(q: Question) -> subprocess.Popen | AskError:
     try:
-        proc = subprocess.Popen([q.python, str(q.script), *q.args], stdin=subprocess.PIPE, stdout=subprocess.PIPE,
-                                stderr=subprocess.PIPE, text=True, env={**os.environ, **q.env}, cwd=q.cwd)
+        proc = subprocess.Popen(
+            [q.python, str(q.script), *q.args],
+            stdin=subprocess.PIPE,
+            stdout=subprocess.PIPE,
+            stderr=subprocess.PIPE,
+            text=True,
+            env={**os.environ, **q.env},
+            cwd=q.cwd,
+        )
     except (FileNotFoundError, PermissionError, NotADirectoryError) as exc:
         return AskError(f"the server interpreter {q.python} cannot be run ({exc.strerror or exc})")
     stdin, proc.stdin = proc.stdin, None  # communicate() has nothing left to write
@@ -80,7 +97,7 @@ def _answer(q: Question, proc: subprocess.Popen, started: float) -> dict[str, An
         out, err = proc.communicate(timeout=max(0.0, started + q.timeout_s - time.monotonic()))
     except subprocess.TimeoutExpired:
         return AskError(f"{q.what} in {q.python} did not answer within {q.timeout_s:.0f} s")
-    marked = [line[len(q.mark):] for line in out.splitlines() if line.startswith(q.mark)]
+    marked = [line[len(q.mark) :] for line in out.splitlines() if line.startswith(q.mark)]
     if not marked:
         tail = "\n".join((err or out).strip().splitlines()[-8:])
         return AskError(f"{q.what} in {q.python} exited with code {proc.returncode} without an answer:\n{tail}")

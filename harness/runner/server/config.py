@@ -27,8 +27,10 @@ class LogChecks:
                 try:
                     re.compile(pattern, re.MULTILINE)
                 except re.error as exc:
-                    raise ConfigError(f"log_checks.{kind} regex {pattern!r} is invalid ({exc}); fix it in the "
-                                      "experiment file or on the command line") from None
+                    raise ConfigError(
+                        f"log_checks.{kind} regex {pattern!r} is invalid ({exc}); fix it in the "
+                        "experiment file or on the command line"
+                    ) from None
 
 
 @dataclass
@@ -84,12 +86,16 @@ class SourceConfig:
 
     def __post_init__(self) -> None:
         if self.package_dir.startswith("/") or ".." in self.package_dir.split("/"):
-            raise ConfigError(f"source.package_dir={self.package_dir!r} must be a folder inside the repository "
-                              "(e.g. python for SGLang, . for this project)")
+            raise ConfigError(
+                f"source.package_dir={self.package_dir!r} must be a folder inside the repository "
+                "(e.g. python for SGLang, . for this project)"
+            )
         if bool(self.repo) != bool(self.ref):
             given, missing = ("repo", "ref") if self.repo else ("ref", "repo")
-            raise ConfigError(f"an arm's source has a {given} ({self.repo or self.ref!r}) but no {missing}: set "
-                              f"experiment.arms.N.source.{missing}=... too (both, or neither for no source)")
+            raise ConfigError(
+                f"an arm's source has a {given} ({self.repo or self.ref!r}) but no {missing}: set "
+                f"experiment.arms.N.source.{missing}=... too (both, or neither for no source)"
+            )
 
     @property
     def given(self) -> bool:
@@ -112,5 +118,7 @@ class ArmConfig:
 
     def __post_init__(self) -> None:
         if self.seed_stream < 0:
-            raise ConfigError(f"experiment.arms[{self.name}].seed_stream={self.seed_stream} must be >= 0 "
-                              "(0 = the base seeds as they are)")
+            raise ConfigError(
+                f"experiment.arms[{self.name}].seed_stream={self.seed_stream} must be >= 0 "
+                "(0 = the base seeds as they are)"
+            )

@@ -53,8 +53,11 @@ def main():
         answer = {"error": f"cannot import harness.engine's parser: {type(exc).__name__}: {exc}"}
     else:
         origin = os.path.dirname(os.path.dirname(os.path.abspath(engine.__file__)))
-        answer = {"checker": "the embedded server's parser", "version": f"harness.engine from {origin}",
-                  "results": [{"stages": [check(parse_args, a)]} for a in argvs]}
+        answer = {
+            "checker": "the embedded server's parser",
+            "version": f"harness.engine from {origin}",
+            "results": [{"stages": [check(parse_args, a)]} for a in argvs],
+        }
     sys.stdout.write("\n" + RESULT_MARK + json.dumps(answer) + "\n")
 
 

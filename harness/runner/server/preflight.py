@@ -30,8 +30,10 @@ from harness.runner.server.config import ServerConfig
 from harness.runner.server.redact import Secrets
 from harness.runner.server.spec import PlannedLaunch
 
-PROBES = {"sglang": Path(__file__).with_name("sglang_argv_probe.py"),
-          "embedded": Path(__file__).with_name("engine_argv_probe.py")}
+PROBES = {
+    "sglang": Path(__file__).with_name("sglang_argv_probe.py"),
+    "embedded": Path(__file__).with_name("engine_argv_probe.py"),
+}
 ENGINE_MODULE = "harness.engine"  # the embedded server's module: its parser is what the embedded probe runs
 OWNERS = {"sglang": "SGLang", "embedded": "the embedded server"}  # whose checks refused
 RESULT_MARK = "SPECBENCH_PREFLIGHT "
@@ -48,10 +50,11 @@ FLAG = re.compile(r"--[A-Za-z0-9][A-Za-z0-9_-]*")
 FIELD = re.compile(r"\b[a-z][a-z0-9]*(?:_[a-z0-9]+)+\b")
 WHAT_IS_CHECKED = {
     "sglang": "SGLang's own argument parser (unknown flags, choices, types), its model-independent validation, and "
-              "its speculative-decoding checks as on a CUDA host up to the first read of a checkpoint; not checked: "
-              "what needs the checkpoint or a GPU (model-dependent defaults and limits, kernels, memory)",
+    "its speculative-decoding checks as on a CUDA host up to the first read of a checkpoint; not checked: "
+    "what needs the checkpoint or a GPU (model-dependent defaults and limits, kernels, memory)",
     "embedded": "the embedded server's own parser (unknown flags, choices, types) and the checks it makes before it "
-                "loads a model (algorithms, verify windows, ranges, the device); not checked: loading the model"}
+    "loads a model (algorithms, verify windows, ranges, the device); not checked: loading the model",
+}
 
 
 class PreflightError(RuntimeError):
@@ -190,14 +193,30 @@ def planned_argv(launch: PlannedLaunch) -> PlannedArgv:
     the same as the real one), the environment without its placement."""
     argv = launch.spec.argv
     env = tuple(sorted((k, v) for k, v in launch.spec.env_overrides.items() if k not in PLACEMENT_ENV))
-    return PlannedArgv(label=launch.run.run_id, arm=launch.run.arm, python=argv[0], args=tuple(argv[3:]), env=env,
-                       sources=launch.sources)
+    return PlannedArgv(
+        label=launch.run.run_id,
+        arm=launch.run.arm,
+        python=argv[0],
+        args=tuple(argv[3:]),
+        env=env,
+        sources=launch.sources,
+    )
 
 
-def _question(backend: str, python: str, env: dict[str, str], argvs: list[tuple[str, ...]], timeout_s: float,
-              cwd: Path | None) -> Question:
-    return Question(python, PROBES[backend], [], RESULT_MARK, {**env, **PROBE_ENV}, timeout_s,
-                    stdin=json.dumps({"argvs": [list(a) for a in argvs]}), cwd=cwd, what="the argv preflight")
+def _question(
+    backend: str, python: str, env: dict[str, str], argvs: list[tuple[str, ...]], timeout_s: float, cwd: Path | None
+) -> Question:
+    return Question(
+        python,
+        PROBES[backend],
+        [],
+        RESULT_MARK,
+        {**env, **PROBE_ENV},
+        timeout_s,
+        stdin=json.dumps({"argvs": [list(a) for a in argvs]}),
+        cwd=cwd,
+        what="the argv preflight",
+    )
 
 
 def _checked(python: str, answer: dict | AskError) -> dict:
@@ -210,8 +229,12 @@ def _checked(python: str, answer: dict | AskError) -> dict:
     return answer
 
 
-def check_planned(items: list[PlannedArgv], timeout_s: float = PROBE_TIMEOUT_S, backend: str = "sglang",
-                  cwds: dict[str, Path | None] | None = None) -> PreflightReport:
+def check_planned(
+    items: list[PlannedArgv],
+    timeout_s: float = PROBE_TIMEOUT_S,
+    backend: str = "sglang",
+    cwds: dict[str, Path | None] | None = None,
+) -> PreflightReport:
     """Check the items, one probe per (interpreter, environment), each distinct argv once; the probes run side
     by side (two arms on two SGLang installs take the time of one). `cwds`: each arm's working directory (a
     source arm's snapshot)."""
@@ -219,22 +242,28 @@ def check_planned(items: list[PlannedArgv], timeout_s: float = PROBE_TIMEOUT_S, 
     for item in items:
         groups.setdefault((item.python, item.env), []).append(item)
     argvs = {key: list(dict.fromkeys(i.args for i in group)) for key, group in groups.items()}
-    answers = ask_all([_question(backend, python, dict(env), argvs[(python, env)], timeout_s,
-                                 (cwds or {}).get(group[0].arm)) for (python, env), group in groups.items()])
+    answers = ask_all(
+        [
+            _question(backend, python, dict(env), argvs[(python, env)], timeout_s, (cwds or {}).get(group[0].arm))
+            for (python, env), group in groups.items()
+        ]
+    )
     found: dict[tuple, Outcome] = {}
     owner = OWNERS[backend]
     for ((python, env), group), answer in zip(groups.items(), answers, strict=True):
         try:
             checked = _checked(python, answer)
         except PreflightError as exc:
-            found.update({(python, env, a): Outcome(group[0], unchecked=str(exc), owner=owner)
-                          for a in argvs[(python, env)]})
+            found.update(
+                {(python, env, a): Outcome(group[0], unchecked=str(exc), owner=owner) for a in argvs[(python, env)]}
+            )
             continue
         checker, version = checked.get("checker", "SGLang"), checked.get("version", checked.get("sglang_version"))
         for args, result in zip(argvs[(python, env)], checked["results"], strict=True):
             secrets = Secrets.of(dict(env), [list(args)])  # a refusal quotes the argv: --api-key's value too
-            stages = tuple(Stage(**{**s, "message": secrets.scrub(str(s.get("message") or ""))})
-                           for s in result["stages"])
+            stages = tuple(
+                Stage(**{**s, "message": secrets.scrub(str(s.get("message") or ""))}) for s in result["stages"]
+            )
             found[(python, env, args)] = Outcome(group[0], stages, version, checker=checker, owner=owner)
     return PreflightReport([_for(found[(i.python, i.env, i.args)], i) for i in items])
 
@@ -251,18 +280,27 @@ def run_preflight(server: ServerConfig, launches: list[PlannedLaunch], console: 
         return None
     owner = OWNERS[server.backend]
     if server.backend == "embedded" and server.module != ENGINE_MODULE:
-        console.print(f"argv preflight: not applicable to server.module={server.module} (it checks the embedded "
-                      f"server's own flags, {ENGINE_MODULE})", highlight=False)
+        console.print(
+            f"argv preflight: not applicable to server.module={server.module} (it checks the embedded "
+            f"server's own flags, {ENGINE_MODULE})",
+            highlight=False,
+        )
         return None
     if server.preflight == "skip":
-        console.print("[bold yellow]argv preflight SKIPPED (server.preflight=skip)[/]: the commands were NOT "
-                      f"checked against {owner}", highlight=False)
+        console.print(
+            "[bold yellow]argv preflight SKIPPED (server.preflight=skip)[/]: the commands were NOT "
+            f"checked against {owner}",
+            highlight=False,
+        )
         return None
     items = [planned_argv(launch) for launch in launches]
     pythons = sorted({i.python for i in items})
-    console.print(f"argv preflight: checking {len({(i.python, i.env, i.args) for i in items})} distinct command(s) "
-                  f"with the {'SGLang' if server.backend == 'sglang' else 'embedded server'} of {', '.join(pythons)} "
-                  "...", highlight=False)
+    console.print(
+        f"argv preflight: checking {len({(i.python, i.env, i.args) for i in items})} distinct command(s) "
+        f"with the {'SGLang' if server.backend == 'sglang' else 'embedded server'} of {', '.join(pythons)} "
+        "...",
+        highlight=False,
+    )
     return check_planned(items, backend=server.backend, cwds={p.run.arm: p.spec.cwd for p in launches})
 
 
@@ -270,8 +308,11 @@ def print_verdict(report: PreflightReport, console: Console, backend: str = "sgl
     """The preflight's conclusion; the exit code it implies (0 or EXIT_CODE)."""
     owner = OWNERS[backend]
     if report.ok:
-        console.print(f"[bold green]argv preflight passed[/]: {report.distinct_argvs()} distinct command(s) accepted "
-                      f"by {'; '.join(report.checked_by())}. Checked: {WHAT_IS_CHECKED[backend]}.", highlight=False)
+        console.print(
+            f"[bold green]argv preflight passed[/]: {report.distinct_argvs()} distinct command(s) accepted "
+            f"by {'; '.join(report.checked_by())}. Checked: {WHAT_IS_CHECKED[backend]}.",
+            highlight=False,
+        )
         for limit in report.limits():
             console.print(f"  not checked past: {escape(limit)}", highlight=False, soft_wrap=True)
         return 0
@@ -279,11 +320,16 @@ def print_verdict(report: PreflightReport, console: Console, backend: str = "sgl
     for problem in report.problems():
         console.print(f"  - {escape(problem)}", highlight=False, soft_wrap=True)
     if any(o.unchecked for o in report.outcomes):
-        console.print("  the commands were NOT checked: point server.python (or the arm's python) at the interpreter "
-                      "that will run the server, or set server.preflight=skip to go on unchecked", highlight=False)
+        console.print(
+            "  the commands were NOT checked: point server.python (or the arm's python) at the interpreter "
+            "that will run the server, or set server.preflight=skip to go on unchecked",
+            highlight=False,
+        )
     if any(o.failing_stage for o in report.outcomes):
-        console.print(f"  {owner} would not start with these commands: fix the flag in the config key named above",
-                      highlight=False)
+        console.print(
+            f"  {owner} would not start with these commands: fix the flag in the config key named above",
+            highlight=False,
+        )
     return EXIT_CODE
 
 

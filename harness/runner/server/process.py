@@ -69,9 +69,11 @@ def ensure_port_free(host: str, port: int) -> None:
         try:
             s.bind((host, port))
         except OSError:
-            raise ServerError(f"port {port} on {host} is already in use by {describe_processes(listeners(port))}: "
-                              "a run there would measure that server. Stop it, or use server.port=0 (a free "
-                              "port per run)") from None
+            raise ServerError(
+                f"port {port} on {host} is already in use by {describe_processes(listeners(port))}: "
+                "a run there would measure that server. Stop it, or use server.port=0 (a free "
+                "port per run)"
+            ) from None
 
 
 def _set_parent_death_signal() -> None:
@@ -118,8 +120,13 @@ class Server:
         self._log = open(self.spec.log_path, "ab")  # noqa: SIM115  (closed in stop())
         env = {**os.environ, **self.spec.env_overrides, "PYTHONUNBUFFERED": "1"}
         self.proc = subprocess.Popen(
-            self.spec.argv, stdout=self._log, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL, env=env,
-            cwd=self.spec.cwd, start_new_session=True,
+            self.spec.argv,
+            stdout=self._log,
+            stderr=subprocess.STDOUT,
+            stdin=subprocess.DEVNULL,
+            env=env,
+            cwd=self.spec.cwd,
+            start_new_session=True,
             preexec_fn=functools.partial(_prepare_child, list(self.spec.cpus), os.getpid()),
         )
 
@@ -137,8 +144,10 @@ class Server:
         async with aiohttp.ClientSession(timeout=aiohttp.ClientTimeout(total=10)) as session:
             while time.monotonic() < deadline:
                 if proc.poll() is not None:
-                    raise ServerError(f"server exited with code {proc.returncode} before it was ready; "
-                                      f"log {self.spec.log_path}:\n{self.log_tail()}")
+                    raise ServerError(
+                        f"server exited with code {proc.returncode} before it was ready; "
+                        f"log {self.spec.log_path}:\n{self.log_tail()}"
+                    )
                 try:
                     async with session.get(url) as resp:
                         if resp.status == 200:
@@ -147,8 +156,10 @@ class Server:
                 except (TimeoutError, aiohttp.ClientError):
                     pass
                 await asyncio.sleep(0.25)
-        raise ServerError(f"server not ready after {self.spec.ready_timeout_s:g} s (server.ready_timeout_s: a longer "
-                          f"one resumes the campaign); log {self.spec.log_path}:\n{self.log_tail()}")
+        raise ServerError(
+            f"server not ready after {self.spec.ready_timeout_s:g} s (server.ready_timeout_s: a longer "
+            f"one resumes the campaign); log {self.spec.log_path}:\n{self.log_tail()}"
+        )
 
     def alive(self) -> bool:
         return self.proc is not None and self.proc.poll() is None
@@ -174,9 +185,11 @@ class Server:
         pid = self.started().pid
         if not self.owns_port():
             others = [p for p in listeners(self.spec.port) if p.pid != pid]
-            raise ServerError(f"port {self.spec.port} answers, but not from the server this run started "
-                              f"(pid {pid}); it is held by {describe_processes(others)}. "
-                              f"Log of ours: {self.spec.log_path}")
+            raise ServerError(
+                f"port {self.spec.port} answers, but not from the server this run started "
+                f"(pid {pid}); it is held by {describe_processes(others)}. "
+                f"Log of ours: {self.spec.log_path}"
+            )
 
     def stop(self) -> None:
         """SIGTERM to the process group, then SIGKILL after stop_timeout_s."""

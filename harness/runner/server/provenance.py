@@ -23,8 +23,16 @@ def probe_server_code(spec: LaunchSpec, timeout_s: float = PROBE_TIMEOUT_S) -> S
     """ServerCode of the server `spec` starts; ProvenanceError naming the interpreter and why not."""
     python = spec.argv[0]
     try:
-        answer = ask(python, PROBE, [spec.module], mark=RESULT_MARK, env=spec.env_overrides, timeout_s=timeout_s,
-                     cwd=spec.cwd, what="the provenance probe")
+        answer = ask(
+            python,
+            PROBE,
+            [spec.module],
+            mark=RESULT_MARK,
+            env=spec.env_overrides,
+            timeout_s=timeout_s,
+            cwd=spec.cwd,
+            what="the provenance probe",
+        )
     except AskError as err:
         raise ProvenanceError(str(err)) from None
     if "error" in answer:

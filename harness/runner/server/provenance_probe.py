@@ -28,11 +28,16 @@ RESULT_MARK = "SPECBENCH-PROVENANCE "
 SNAPSHOT_MARK = ".specbench-source.json"  # written by harness.runner.sources into every snapshot it makes
 PYCACHE = "__pycache__"  # what Python writes beside the sources it imports: left out of a snapshot's content
 MAX_UNTRACKED = 50
-SUFFIXES = sorted(importlib.machinery.all_suffixes(), key=len, reverse=True)  # longest first: .cpython-311-x86_64-linux-gnu.so before .so
+SUFFIXES = sorted(
+    importlib.machinery.all_suffixes(), key=len, reverse=True
+)  # longest first: .cpython-311-x86_64-linux-gnu.so before .so
 # name in the manifest -> distributions that provide it, first found wins
 TRACKED = {
-    "torch": ("torch",), "sglang": ("sglang",), "sgl_kernel": ("sgl-kernel", "sglang-kernel"),
-    "flashinfer": ("flashinfer-python", "flashinfer"), "triton": ("triton", "pytorch-triton"),
+    "torch": ("torch",),
+    "sglang": ("sglang",),
+    "sgl_kernel": ("sgl-kernel", "sglang-kernel"),
+    "flashinfer": ("flashinfer-python", "flashinfer"),
+    "triton": ("triton", "pytorch-triton"),
     "transformers": ("transformers",),
 }
 
@@ -141,9 +146,17 @@ def checkout(origin: Path) -> dict | None:
         mark = folder / SNAPSHOT_MARK
         if mark.is_file():
             made = json.loads(mark.read_text())
-            return {"kind": "snapshot", "root": str(folder), "repo": made.get("repo"), "commit": made.get("commit"),
-                    "branch": None, "dirty": False, "diff_sha256": None, "untracked": [],
-                    "content_sha256": content_sha256(snapshot_files(folder))}
+            return {
+                "kind": "snapshot",
+                "root": str(folder),
+                "repo": made.get("repo"),
+                "commit": made.get("commit"),
+                "branch": None,
+                "dirty": False,
+                "diff_sha256": None,
+                "untracked": [],
+                "content_sha256": content_sha256(snapshot_files(folder)),
+            }
         if (folder / ".git").exists():
             # a venv inside a checkout is not that checkout's code: git ignores it
             ignored = git(folder, "check-ignore", "-q", str(origin)) is not None
@@ -157,10 +170,16 @@ def git_checkout(root: Path) -> dict:
     diff = git(root, "diff", "HEAD", "--binary")
     untracked = (git(root, "ls-files", "--others", "--exclude-standard") or "").splitlines()
     dirty = None if diff is None else bool(diff or untracked)
-    return {"kind": "git", "root": str(root), "repo": str(root), "commit": head,
-            "branch": None if branch == "HEAD" else branch, "dirty": dirty,
-            "diff_sha256": hashlib.sha256(diff.encode()).hexdigest() if diff else None,
-            "untracked": untracked[:MAX_UNTRACKED]}
+    return {
+        "kind": "git",
+        "root": str(root),
+        "repo": str(root),
+        "commit": head,
+        "branch": None if branch == "HEAD" else branch,
+        "dirty": dirty,
+        "diff_sha256": hashlib.sha256(diff.encode()).hexdigest() if diff else None,
+        "untracked": untracked[:MAX_UNTRACKED],
+    }
 
 
 def within(path: Path, folder: Path) -> bool:
@@ -190,7 +209,7 @@ def tops(dist: importlib.metadata.Distribution) -> set[str]:
         if "/" in path:
             names.add(path.split("/", 1)[0])
         else:  # a module file at the top (.py, or an extension module's .so / .pyd)
-            names.add(next((path[:-len(s)] for s in SUFFIXES if path.endswith(s)), path))
+            names.add(next((path[: -len(s)] for s in SUFFIXES if path.endswith(s)), path))
     return names
 
 
@@ -235,10 +254,15 @@ def module_facts(module: str, dists: list[Installed]) -> dict:
     origin = Path(where).resolve()
     found = owner(top, origin, dists)
     direct = found[2].read_text("direct_url.json") if found is not None else None
-    return {"module": module, "module_file": spec.origin, "module_origin": str(origin),
-            "distribution": found[0] if found is not None else None,
-            "distribution_version": found[1] if found is not None else None,
-            "direct_url": json.loads(direct) if direct else None, "checkout": checkout(origin)}
+    return {
+        "module": module,
+        "module_file": spec.origin,
+        "module_origin": str(origin),
+        "distribution": found[0] if found is not None else None,
+        "distribution_version": found[1] if found is not None else None,
+        "direct_url": json.loads(direct) if direct else None,
+        "checkout": checkout(origin),
+    }
 
 
 def main() -> None:
@@ -247,10 +271,15 @@ def main() -> None:
     try:
         dists = installed()
         pkgs = packages(dists)
-        answer = {"python": platform.python_version(), "executable": sys.executable,
-                  **{key: next((pkgs[norm(d)] for d in names if norm(d) in pkgs), None) for key, names in TRACKED.items()},
-                  "torch_cuda": torch_cuda(pkgs), **module_facts(module, dists), "packages": pkgs,
-                  "packages_sha256": hashlib.sha256("\n".join(f"{k}=={v}" for k, v in pkgs.items()).encode()).hexdigest()}
+        answer = {
+            "python": platform.python_version(),
+            "executable": sys.executable,
+            **{key: next((pkgs[norm(d)] for d in names if norm(d) in pkgs), None) for key, names in TRACKED.items()},
+            "torch_cuda": torch_cuda(pkgs),
+            **module_facts(module, dists),
+            "packages": pkgs,
+            "packages_sha256": hashlib.sha256("\n".join(f"{k}=={v}" for k, v in pkgs.items()).encode()).hexdigest(),
+        }
     except Exception as exc:  # noqa: BLE001  (any failure is the answer, named)
         answer = {"error": f"{type(exc).__name__}: {exc}"}
     print(RESULT_MARK + json.dumps(answer), flush=True)

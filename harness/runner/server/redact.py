@@ -24,16 +24,20 @@ from typing import Any
 MASK = "***"
 # a name part (split on _ - .) ending so is a secret: HF_TOKEN, OPENAI_API_KEY, PGPASSWORD, --api-key, GH_PAT,
 # SENTRY_DSN, SLACK_WEBHOOK_URL; not --speculative-num-draft-tokens or TOKENIZERS_PARALLELISM
-SECRET_PART = re.compile(r"(TOKEN|KEY|SECRET|PASSWORD|PASSWD|PASS|CREDENTIALS?|AUTH|APIKEY|WEBHOOK|COOKIE)$|^(PAT|DSN)$",
-                         re.IGNORECASE)  # PAT and DSN only as a whole part (COMPAT is no secret), PWD never (a folder)
+SECRET_PART = re.compile(
+    r"(TOKEN|KEY|SECRET|PASSWORD|PASSWD|PASS|CREDENTIALS?|AUTH|APIKEY|WEBHOOK|COOKIE)$|^(PAT|DSN)$", re.IGNORECASE
+)  # PAT and DSN only as a whole part (COMPAT is no secret), PWD never (a folder)
 # values shorter than this are not masked wherever they reappear (a one-letter password would mask every
 # such letter); they are still masked where their name or flag says they are secret
 MIN_VALUE_LEN = 6
 
 URL_CREDENTIALS = re.compile(r"(?P<head>[A-Za-z][A-Za-z0-9+.-]*://[^:/@\s]*):[^@/\s]+@")
 URL_KEY_USER = re.compile(r"(?P<head>[A-Za-z][A-Za-z0-9+.-]*://)[A-Za-z0-9_-]{16,}@")
-QUERY_SECRET = re.compile(r"(?P<head>[?&;](?:[A-Za-z0-9_.-]*[_.-])?(?:password|passwd|pwd|pass|token|access_token|"
-                          r"api_key|apikey|key|secret|auth|sig|signature|credential)=)[^&#\s\"']+", re.IGNORECASE)
+QUERY_SECRET = re.compile(
+    r"(?P<head>[?&;](?:[A-Za-z0-9_.-]*[_.-])?(?:password|passwd|pwd|pass|token|access_token|"
+    r"api_key|apikey|key|secret|auth|sig|signature|credential)=)[^&#\s\"']+",
+    re.IGNORECASE,
+)
 SHAPES = (
     re.compile(r"\bgh[pousr]_[A-Za-z0-9]{20,}\b"),  # GitHub tokens
     re.compile(r"\bgithub_pat_[A-Za-z0-9_]{20,}\b"),

@@ -185,8 +185,11 @@ def main():
         answer = {"python": sys.executable, "error": f"no SGLang here: {type(exc).__name__}: {exc}"}
     else:
         plugins = load_plugins()
-        answer = {"python": sys.executable, "sglang_version": getattr(sglang, "__version__", "unknown"),
-                  "results": [check(argv, plugins) for argv in request["argvs"]]}
+        answer = {
+            "python": sys.executable,
+            "sglang_version": getattr(sglang, "__version__", "unknown"),
+            "results": [check(argv, plugins) for argv in request["argvs"]],
+        }
     sys.stdout.write("\n" + RESULT_MARK + json.dumps(answer) + "\n")
     sys.stdout.flush()
 

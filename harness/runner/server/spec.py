@@ -52,19 +52,38 @@ def merge_log_checks(*checks: LogChecks) -> LogChecks:
     return LogChecks(must=[r for c in checks for r in c.must], must_not=[r for c in checks for r in c.must_not])
 
 
-def build_spec(server: ServerConfig, arm: ArmConfig, *, port: int, base_seed: int | None, gpu: int | None,
-               log_path: Path, source: SourceDoc | None = None, slots: int = 1) -> LaunchSpec:
+def build_spec(
+    server: ServerConfig,
+    arm: ArmConfig,
+    *,
+    port: int,
+    base_seed: int | None,
+    gpu: int | None,
+    log_path: Path,
+    source: SourceDoc | None = None,
+    slots: int = 1,
+) -> LaunchSpec:
     """The exact command and environment of one run of one arm; an arm with a source runs from its snapshot
     (first on PYTHONPATH, and the working directory, which `python -m` puts first on sys.path). `slots`: the
     requests the server must hold at once (client.concurrency; llama-server's --parallel)."""
     if server.backend == "llamacpp":
         draft = llamacpp.model_file(server.draft_model_path) if server.draft_model_path else None
-        argv = llamacpp.launch_argv(llamacpp.binary(server.binary), llamacpp.model_file(server.model_path),
-                                    server.host, port, slots, draft)
+        argv = llamacpp.launch_argv(
+            llamacpp.binary(server.binary), llamacpp.model_file(server.model_path), server.host, port, slots, draft
+        )
     else:
         python = arm.python or server.python or sys.executable
-        argv = [python, "-m", server.module, "--model-path", server.model_path,
-                "--host", server.host, "--port", str(port)]
+        argv = [
+            python,
+            "-m",
+            server.module,
+            "--model-path",
+            server.model_path,
+            "--host",
+            server.host,
+            "--port",
+            str(port),
+        ]
         if server.draft_model_path:
             argv += ["--speculative-draft-model-path", server.draft_model_path]
     if server.seed_arg and base_seed is not None:
@@ -77,13 +96,22 @@ def build_spec(server: ServerConfig, arm: ArmConfig, *, port: int, base_seed: in
         first = str(Path(source.snapshot) / source.package_dir)
         rest = env.get("PYTHONPATH", os.environ.get("PYTHONPATH", ""))
         env["PYTHONPATH"] = os.pathsep.join(p for p in (first, rest) if p)
-    return LaunchSpec(argv=argv, env_overrides=env, host=server.host, port=port, log_path=log_path,
-                      log_checks=merge_log_checks(server.log_checks, arm.log_checks),
-                      ready_timeout_s=server.ready_timeout_s, stop_timeout_s=server.stop_timeout_s,
-                      health_timeout_s=server.health_timeout_s,
-                      cpus=list(server.cpus), cwd=Path(source.snapshot) if source else None, module=server.module,
-                      backend=server.backend,
-                      ready_path=llamacpp.READY_PATH if server.backend == "llamacpp" else "/health_generate")
+    return LaunchSpec(
+        argv=argv,
+        env_overrides=env,
+        host=server.host,
+        port=port,
+        log_path=log_path,
+        log_checks=merge_log_checks(server.log_checks, arm.log_checks),
+        ready_timeout_s=server.ready_timeout_s,
+        stop_timeout_s=server.stop_timeout_s,
+        health_timeout_s=server.health_timeout_s,
+        cpus=list(server.cpus),
+        cwd=Path(source.snapshot) if source else None,
+        module=server.module,
+        backend=server.backend,
+        ready_path=llamacpp.READY_PATH if server.backend == "llamacpp" else "/health_generate",
+    )
 
 
 @dataclass(frozen=True)
@@ -101,15 +129,24 @@ class PlannedLaunch:
     def shown_argv(self) -> list[str]:
         """The argv with a placeholder port shown as PORT."""
         argv = self.spec.argv
-        return ["PORT" if a == str(PORT_PLACEHOLDER) and prev == "--port" else a
-                for prev, a in zip(["", *argv[:-1]], argv, strict=True)]
+        return [
+            "PORT" if a == str(PORT_PLACEHOLDER) and prev == "--port" else a
+            for prev, a in zip(["", *argv[:-1]], argv, strict=True)
+        ]
 
 
 def token_sources(server: ServerConfig, arm: ArmConfig, arm_index: int) -> tuple[tuple[str, str], ...]:
     """(flag, config key) for the flags of one arm's command; later keys win (the arm's over the server's)."""
-    pairs = list(llamacpp.LAUNCH_SOURCES) if server.backend == "llamacpp" else [
-        ("--model-path", "server.model_path"), ("--host", "server.host"), ("--port", "server.port"),
-        ("--speculative-draft-model-path", "server.draft_model_path")]
+    pairs = (
+        list(llamacpp.LAUNCH_SOURCES)
+        if server.backend == "llamacpp"
+        else [
+            ("--model-path", "server.model_path"),
+            ("--host", "server.host"),
+            ("--port", "server.port"),
+            ("--speculative-draft-model-path", "server.draft_model_path"),
+        ]
+    )
     pairs += [(server.seed_arg, "server.seed_arg")] if server.seed_arg else []
     pairs += [(str(t).split("=", 1)[0], "server.args") for t in server.args]
     pairs += [(str(t).split("=", 1)[0], f"experiment.arms.{arm_index}.args") for t in arm.args]
