@@ -185,7 +185,9 @@ def test_server_that_hangs_after_the_last_request_fails_the_run(tmp_path):
 
 def test_second_runner_on_a_live_campaign_is_refused(tmp_path):
     root = tmp_path / "embedded_block_vs_token" / "shared"
-    first = start_runner(tmp_path, "shared", "experiment.base_seeds=[4]", "sampling.max_new_tokens=64")
+    # 256 tokens a request (start_runner's): the second runner's preflight takes seconds, and the first must
+    # still be running when it asks for the lock
+    first = start_runner(tmp_path, "shared", "experiment.base_seeds=[4]")
     try:
         wait_for(lambda: running_server_of_first_run(root))
         second = run_bench(
@@ -193,7 +195,7 @@ def test_second_runner_on_a_live_campaign_is_refused(tmp_path):
             "campaign=shared",
             *SMALL[:-1],
             "client.concurrency=1",
-            "sampling.max_new_tokens=64",
+            "sampling.max_new_tokens=256",
             "sampling.ignore_eos=true",
             "report=false",
             "experiment.base_seeds=[4]",
