@@ -10,26 +10,16 @@ import pytest
 from harness.micro import verify_step
 
 
+def cpu_argv(out, **flags: str) -> list[str]:
+    """verify_step's argv on the CPU into `out`: each keyword a flag (--families iid ...)."""
+    return [*(x for name, value in flags.items() for x in (f"--{name}", value)), "--device", "cpu", "--out", str(out)]
+
+
 def test_a_small_run_writes_its_report_and_the_paths_agree(tmp_path, capsys):
     out = tmp_path / "vs"
     assert (
         verify_step.main(
-            [
-                "--families",
-                "iid,bf16,padding",
-                "--vocabs",
-                "2048",
-                "--steps",
-                "8",
-                "--gamma",
-                "3",
-                "--repeats",
-                "2",
-                "--device",
-                "cpu",
-                "--out",
-                str(out),
-            ]
+            cpu_argv(str(out), families="iid,bf16,padding", vocabs="2048", steps="8", gamma="3", repeats="2")
         )
         == 0
     )
@@ -108,22 +98,7 @@ def test_an_interrupt_keeps_the_cells_measured(tmp_path, capsys, monkeypatch):
 
     monkeypatch.setattr(verify_step, "one_cell", one_cell)
     code = verify_step.main(
-        [
-            "--families",
-            "iid,bf16",
-            "--vocabs",
-            "256",
-            "--steps",
-            "2",
-            "--gamma",
-            "1",
-            "--repeats",
-            "1",
-            "--device",
-            "cpu",
-            "--out",
-            str(tmp_path / "vs"),
-        ]
+        cpu_argv(str(tmp_path / "vs"), families="iid,bf16", vocabs="256", steps="2", gamma="1", repeats="1")
     )
     assert code == 130 and "interrupted: 1 of 2 cells measured" in capsys.readouterr().err
     assert len((tmp_path / "vs" / "results.jsonl").read_text().splitlines()) == 1
@@ -133,24 +108,15 @@ def test_real_rows_are_named_with_their_bank_and_count(tmp_path):
     out = tmp_path / "vs"
     assert (
         verify_step.main(
-            [
-                "--families",
-                "smollm2",
-                "--vocabs",
-                "256",
-                "--steps",
-                "2",
-                "--gamma",
-                "1",
-                "--repeats",
-                "1",
-                "--device",
-                "cpu",
-                "--bank",
-                "tests/fixtures/logit_bank",
-                "--out",
+            cpu_argv(
                 str(out),
-            ]
+                families="smollm2",
+                vocabs="256",
+                steps="2",
+                gamma="1",
+                repeats="1",
+                bank="tests/fixtures/logit_bank",
+            )
         )
         == 0
     )
