@@ -6,15 +6,18 @@ argv is what follows `-m harness.engine`) and reads one line `SPECBENCH_PREFLIGH
 per argv, `parse`: `harness.engine.args.parse_args`, the first thing `python -m harness.engine` does (argparse:
 unknown flags, choices, types; then the checks that need no model loaded: algorithms, windows, ranges, the
 device). Its status: passed | refused (the server would exit 2 at start) | error (the parser crashed).
-Standard library plus the harness the interpreter imports; nothing is loaded, nothing listens.
+Standard library plus the harness the interpreter imports from its working directory first (as `-m` does);
+nothing is loaded, nothing listens.
 """
 
 import os
 import sys
 
 _HERE = os.path.dirname(os.path.abspath(__file__))
-# Run as a script, this file's folder (harness/runner/server/) would shadow top-level modules of the same names.
-sys.path[:] = [p for p in sys.path if os.path.abspath(p or os.curdir) != _HERE]
+# Run as a script, this file's folder (harness/runner/server/) would shadow top-level modules of the same names; the
+# server, `python -m harness.engine`, starts with its working directory first instead: so does this probe, which then
+# imports the harness that server would (a checkout that is not installed too), as provenance_probe.py does.
+sys.path[:] = [os.getcwd(), *(p for p in sys.path if os.path.abspath(p or os.curdir) != _HERE)]
 
 import contextlib  # noqa: E402
 import io  # noqa: E402
