@@ -10,9 +10,12 @@ empty Triton kernel (one launch: what a launch costs an idle GPU). Then, per voc
 line t = fixed + slope x floor over the row counts: `fixed` is what a call costs whatever its size (host work
 before the first kernel, the launches the GPU waits for, the finish after the last pass, the synchronisation), and
 the model's ratio to the floor is slope + fixed / floor, printed beside the measured ratio at each row count.
-Writes $OUT/fixed_cost.log. On a CUDA host, from the repository root:
+QUEUED_MS (default 0) > 0 times each call queued behind a GPU busy-wait of about that long instead (the engine's
+way: the host's launches hide behind the previous GPU work), so the fixed cost left is the GPU's own (the short
+kernels, the finish after the last pass), and the idle fit minus the queued one is what the host's launches cost.
+Writes $OUT/fixed_cost.log ($OUT/fixed_cost_queued.log when queued). On a CUDA host, from the repository root:
 
-    python lab/scripts/fixed_cost.py [vocabs, comma-separated; default 32000,49152,128256,248320]
+    [QUEUED_MS=1] python lab/scripts/fixed_cost.py [vocabs, comma-separated; default 32000,49152,128256,248320]
 """
 
 import os
@@ -41,7 +44,7 @@ ROWS = (64, 256, 1024, 2048, 4096)
 GAMMA, TOP_K = 7, 20
 
 
-def cell(vocab: int, rows: int) -> dict[str, float]:
+def cell(vocab: int, rows: int, queued_ms: float) -> dict[str, float]:
     x = make_family("iid", rows, vocab, seed=0, device=torch.device("cuda"))
     steps = rows // (GAMMA + 1)
     t, k, p = (
@@ -61,7 +64,7 @@ def cell(vocab: int, rows: int) -> dict[str, float]:
         "empty_triton": lambda x: _empty_kernel[(1,)](x),
     }
     copies = [x, x.clone()] if rows * vocab * 4 < 2**30 else [x]  # small inputs: two copies, alternated
-    times = measure.time_interleaved(calls, copies, warmup=3, repeats=20)
+    times = measure.time_interleaved(calls, copies, warmup=3, repeats=20, queued_ms=queued_ms)
     return {n: statistics.median(v) * 1000 for n, v in times.items()}  # us
 
 
@@ -74,14 +77,15 @@ def fit(floors: list[float], times: list[float]) -> tuple[float, float]:
 
 def main() -> None:
     vocabs = [int(v) for v in (sys.argv[1] if len(sys.argv) > 1 else "32000,49152,128256,248320").split(",")]
+    queued_ms = float(os.environ.get("QUEUED_MS", "0"))
     lines = [
         f"{torch.cuda.get_device_name()}; iid logits, top_k {TOP_K}, top_p 0.95, T 1; median us of 20 "
-        "interleaved rounds, each call on the GPU as the previous one left it; fixed + slope x floor fitted "
+        f"interleaved rounds, {measure.start_text(queued_ms)}; fixed + slope x floor fitted "
         f"over rows {', '.join(map(str, ROWS))}; dense against the copy floor, step against one read"
     ]
-    out = Path(os.environ.get("OUT", ".")) / "fixed_cost.log"
+    out = Path(os.environ.get("OUT", ".")) / ("fixed_cost_queued.log" if queued_ms else "fixed_cost.log")
     for vocab in vocabs:
-        cells = {rows: cell(vocab, rows) for rows in ROWS}
+        cells = {rows: cell(vocab, rows, queued_ms) for rows in ROWS}
         torch.cuda.empty_cache()
         lines.append(
             f"== vocab {vocab:,}: empty Triton kernel {statistics.median(c['empty_triton'] for c in cells.values()):.1f} us"

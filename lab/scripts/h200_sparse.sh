@@ -2,8 +2,16 @@
 # The sparse verify path on a lent GPU host (README "The sparse verify path"): the GPU tests of the kernels, the
 # verify-step microbenchmark on every logit family, and the embedded A/B of dense vs sparse.
 #
-#   lab/scripts/h200_sparse.sh [tests] [micro] [builders] [profile] [probe] [tune] [tune_dense] [step_tune]
-#                          [step_profile] [fixed] [ab]                         (default: tests micro ab)
+#   lab/scripts/h200_sparse.sh [tests] [micro] [queued] [odd] [builders] [profile] [probe] [tune] [tune_dense]
+#                          [step_tune] [step_profile] [dense_profile] [fixed] [fixed_queued] [ab] [publish]
+#                                                                              (default: tests micro ab)
+#
+# One command makes a published set (results/published/verify-<card>-<date>/ is what it leaves in OUT, as is):
+#   OUT=DIR COMMIT=<sha> lab/scripts/h200_sparse.sh publish
+# `publish` is the steps tests micro queued odd builders fixed fixed_queued step_profile dense_profile ab (about 11
+# minutes on an H200: over one lent call's 10, so split it across two calls with the same OUT's parts, e.g.
+# `tests micro queued builders` then `odd fixed fixed_queued step_profile dense_profile ab`), plus manifest.txt: the
+# date, COMMIT (default: git rev-parse HEAD, else "unknown"), the command, its steps and the ones that failed.
 #
 # That host has torch, Triton and CUDA but no network: what the harness needs beyond its image travels as
 # wheels (WHEELS, default .whl: hydra-core, omegaconf, antlr4, math-verify, latex2sympy2-extended, orjson, dill,
@@ -18,7 +26,12 @@
 # (`step_tune`: the whole step's variants, lab/scripts/tune_sparse_step.py, the large and the small vocabularies
 # apart), profile_sparse_step.log (`step_profile`: the step's host and GPU time from a trace,
 # lab/scripts/profile_sparse_step.py), fixed_cost.log (`fixed`: lab/scripts/fixed_cost.py), ab-console.log, ab.tgz (the
-# campaign). Idle and queued sets in one call: two runs of the script with OUT=$OUT/idle and OUT=$OUT/queued.
+# campaign). `queued` is `micro` timed the engine's way, each call queued behind a GPU busy-wait of QUEUED_MS (default
+# 1) ms (the host's launches hidden behind GPU work as behind the target's forward; no host synchronisation in the
+# step), into verify-step-queued/; `odd` reruns ODD_FAMILIES (default iid,gemma3,clustered) at 128,256 and 32,000,
+# each cell ODD_REPEATS (default 3) times in one run, idle and queued (verify-step-odd/, verify-step-odd-queued/);
+# `fixed_queued` is `fixed` queued (fixed_cost_queued.log); `dense_profile` is lab/scripts/profile_topk_fused.py at
+# DENSE_PROFILE_VOCABS (default 32000,49152: the dense builder's kernels and host wait, profile.log).
 # A step that fails does not stop the later ones; the script then names the failed steps and exits 1.
 # The device's carry limit (64 MiB) counts the tracked tree too: with it at 13.2 MB (2026-12-04) the device refused
 # .whl + .gpuk together when .gpuk held FlashInfer's whole wheel; lab/scripts/pack_device_wheels.sh packs both small
@@ -26,16 +39,32 @@
 # steps import:
 # `micro` needs dill (its import chain), `builders` hydra-core, omegaconf, antlr4 and dill (tune_topk_fused.py ran
 # with none of them); `ab` needs them all but not FlashInfer (topk_first falls back to torch's top-k without it).
-# Environment: VOCABS (default 248320,151936,32000), FAMILIES (default all ten), PY (default python3).
+# Environment: VOCABS (default the six: 32000,49152,128256,151936,248320,262144), FAMILIES (default all ten), PY
+# (default python3).
 set -euo pipefail
 OUT=${OUT:?set OUT to the folder that receives the results}
 PY=${PY:-python3}
 WHEELS=${WHEELS:-.whl}
 FLASHINFER=${FLASHINFER:-.gpuk}
 FAMILIES=${FAMILIES:-iid,clustered,sorted,heavy_tail,peaked,bf16,padding,lm_like,smollm2,gemma3}
-steps=("$@")
+SIX=32000,49152,128256,151936,248320,262144
+VOCABS=${VOCABS:-$SIX}
+steps=()
+for s in "$@"; do
+  if [ "$s" = publish ]; then
+    steps+=(tests micro queued odd builders fixed fixed_queued step_profile dense_profile ab)
+  else steps+=("$s"); fi
+done
 failed=()  # a step that fails is named at the end and the script exits 1; the later steps still run
 [ ${#steps[@]} -eq 0 ] && steps=(tests micro ab)
+mkdir -p "$OUT"
+{ echo "date $(date -u +%FT%TZ)"; echo "commit ${COMMIT:-$(git rev-parse HEAD 2>/dev/null || echo unknown)}"
+  echo "command OUT=$OUT lab/scripts/h200_sparse.sh $*"; echo "steps ${steps[*]}"; } >> "$OUT/manifest.txt"
+micro() {  # micro's command into $1, with the extra flags after it
+  local dir=$1; shift
+  "$PY" -m harness.micro.verify_step --families "${FAMILIES}" --vocabs "$VOCABS" --steps 512 --gamma 7 --repeats 15 \
+    --bank tests/fixtures/logit_bank --out "$OUT/$dir" "$@"
+}
 
 "$PY" -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade --target /tmp/site \
   "$WHEELS"/*.whl "$FLASHINFER"/*.whl
@@ -52,9 +81,16 @@ for step in "${steps[@]}"; do
         tests/verify/test_verify_builders.py 2>&1 | tee "$OUT/gpu_tests.log" || failed+=(tests)
       ;;
     micro)
-      "$PY" -m harness.micro.verify_step --families "$FAMILIES" --vocabs "${VOCABS:-248320,151936,32000}" \
-        --steps 512 --gamma 7 --repeats 15 --bank tests/fixtures/logit_bank --out "$OUT/verify-step" \
-        || failed+=(micro)
+      micro verify-step || failed+=(micro)
+      ;;
+    queued)
+      micro verify-step-queued --queued-ms "${QUEUED_MS:-1}" || failed+=(queued)
+      ;;
+    odd)  # the same cell ODD_REPEATS times in one run: a vocabulary named again is measured again
+      odd=$(printf '128256,%.0s' $(seq "${ODD_REPEATS:-3}"))$(printf '32000,%.0s' $(seq "${ODD_REPEATS:-3}"))
+      FAMILIES=${ODD_FAMILIES:-iid,gemma3,clustered} VOCABS=${odd%,} micro verify-step-odd || failed+=(odd)
+      FAMILIES=${ODD_FAMILIES:-iid,gemma3,clustered} VOCABS=${odd%,} micro verify-step-odd-queued \
+        --queued-ms "${QUEUED_MS:-1}" || failed+=(odd)
       ;;
     builders)
       "$PY" -m harness.micro micro=seed_h200 micro.bank=tests/fixtures/logit_bank "micro.out_dir=$OUT/verify-probs" \
@@ -86,14 +122,21 @@ for step in "${steps[@]}"; do
         default,default_sync,old_sync,old,super8,super8_v,fused_v,fused_rs_v,all_h_v || failed+=(step_tune)
       ;;
     step_profile)
-      OUT="$OUT" "$PY" lab/scripts/profile_sparse_step.py "${PROFILE_VOCABS:-248320,262144,32000}" iid,smollm2 \
+      OUT="$OUT" "$PY" lab/scripts/profile_sparse_step.py "${PROFILE_VOCABS:-32000,49152,248320}" iid,smollm2 \
         "${PROFILE_VARIANTS:-old_sync,default_sync,default}" || failed+=(step_profile)
       ;;
     fixed)
-      OUT="$OUT" "$PY" lab/scripts/fixed_cost.py "${FIXED_VOCABS:-32000,49152,128256,248320}" || failed+=(fixed)
+      OUT="$OUT" QUEUED_MS=0 "$PY" lab/scripts/fixed_cost.py "${FIXED_VOCABS:-$SIX}" || failed+=(fixed)
+      ;;
+    fixed_queued)
+      OUT="$OUT" QUEUED_MS="${QUEUED_MS:-1}" "$PY" lab/scripts/fixed_cost.py "${FIXED_VOCABS:-$SIX}" \
+        || failed+=(fixed_queued)
+      ;;
+    dense_profile)
+      OUT="$OUT" "$PY" lab/scripts/profile_topk_fused.py "${DENSE_PROFILE_VOCABS:-32000,49152}" || failed+=(dense_profile)
       ;;
     tune)
-      OUT="$OUT" LOG="${TUNE_LOG:-tune_sparse_pass.log}" "$PY" lab/scripts/tune_sparse_pass.py "${VOCABS:-248320,151936,32000}" \
+      OUT="$OUT" LOG="${TUNE_LOG:-tune_sparse_pass.log}" "$PY" lab/scripts/tune_sparse_pass.py "$VOCABS" \
         "${TUNE_FAMILIES:-iid,clustered,lm_like,smollm2,gemma3}" \
         "${TUNE_CONFIGS:-c2,c4,c8,replace,replace_c4,super8,replace_super8,all}" || failed+=(tune)
       ;;
@@ -101,11 +144,12 @@ for step in "${steps[@]}"; do
       "$PY" -m harness.bench experiment=embedded_verify_sparse server.model_path=embedded:large results_dir=/tmp/ab \
         report=false 'server.args=[--speculative-algorithm,DFLASH,--speculative-num-draft-tokens,"8",--draft-mode,sampled,--speculative-use-block-verification,--max-running-requests,"16",--enable-deterministic-inference,--device,cuda]' \
         2>&1 | tee "$OUT/ab-console.log" || failed+=(ab)
-      tar czf "$OUT/ab.tgz" -C /tmp/ab .  # a failed campaign's runs too
+      tar czf "$OUT/ab.tgz" -C /tmp/ab . || failed+=(ab)  # a failed campaign's runs too
       ;;
-    *) echo "unknown step $step (tests, micro, builders, profile, probe, tune, tune_dense, step_tune, step_profile," \
-         "fixed or ab)" >&2; exit 2 ;;
+    *) echo "unknown step $step (tests, micro, queued, odd, builders, profile, probe, tune, tune_dense, step_tune," \
+         "step_profile, dense_profile, fixed, fixed_queued, ab or publish)" >&2; exit 2 ;;
   esac
 done
 echo "results under $OUT"
+echo "ended $(date -u +%FT%TZ); failed: ${failed[*]:-none}" >> "$OUT/manifest.txt"
 if [ ${#failed[@]} -gt 0 ]; then echo "FAILED: ${failed[*]}" >&2; exit 1; fi

@@ -1,4 +1,4 @@
-"""Where topk_fused's time goes on a GPU, at the seed's sizes (vocab 248,320 fp32, top_k 20, top_p 0.95):
+"""Where topk_fused's time goes on a GPU, per vocabulary (default the seed's 248,320; fp32, top_k 20, top_p 0.95):
 
 1. torch.profiler over 10 calls at 4096 rows: the device time of each kernel;
 2. per row count, the median time of a call alone (the GPU waits for the host's launches) and behind a 2 ms
@@ -8,7 +8,7 @@
 Prints both and writes them to $OUT/profile.log (default: the current folder). From the repository root
 on a CUDA host:
 
-    python lab/scripts/profile_topk_fused.py
+    python lab/scripts/profile_topk_fused.py [vocabs, comma-separated; default 248320]
 """
 
 import os
@@ -27,8 +27,8 @@ VOCAB = 248_320
 SLEEP_CYCLES = 4_000_000  # about 2 ms on an H200
 
 
-def batch(rows: int) -> tuple[list[torch.Tensor], tuple[torch.Tensor, torch.Tensor, torch.Tensor]]:
-    xs = [torch.randn(rows, VOCAB, device="cuda") for _ in range(2)]
+def batch(rows: int, vocab: int) -> tuple[list[torch.Tensor], tuple[torch.Tensor, torch.Tensor, torch.Tensor]]:
+    xs = [torch.randn(rows, vocab, device="cuda") for _ in range(2)]
     return xs, (
         torch.ones(rows, device="cuda"),
         torch.full((rows,), 20, device="cuda"),
@@ -36,8 +36,8 @@ def batch(rows: int) -> tuple[list[torch.Tensor], tuple[torch.Tensor, torch.Tens
     )
 
 
-def kernel_table() -> str:
-    xs, (t, k, p) = batch(4096)
+def kernel_table(vocab: int) -> str:
+    xs, (t, k, p) = batch(4096, vocab)
     for _ in range(3):  # compile and warm up
         verify.topk_fused_probs(xs[0], t, k, p)
     torch.cuda.synchronize()
@@ -45,7 +45,7 @@ def kernel_table() -> str:
         for _ in range(10):
             verify.topk_fused_probs(xs[0], t, k, p)
         torch.cuda.synchronize()
-    head = f"10 calls of topk_fused_probs, 4096 x {VOCAB:,} fp32, top_k 20, top_p 0.95\n"
+    head = f"10 calls of topk_fused_probs, 4096 x {vocab:,} fp32, top_k 20, top_p 0.95\n"
     return head + prof.key_averages().table(sort_by="cuda_time_total", row_limit=8)
 
 
@@ -63,8 +63,8 @@ def median_ms(fn: Callable[[], object], repeats: int = 20) -> float:
     return statistics.median(times)
 
 
-def rows_lines(rows: int, sleep_ms: float) -> list[str]:
-    xs, params = batch(rows)
+def rows_lines(rows: int, vocab: int, sleep_ms: float) -> list[str]:
+    xs, params = batch(rows, vocab)
     lines = []
     for name, builder in (("topk_fused", verify.topk_fused_probs), ("topk_first", verify.topk_first_probs)):
         calls = iter(range(10**9))
@@ -78,11 +78,14 @@ def rows_lines(rows: int, sleep_ms: float) -> list[str]:
     return lines
 
 
-def host_wait_lines() -> list[str]:
-    lines = ["", "median ms of a call alone, and behind a 2 ms sleep kernel minus the sleep (GPU-bound)"]
+def host_wait_lines(vocab: int) -> list[str]:
+    lines = [
+        "",
+        f"vocab {vocab:,}: median ms of a call alone, and behind a 2 ms sleep kernel minus the sleep (GPU-bound)",
+    ]
     sleep_ms = median_ms(lambda: torch.cuda._sleep(SLEEP_CYCLES))
     for rows in (64, 512, 4096):
-        lines += rows_lines(rows, sleep_ms)
+        lines += rows_lines(rows, vocab, sleep_ms)
         torch.cuda.empty_cache()
     return lines
 
@@ -90,7 +93,8 @@ def host_wait_lines() -> list[str]:
 def main() -> None:
     if not torch.cuda.is_available():
         sys.exit("profile_topk_fused: needs a CUDA device (the kernels are Triton on CUDA)")
-    text = "\n".join([kernel_table(), *host_wait_lines()]) + "\n"
+    vocabs = [int(v) for v in (sys.argv[1] if len(sys.argv) > 1 else str(VOCAB)).split(",")]
+    text = "\n".join(line for v in vocabs for line in (kernel_table(v), *host_wait_lines(v), "")) + "\n"
     out = Path(os.environ.get("OUT", ".")) / "profile.log"
     out.write_text(text)
     print(text)
