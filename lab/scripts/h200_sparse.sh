@@ -6,11 +6,12 @@
 #                          [step_tune] [step_profile] [dense_profile] [fixed] [fixed_queued] [ab] [publish]
 #                                                                              (default: tests micro ab)
 #
-# One command makes a published set (results/published/verify-<card>-<date>/ is what it leaves in OUT, as is):
+# One command makes a published set (results/published/verify-h100-20261206-issue55 is one): what it leaves in OUT
+# goes to results/published/<set>/, but its logs other than gpu_tests.log to lab/results/<set>/ (the lab notebook):
 #   OUT=DIR COMMIT=<sha> lab/scripts/h200_sparse.sh publish
-# `publish` is the steps tests micro queued odd builders fixed fixed_queued step_profile dense_profile ab (about 11
-# minutes on an H200: over one lent call's 10, so split it across two calls with the same OUT's parts, e.g.
-# `tests micro queued builders` then `odd fixed fixed_queued step_profile dense_profile ab`), plus manifest.txt: the
+# `publish` is the steps tests micro queued odd builders fixed fixed_queued step_profile dense_profile ab (about 13
+# minutes on an H100, 2026-12-06: over one lent call's 10, so split it across two calls, e.g.
+# `tests micro queued odd builders` then `fixed fixed_queued step_profile dense_profile ab`), plus manifest.txt: the
 # date, COMMIT (default: git rev-parse HEAD, else "unknown"), the command, its steps and the ones that failed.
 #
 # That host has torch, Triton and CUDA but no network: what the harness needs beyond its image travels as
