@@ -117,7 +117,46 @@ def test_only_the_runners_report_step_imports_the_analysis():
     assert importers == {"harness.runner.report_step"}
 
 
-UNITS = ("harness.runner", "harness.engine", "harness.micro", "harness.verify", "harness.host")
+UNITS = ("harness.runner", "harness.engine", "harness.micro", "harness.verify", "harness.host", "harness.models")
+# the three programs (README "Layout"): the runner is harness/bench.py with harness/runner/
+PROGRAMS = {
+    "the runner": ("harness.bench", "harness.runner"),
+    "the embedded server": ("harness.engine",),
+    "the microbenchmark": ("harness.micro",),
+}
+
+
+def program(module: str) -> str | None:
+    """Which of the three programs a module belongs to, or None (what they share: models, verify, host, ...)."""
+    for name, roots in PROGRAMS.items():
+        if any(module == r or module.startswith(r + ".") for r in roots):
+            return name
+    return None
+
+
+def cross_imports(graph: dict[str, set[str]]) -> list[tuple[str, str]]:
+    """(importer, imported) for every import, anywhere in a module, from one program into another."""
+    return sorted(
+        (name, target)
+        for name, targets in graph.items()
+        for target in targets
+        if program(name) and program(target) and program(name) != program(target)
+    )
+
+
+def test_the_cross_import_finder_finds_one():
+    graph = {"harness.runner.command": {"harness.models.check", "harness.engine.args"}, "harness.micro.bank": set()}
+    assert cross_imports(graph) == [("harness.runner.command", "harness.engine.args")]
+    assert cross_imports({"harness.bench": {"harness.micro"}}) == [("harness.bench", "harness.micro")]
+    assert cross_imports({"harness.engine.service": {"harness.models.real", "harness.verify"}}) == []
+
+
+def test_the_three_programs_never_import_each_other():
+    """The runner, the embedded server and the microbenchmark share harness.models (what --model-path names),
+    harness.verify, harness.host and the top-level helpers; none imports another, not even inside a function.
+    The runner starts the embedded server as a process and runs its argv check (harness/engine/argv_probe.py)
+    by path, in the server's own interpreter."""
+    assert cross_imports(import_graph()) == []
 
 
 def unit(module: str) -> str:
