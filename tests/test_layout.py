@@ -232,3 +232,22 @@ def test_the_cuda_build_of_torch_is_read_without_importing_it():
     proc = subprocess.run([sys.executable, "-c", probe], capture_output=True, text=True, cwd=ROOT, timeout=60)
     assert proc.stdout.split() == [str(torch.version.cuda), "False"], proc.stderr
     assert envinfo._torch_cuda() == torch.version.cuda  # torch imported: read from it
+
+
+def reached(graph: dict[str, set[str]], start: str) -> set[str]:
+    """Every module that `start` imports, directly or through others."""
+    seen, todo = set(), [start]
+    while todo:
+        for target in graph[todo.pop()] - seen:
+            seen.add(target)
+            todo.append(target)
+    return seen
+
+
+def test_the_metrics_stand_on_the_selection_not_on_the_audit():
+    """The figures and the checks read the same selection (analysis.selection) side by side: the metrics never
+    reach the audit, not even through another module, and the audit's checks can change without them."""
+    graph = import_graph()
+    assert "analysis.selection" in graph["analysis.metrics"]
+    assert "analysis.audit" not in reached(graph, "analysis.metrics"), sorted(reached(graph, "analysis.metrics"))
+    assert reached({"a": {"b"}, "b": {"c"}, "c": {"a"}}, "a") == {"a", "b", "c"}
