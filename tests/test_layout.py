@@ -1,7 +1,8 @@
 """The layout keeps its promises (README "Layout"): no import loop anywhere in harness/ or analysis/ (imports
-inside functions included; between the parts only the loop the design card forces), analysis/ reads nothing of
-harness but its contract (harness.contract), only the runner's report step imports the analysis, and the
-embedded server and the microbenchmark load no library they do not use."""
+inside functions included; between the parts only the loop the design card forces), the three programs (runner,
+embedded server, microbenchmark) never import each other, analysis/ reads nothing of harness but its contract
+(harness.contract), only the runner's report step imports the analysis, the metrics stand on the selection and not
+on the audit, and the embedded server and the microbenchmark load no library they do not use."""
 
 from __future__ import annotations
 
