@@ -20,60 +20,23 @@ from analysis.code import CHECK_NAME, check_code, fingerprint, firsts, run_codes
 from analysis.commands import ArmDiff, RunVariant, compare_arms, interpreter_only, run_variants
 from analysis.load import NO_MANIFEST, NOT_RUN, Loaded, flag_value, segment_sums
 from analysis.read_records import line_numbers
-from analysis.selection import INVALID_REASONS, Picked, PlanKeys, Selection
+from analysis.selection import (
+    FOREIGN_CPU_FRAC,
+    FOREIGN_SNAPSHOT_FRAC,
+    FOREIGN_STEAL_FRAC,
+    INVALID_REASONS,
+    Mismatch,
+    Picked,
+    PlanKeys,
+    Selection,
+    few,
+    foreign_load,
+    foreign_reasons,
+    recompute_hit_cap,
+)
+from harness.contract import request_seed
 
 _RTOL = 1e-6
-# Foreign load (manifest `machine`): other processes used more than this share of all CPUs during the run,
-# the hypervisor stole more than this share, or a 1 s sample before or after the run exceeded this.
-FOREIGN_CPU_FRAC = 0.10
-FOREIGN_STEAL_FRAC = 0.05
-FOREIGN_SNAPSHOT_FRAC = 0.25
-SEED_STREAM_STRIDE = 2**32
-
-
-def foreign_load(runs: pd.DataFrame) -> np.ndarray:
-    """[runs] True where the manifest's `machine` shows other work on the machine (thresholds above)."""
-    with np.errstate(invalid="ignore"):
-        during = (runs["cpu_other_frac"].to_numpy(float) > FOREIGN_CPU_FRAC) | (
-            runs["steal_frac"].to_numpy(float) > FOREIGN_STEAL_FRAC
-        )
-        around = (runs["cpu_other_before"].to_numpy(float) > FOREIGN_SNAPSHOT_FRAC) | (
-            runs["cpu_other_after"].to_numpy(float) > FOREIGN_SNAPSHOT_FRAC
-        )
-    return during | around
-
-
-def foreign_reasons(run: Any) -> list[str]:
-    """Why a run (a row of the runs table) counts as taken under foreign load."""
-    out = []
-    if run.cpu_other_frac > FOREIGN_CPU_FRAC:
-        out.append(
-            f"other processes used {run.cpu_other_frac:.0%} of all CPUs during the run (> {FOREIGN_CPU_FRAC:.0%})"
-        )
-    if run.steal_frac > FOREIGN_STEAL_FRAC:
-        out.append(f"steal {run.steal_frac:.0%} (> {FOREIGN_STEAL_FRAC:.0%})")
-    for when, value in (("before", run.cpu_other_before), ("after", run.cpu_other_after)):
-        if value > FOREIGN_SNAPSHOT_FRAC:
-            out.append(
-                f"{value:.0%} of all CPUs busy in other processes just {when} it (> {FOREIGN_SNAPSHOT_FRAC:.0%})"
-            )
-    return out
-
-
-@dataclass(frozen=True)
-class Mismatch:
-    """Checked metadata that differ between runs or campaigns: value -> where it was seen."""
-
-    what: str
-    values: dict[str, list[str]]
-
-    def __str__(self) -> str:
-        parts = [f"{v} ({_few(where)})" for v, where in self.values.items()]
-        return f"{self.what}: " + "; ".join(parts)
-
-
-def _few(names: list[str], n: int = 3) -> str:
-    return ", ".join(names[:n]) + (f" and {len(names) - n} more" if len(names) > n else "")
 
 
 @dataclass
@@ -95,52 +58,6 @@ class Audit:
     @property
     def passed(self) -> bool:
         return not self.failed
-
-
-# ---------------------------------------------------------------------------------------------
-# checked metadata
-
-
-def metadata_mismatches(data: Loaded) -> list[Mismatch]:
-    """Checked metadata that differ: GPU model, model path, dataset SHA256, harness version, and
-    (between campaigns) the experiment, its arms and baseline, and the client settings."""
-    runs = data.runs[~data.runs["status"].isin((NOT_RUN, NO_MANIFEST))]  # check_runs names those
-    out = [_distinct(f"run {col}", runs, col) for col in _RUN_CHECKED]
-    out.append(_distinct_campaign(data, "dataset SHA256", lambda c: (c.meta.get("workload") or {}).get("sha256")))
-    for what, get in _CAMPAIGN_CHECKED.items():
-        out.append(_distinct_campaign(data, what, get))
-    return [m for m in out if m is not None]
-
-
-_RUN_CHECKED = ("gpu_name", "model_path", "dataset_sha256", "harness_version", "harness_git_sha")
-_CAMPAIGN_CHECKED = {
-    "experiment": lambda c: c.experiment,
-    "arms (as declared)": lambda c: c.arms,
-    "baseline": lambda c: c.baseline,
-    "max_new_tokens": lambda c: c.meta.get("max_new_tokens"),
-    "concurrency": lambda c: c.meta.get("concurrency"),
-    "request_rate": lambda c: c.meta.get("request_rate"),
-}
-
-
-def _distinct(what: str, runs: pd.DataFrame, col: str) -> Mismatch | None:
-    seen: dict[str, list[str]] = {}
-    for value, run_id, camp in zip(runs[col], runs["run_id"], runs["campaign"], strict=True):
-        seen.setdefault(_key(value), []).append(f"{camp}/{run_id}")
-    return Mismatch(what, seen) if len(seen) > 1 else None
-
-
-def _distinct_campaign(data: Loaded, what: str, get: Any) -> Mismatch | None:
-    seen: dict[str, list[str]] = {}
-    for camp in data.campaigns:
-        seen.setdefault(_key(get(camp)), []).append(camp.label)
-    return Mismatch(what, seen) if len(seen) > 1 else None
-
-
-def _key(value: Any) -> str:
-    if value is None or (isinstance(value, float) and np.isnan(value)):
-        return "(none)"
-    return str(value)
 
 
 # ---------------------------------------------------------------------------------------------
@@ -357,8 +274,8 @@ def check_seeds(data: Loaded, sel: Selection, plan: PlanKeys) -> Check:
         else np.full(len(item), np.nan)
     )
     base = runs["base_seed"].to_numpy(dtype="float64", na_value=np.nan)[run]
-    stream = runs["seed_stream"].to_numpy(dtype="float64")[run] * SEED_STREAM_STRIDE  # exact below 2**53
-    planned = np.where(seeded, base + offset + stream, np.nan)
+    stream = runs["seed_stream"].to_numpy(dtype="float64")[run]
+    planned = np.where(seeded, request_seed(base, offset, stream), np.nan)  # float64: exact below 2**53
     got = rec["request_seed"].to_numpy(dtype="float64", na_value=np.nan)
     rec_offset = rec["seed_offset"].to_numpy(dtype="float64", na_value=np.nan)
     same = (got == planned) | (np.isnan(got) & np.isnan(planned))
@@ -657,12 +574,6 @@ def check_hit_cap(data: Loaded, sel: Selection) -> Check:
     )
 
 
-def recompute_hit_cap(rec: pd.DataFrame) -> np.ndarray:
-    """finish_reason == "length" and completion_tokens >= max_new_tokens, per record."""
-    length = (rec["finish_reason"] == "length").to_numpy(dtype=bool, na_value=False)
-    return length & (rec["completion_tokens"].to_numpy() >= rec["max_new_tokens"].to_numpy())
-
-
 def check_metadata(mismatches: list[Mismatch], allow_mismatch: bool) -> Check:
     name = "Checked metadata match (GPU, model, dataset SHA256, harness version)"
     if not mismatches:
@@ -710,10 +621,10 @@ def check_nodes(data: Loaded) -> Check:
     types = runs.groupby("node_type", dropna=False, sort=True)["run_id"].apply(list)
     if len(types) > 1:
         details += [
-            f"mixed hardware: {t if isinstance(t, str) else 'unknown'}: {_few(list(ids))}" for t, ids in types.items()
+            f"mixed hardware: {t if isinstance(t, str) else 'unknown'}: {few(list(ids))}" for t, ids in types.items()
         ]
     hosts = sorted(runs["hostname"].unique())
-    summary = f"{len(runs)} runs on {len(hosts)} node(s) ({_few(hosts)}); " + (
+    summary = f"{len(runs)} runs on {len(hosts)} node(s) ({few(hosts)}); " + (
         f"{len(types)} node types" if len(types) > 1 else f"node type: {types.index[0]}"
     )
     return Check(name, FAIL if details else OK, summary, tuple(details))

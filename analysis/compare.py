@@ -77,18 +77,18 @@ class ChangeSet:
         return pd.DataFrame(rows)
 
 
-def compare(m: Metrics, n_boot: int, seed: int, items: dict[ChangeKey, Change] | None = None) -> ChangeSet:
-    """Every change; `items`: item_based(m, n_boot, seed) when already computed (from the request tables alone)."""
-    changes = dict(item_based(m, n_boot, seed) if items is None else items)
-    changes.update(run_changes(m, seed))
+def compare(m: Metrics, n_boot: int, bootstrap_seed: int, items: dict[ChangeKey, Change] | None = None) -> ChangeSet:
+    """Every change; `items`: item_based(m, n_boot, bootstrap_seed) when already computed (from the request tables alone)."""
+    changes = dict(item_based(m, n_boot, bootstrap_seed) if items is None else items)
+    changes.update(run_changes(m, bootstrap_seed))
     return ChangeSet(changes)
 
 
-def item_based(t: RequestTables, n_boot: int, seed: int) -> dict[ChangeKey, Change]:
+def item_based(t: RequestTables, n_boot: int, bootstrap_seed: int) -> dict[ChangeKey, Change]:
     """The ratio metrics' changes (bootstraps over items): they need the request tables only."""
     matrix, layouts, _ = item_matrix(t)
-    changes = item_changes(t, matrix, layouts, n_boot, np.random.default_rng([seed, 0]))
-    changes.update(category_changes(t, matrix, layouts, n_boot, seed))
+    changes = item_changes(t, matrix, layouts, n_boot, np.random.default_rng([bootstrap_seed, 0]))
+    changes.update(category_changes(t, matrix, layouts, n_boot, bootstrap_seed))
     return changes
 
 
@@ -174,7 +174,7 @@ def _items_in_group(matrix: np.ndarray, lay: _Layout, group: int, quantity: str)
 
 
 def category_changes(
-    m: RequestTables, matrix: np.ndarray, layouts: dict[str, _Layout], n_boot: int, seed: int
+    m: RequestTables, matrix: np.ndarray, layouts: dict[str, _Layout], n_boot: int, bootstrap_seed: int
 ) -> dict[ChangeKey, Change]:
     """Per-category changes, each from a bootstrap over the category's own items (stratified; `matrix`,
     `layouts`: item_matrix's)."""
@@ -191,7 +191,7 @@ def category_changes(
         local = _Layout(0, lay.quantities, lay.n_arms)  # the columns of `sub`: arm-major, then quantity
         n_items = _items_in_group(sub, local, 0, "verify_steps")
         point = sub.sum(axis=0)
-        boot = bootstrap_sums(sub, n_boot, np.random.default_rng([seed, 2, g]))
+        boot = bootstrap_sums(sub, n_boot, np.random.default_rng([bootstrap_seed, 2, g]))
         for metric, (num, den) in RATIO_METRICS.items():
             if num not in lay.quantities or den not in lay.quantities:
                 continue
@@ -230,7 +230,7 @@ def _pair_flagged(pairs: pd.DataFrame) -> np.ndarray:
     return pairs["foreign_load_b"].to_numpy(bool) | pairs["foreign_load_a"].to_numpy(bool)
 
 
-def run_changes(m: Metrics, seed: int) -> dict[ChangeKey, Change]:
+def run_changes(m: Metrics, bootstrap_seed: int) -> dict[ChangeKey, Change]:
     out: dict[ChangeKey, Change] = {}
     stream = 0
     for arm in m.arms:
@@ -241,13 +241,15 @@ def run_changes(m: Metrics, seed: int) -> dict[ChangeKey, Change]:
         for metric, (num, den) in RUN_METRICS.items():
             stream += 1
             out[("pooled", "all", metric, arm)] = paired_change(
-                _pair_array(pairs, num, den), np.random.default_rng([seed, 1, stream]), flagged
+                _pair_array(pairs, num, den), np.random.default_rng([bootstrap_seed, 1, stream]), flagged
             )
         for label in m.partitions["seed"].labels:
             stream += 1
             sub = pairs[pairs["base_seed"] == label]
             out[("seed", label, "throughput", arm)] = paired_change(
-                _pair_array(sub, "tokens", "window_s"), np.random.default_rng([seed, 1, stream]), _pair_flagged(sub)
+                _pair_array(sub, "tokens", "window_s"),
+                np.random.default_rng([bootstrap_seed, 1, stream]),
+                _pair_flagged(sub),
             )
     return out
 

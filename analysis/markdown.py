@@ -14,13 +14,14 @@ from typing import Any
 import pandas as pd
 from tabulate import tabulate
 
-from analysis.audit import FOREIGN_CPU_FRAC, FOREIGN_SNAPSHOT_FRAC, FOREIGN_STEAL_FRAC, Audit
+from analysis.audit import Audit
 from analysis.check import FAIL, OK, WARN, Check
 from analysis.code import arm_changes, describe, describe_binary, firsts, package_differences, run_codes
 from analysis.commands import normalise
 from analysis.compare import POWER_CHANGES, POWER_NOTE
 from analysis.metrics import MIN_PERCENTILE_VALUES
 from analysis.model import Report
+from analysis.selection import FOREIGN_CPU_FRAC, FOREIGN_SNAPSHOT_FRAC, FOREIGN_STEAL_FRAC
 from analysis.stats import MIN_ITEMS, MIN_PAIRS, MIN_PAIRS_FOR_SD
 from analysis.tables import fmt_change, fmt_num, fmt_pairs, fmt_pct
 
@@ -82,7 +83,7 @@ def _header(report: Report) -> str:
     lines.append(f"Arms: {arms}. Declared difference: {first.meta.get('declared_difference') or '(none declared)'}.")
     lines.append(
         f"Intervals: acceptance length and drafts per step, 95% paired bootstrap over items "
-        f"({report.n_boot} resamples, seed {report.seed}; none below {MIN_ITEMS} items); per-run metrics, "
+        f"({report.n_boot} resamples, seed {report.bootstrap_seed}; none below {MIN_ITEMS} items); per-run metrics, "
         f"95% t-interval on the per-pair log ratios (none below {MIN_PAIRS} run pairs). See Method."
     )
     return "\n".join(lines) + "\n"

@@ -35,10 +35,9 @@ from dataclasses import dataclass
 import numpy as np
 import pandas as pd
 
-from analysis.audit import foreign_load, recompute_hit_cap
 from analysis.itl import PERCENTILES, ItlSummary, itl_summary
 from analysis.load import Chunks, Loaded
-from analysis.selection import Picked
+from analysis.selection import Picked, foreign_load, recompute_hit_cap
 
 LATENCIES = ("ttft", "e2e", "itl", "tpot")  # percentile families
 MIN_PERCENTILE_VALUES = 100  # a percentile over fewer values is flagged in the report

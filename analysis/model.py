@@ -31,7 +31,7 @@ class Report:
     tables: Tables
     figures: dict[str, str]  # file name under figures/ -> caption
     n_boot: int
-    seed: int
+    bootstrap_seed: int  # the seed of the bootstrap and permutation draws
     power: pd.DataFrame  # run pairs needed for a 1%, 2%, 5% change at 80% power (compare.power_table)
     acceptance: Acceptance | None = None  # per draft position (None without correct-drafts histograms)
     outputs: list[Identity] = field(default_factory=list)  # per non-baseline arm: its outputs against the baseline's

@@ -60,7 +60,7 @@ def draft_positions(hist: np.ndarray, proposed: np.ndarray, steps: np.ndarray) -
     return max(hist.shape[1] - 1, per_step)
 
 
-def compute(data: Loaded, used: np.ndarray, m: RequestTables, n_boot: int, seed: int) -> Acceptance | None:
+def compute(data: Loaded, used: np.ndarray, m: RequestTables, n_boot: int, bootstrap_seed: int) -> Acceptance | None:
     """`used`: the audit's used-record mask (the rows of m.requests, in order). None when no used request
     carries a histogram."""
     req = m.requests
@@ -103,7 +103,7 @@ def compute(data: Loaded, used: np.ndarray, m: RequestTables, n_boot: int, seed:
         }
         count[name] = int(mine.sum())
     group = m.partitions["seed"].code(run, item) if "seed" in m.partitions else np.zeros(len(run), dtype=np.int64)
-    changes, seeds = _changes(ge, steps, arm, item, group, m, n_boot, seed, set(rates))
+    changes, seeds = _changes(ge, steps, arm, item, group, m, n_boot, bootstrap_seed, set(rates))
     return Acceptance(
         gamma, out_hist, rates, draft, mean, dist, count, int((~present).sum()), changes, seeds, tuple(no_drafts)
     )
@@ -117,7 +117,7 @@ def _changes(
     group: np.ndarray,
     m: RequestTables,
     n_boot: int,
-    seed: int,
+    bootstrap_seed: int,
     drafted: set[str],
 ) -> tuple[dict[str, list[Change]], pd.DataFrame]:
     """Paired item-bootstrap changes of each position's rate: pooled (column block 0) and per seed (1..), for
@@ -140,7 +140,7 @@ def _changes(
             ).reshape(groups, n_arms, n_items)
     matrix = sums.transpose(2, 0, 1, 3).reshape(n_items, n_groups * n_arms * width)  # column (g, arm, q)
     point = matrix.sum(axis=0)
-    boot = bootstrap_sums(matrix, n_boot, np.random.default_rng([seed, 5]))
+    boot = bootstrap_sums(matrix, n_boot, np.random.default_rng([bootstrap_seed, 5]))
     b = m.arms.index(m.baseline)
 
     def col(g: int, a: int, q: int) -> int:

@@ -17,19 +17,19 @@ from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
 from analysis import markdown, plots, positions, pr, summary
-from analysis.audit import Mismatch, metadata_mismatches, run_audit
+from analysis.audit import run_audit
 from analysis.compare import POWER_CHANGES, compare, item_based, power_table
 from analysis.load import InputError, load
 from analysis.memory import report_memory
 from analysis.metrics import report_arm_order, start
 from analysis.model import Report
 from analysis.outputs import check_outputs, compare_outputs
-from analysis.selection import pick
+from analysis.selection import Mismatch, metadata_mismatches, pick
 from analysis.stats import MIN_PAIRS_FOR_SD
 from analysis.tables import build, fmt_pairs
 
 DEFAULT_BOOTSTRAP = 2000
-DEFAULT_SEED = 0
+DEFAULT_BOOTSTRAP_SEED = 0
 EXIT_OK, EXIT_AUDIT_FAILED, EXIT_REFUSED = 0, 1, 2
 
 
@@ -51,20 +51,24 @@ def build_report(
     *,
     allow_mismatch: bool = False,
     n_boot: int = DEFAULT_BOOTSTRAP,
-    seed: int = DEFAULT_SEED,
+    bootstrap_seed: int = DEFAULT_BOOTSTRAP_SEED,
     force_slow_reader: bool = False,
 ) -> Report:
     """Read, audit and analyse the campaigns under `paths` (with report_memory()'s allocation settings). Raises
     InputError or MismatchError."""
-    if n_boot < 1 or seed < 0:
+    if n_boot < 1 or bootstrap_seed < 0:
         raise InputError(
-            f"--bootstrap must be >= 1, got {n_boot}" if n_boot < 1 else f"--seed must be >= 0, got {seed}"
+            f"--bootstrap must be >= 1, got {n_boot}"
+            if n_boot < 1
+            else f"--bootstrap-seed must be >= 0, got {bootstrap_seed}"
         )
     with report_memory():
-        return _build(paths, allow_mismatch, n_boot, seed, force_slow_reader)
+        return _build(paths, allow_mismatch, n_boot, bootstrap_seed, force_slow_reader)
 
 
-def _build(paths: list[str | Path], allow_mismatch: bool, n_boot: int, seed: int, force_slow_reader: bool) -> Report:
+def _build(
+    paths: list[str | Path], allow_mismatch: bool, n_boot: int, bootstrap_seed: int, force_slow_reader: bool
+) -> Report:
     data = load(paths, force_slow=force_slow_reader)
     mismatches = metadata_mismatches(data)
     if mismatches and not allow_mismatch:
@@ -79,11 +83,11 @@ def _build(paths: list[str | Path], allow_mismatch: bool, n_boot: int, seed: int
     with ThreadPoolExecutor(max_workers=4) as pool:
         audit_job = pool.submit(run_audit, data, picked, arms, baseline, mismatches, allow_mismatch)
         requests, metrics_job = start(data, picked, arms, baseline, pool)
-        positions_job = pool.submit(positions.compute, data, picked.selection.used, requests, n_boot, seed)
+        positions_job = pool.submit(positions.compute, data, picked.selection.used, requests, n_boot, bootstrap_seed)
         outputs_job = pool.submit(compare_outputs, data, picked.selection.used, arms, baseline)
-        items = item_based(requests, n_boot, seed)
+        items = item_based(requests, n_boot, bootstrap_seed)
         metrics = metrics_job.result()
-        comparison = compare(metrics, n_boot, seed, items)
+        comparison = compare(metrics, n_boot, bootstrap_seed, items)
         audit, by_position, outputs = audit_job.result(), positions_job.result(), outputs_job.result()
     audit.checks.append(check_outputs(outputs, data.campaigns[0].expect))
     tables = build(metrics, comparison, data.campaigns[0].meta.get("max_new_tokens"), len(data.campaigns) > 1)
@@ -98,7 +102,7 @@ def _build(paths: list[str | Path], allow_mismatch: bool, n_boot: int, seed: int
         tables=tables,
         figures=plots.figure_specs(metrics, by_position),
         n_boot=n_boot,
-        seed=seed,
+        bootstrap_seed=bootstrap_seed,
         power=power_table(metrics),
         acceptance=by_position,
         outputs=outputs,
@@ -174,11 +178,11 @@ def parser() -> argparse.ArgumentParser:
         help=f"bootstrap resamples for the 95%% intervals (default {DEFAULT_BOOTSTRAP})",
     )
     p.add_argument(
-        "--seed",
+        "--bootstrap-seed",
         type=int,
-        default=DEFAULT_SEED,
+        default=DEFAULT_BOOTSTRAP_SEED,
         metavar="S",
-        help=f"seed of the bootstrap and permutation draws (default {DEFAULT_SEED})",
+        help=f"seed of the bootstrap and permutation draws (default {DEFAULT_BOOTSTRAP_SEED})",
     )
     return p
 
@@ -193,7 +197,10 @@ def run_cli(argv: list[str] | None = None) -> tuple[int, Report | None]:
     args = parser().parse_args(argv)
     try:
         report = build_report(
-            args.results_dirs, allow_mismatch=args.allow_mismatch, n_boot=args.bootstrap, seed=args.seed
+            args.results_dirs,
+            allow_mismatch=args.allow_mismatch,
+            n_boot=args.bootstrap,
+            bootstrap_seed=args.bootstrap_seed,
         )
     except (InputError, MismatchError) as err:
         print(f"analysis.report: {err}", file=sys.stderr)

@@ -1,16 +1,19 @@
 """Which records the figures use: the planned requests (`PlanKeys`), the masks over `Loaded.records` that say which
 records are measured, chosen (the first of each planned request), errored or used (`Selection`), and the values no
 server or client can have produced (`invalid_values`). Fixed once, before any check runs (`pick`), so that the
-metrics and the audit's checks read the same selection side by side."""
+metrics and the audit's checks read the same selection side by side. And what else decides which figures count:
+the runs taken under foreign load (`foreign_load`), hit_cap recomputed from the records (`recompute_hit_cap`), the
+checked metadata that differ between runs or campaigns (`metadata_mismatches`: a report refuses to compare them)."""
 
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import Any
 
 import numpy as np
 import pandas as pd
 
-from analysis.load import Loaded
+from analysis.load import NO_MANIFEST, NOT_RUN, Loaded
 
 FINISHED_REASONS = ("stop", "length")
 
@@ -148,3 +151,115 @@ def pick(data: Loaded) -> Picked:
     plan = plan_keys(data)
     selection, key = select(data, plan)
     return Picked(plan, selection, key)
+
+
+# ---------------------------------------------------------------------------------------------
+# foreign load
+
+# Foreign load (manifest `machine`): other processes used more than this share of all CPUs during the run,
+# the hypervisor stole more than this share, or a 1 s sample before or after the run exceeded this.
+FOREIGN_CPU_FRAC = 0.10
+FOREIGN_STEAL_FRAC = 0.05
+FOREIGN_SNAPSHOT_FRAC = 0.25
+
+
+def foreign_load(runs: pd.DataFrame) -> np.ndarray:
+    """[runs] True where the manifest's `machine` shows other work on the machine (thresholds above)."""
+    with np.errstate(invalid="ignore"):
+        during = (runs["cpu_other_frac"].to_numpy(float) > FOREIGN_CPU_FRAC) | (
+            runs["steal_frac"].to_numpy(float) > FOREIGN_STEAL_FRAC
+        )
+        around = (runs["cpu_other_before"].to_numpy(float) > FOREIGN_SNAPSHOT_FRAC) | (
+            runs["cpu_other_after"].to_numpy(float) > FOREIGN_SNAPSHOT_FRAC
+        )
+    return during | around
+
+
+def foreign_reasons(run: Any) -> list[str]:
+    """Why a run (a row of the runs table) counts as taken under foreign load."""
+    out = []
+    if run.cpu_other_frac > FOREIGN_CPU_FRAC:
+        out.append(
+            f"other processes used {run.cpu_other_frac:.0%} of all CPUs during the run (> {FOREIGN_CPU_FRAC:.0%})"
+        )
+    if run.steal_frac > FOREIGN_STEAL_FRAC:
+        out.append(f"steal {run.steal_frac:.0%} (> {FOREIGN_STEAL_FRAC:.0%})")
+    for when, value in (("before", run.cpu_other_before), ("after", run.cpu_other_after)):
+        if value > FOREIGN_SNAPSHOT_FRAC:
+            out.append(
+                f"{value:.0%} of all CPUs busy in other processes just {when} it (> {FOREIGN_SNAPSHOT_FRAC:.0%})"
+            )
+    return out
+
+
+# ---------------------------------------------------------------------------------------------
+# hit_cap
+
+
+def recompute_hit_cap(rec: pd.DataFrame) -> np.ndarray:
+    """finish_reason == "length" and completion_tokens >= max_new_tokens, per record."""
+    length = (rec["finish_reason"] == "length").to_numpy(dtype=bool, na_value=False)
+    return length & (rec["completion_tokens"].to_numpy() >= rec["max_new_tokens"].to_numpy())
+
+
+# ---------------------------------------------------------------------------------------------
+# checked metadata
+
+
+@dataclass(frozen=True)
+class Mismatch:
+    """Checked metadata that differ between runs or campaigns: value -> where it was seen."""
+
+    what: str
+    values: dict[str, list[str]]
+
+    def __str__(self) -> str:
+        parts = [f"{v} ({few(where)})" for v, where in self.values.items()]
+        return f"{self.what}: " + "; ".join(parts)
+
+
+def few(names: list[str], n: int = 3) -> str:
+    """The first n names, and how many more."""
+    return ", ".join(names[:n]) + (f" and {len(names) - n} more" if len(names) > n else "")
+
+
+def metadata_mismatches(data: Loaded) -> list[Mismatch]:
+    """Checked metadata that differ: GPU model, model path, dataset SHA256, harness version, and
+    (between campaigns) the experiment, its arms and baseline, and the client settings."""
+    runs = data.runs[~data.runs["status"].isin((NOT_RUN, NO_MANIFEST))]  # check_runs names those
+    out = [_distinct(f"run {col}", runs, col) for col in _RUN_CHECKED]
+    out.append(_distinct_campaign(data, "dataset SHA256", lambda c: (c.meta.get("workload") or {}).get("sha256")))
+    for what, get in _CAMPAIGN_CHECKED.items():
+        out.append(_distinct_campaign(data, what, get))
+    return [m for m in out if m is not None]
+
+
+_RUN_CHECKED = ("gpu_name", "model_path", "dataset_sha256", "harness_version", "harness_git_sha")
+_CAMPAIGN_CHECKED = {
+    "experiment": lambda c: c.experiment,
+    "arms (as declared)": lambda c: c.arms,
+    "baseline": lambda c: c.baseline,
+    "max_new_tokens": lambda c: c.meta.get("max_new_tokens"),
+    "concurrency": lambda c: c.meta.get("concurrency"),
+    "request_rate": lambda c: c.meta.get("request_rate"),
+}
+
+
+def _distinct(what: str, runs: pd.DataFrame, col: str) -> Mismatch | None:
+    seen: dict[str, list[str]] = {}
+    for value, run_id, camp in zip(runs[col], runs["run_id"], runs["campaign"], strict=True):
+        seen.setdefault(_key(value), []).append(f"{camp}/{run_id}")
+    return Mismatch(what, seen) if len(seen) > 1 else None
+
+
+def _distinct_campaign(data: Loaded, what: str, get: Any) -> Mismatch | None:
+    seen: dict[str, list[str]] = {}
+    for camp in data.campaigns:
+        seen.setdefault(_key(get(camp)), []).append(camp.label)
+    return Mismatch(what, seen) if len(seen) > 1 else None
+
+
+def _key(value: Any) -> str:
+    if value is None or (isinstance(value, float) and np.isnan(value)):
+        return "(none)"
+    return str(value)

@@ -64,7 +64,7 @@ def summary(report: Report) -> dict[str, Any]:
             "failed": [c.name for c in audit.failed],
             "warned": [c.name for c in audit.checks if c.status == "warn"],
         },
-        "intervals": {"level": 0.95, "bootstrap_resamples": report.n_boot, "seed": report.seed},
+        "intervals": {"level": 0.95, "bootstrap_resamples": report.n_boot, "seed": report.bootstrap_seed},
         "pooled": pooled(report),
         "counts": counts(report),
         "per_seed": per_seed(report),

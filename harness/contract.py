@@ -51,6 +51,16 @@ def unmeasured(key: str) -> bool:
     return any(".".join(parts[:n]) in UNMEASURED_KEYS for n in range(1, len(parts) + 1))
 
 
+SEED_STREAM_STRIDE = 2**32  # an arm's seed_stream moves every request seed of its runs this far
+
+
+def request_seed(base_seed: Any, seed_offset: Any, seed_stream: Any) -> Any:
+    """The planned `sampling_seed` of a request: the run's base seed + the item's seed_offset + the arm's
+    seed_stream * 2**32. Ints for one request (the runner's plan), numpy arrays element by element for many
+    (the audit's check of the records; float64 is exact below 2**53)."""
+    return base_seed + seed_offset + seed_stream * SEED_STREAM_STRIDE
+
+
 RunStatus = Literal["running", "finished", "failed"]  # a run's manifest and its campaign.json order entry
 FinishReason = Literal["stop", "length", "abort", "error"]  # a record's finish_reason
 

@@ -1,7 +1,8 @@
 """The layout keeps its promises (README "Layout"): no import loop anywhere in harness/ or analysis/ (imports
-inside functions included; between the parts only the loop the design card forces), analysis/ reads nothing of
-harness but its contract (harness.contract), only the runner's report step imports the analysis, and the
-embedded server and the microbenchmark load no library they do not use."""
+inside functions included; between the parts only the loop the design card forces), the three programs (runner,
+embedded server, microbenchmark) never import each other, analysis/ reads nothing of harness but its contract
+(harness.contract), only the runner's report step imports the analysis, the metrics stand on the selection and not
+on the audit, and the embedded server and the microbenchmark load no library they do not use."""
 
 from __future__ import annotations
 
@@ -117,7 +118,46 @@ def test_only_the_runners_report_step_imports_the_analysis():
     assert importers == {"harness.runner.report_step"}
 
 
-UNITS = ("harness.runner", "harness.engine", "harness.micro", "harness.verify", "harness.host")
+UNITS = ("harness.runner", "harness.engine", "harness.micro", "harness.verify", "harness.host", "harness.models")
+# the three programs (README "Layout"): the runner is harness/bench.py with harness/runner/
+PROGRAMS = {
+    "the runner": ("harness.bench", "harness.runner"),
+    "the embedded server": ("harness.engine",),
+    "the microbenchmark": ("harness.micro",),
+}
+
+
+def program(module: str) -> str | None:
+    """Which of the three programs a module belongs to, or None (what they share: models, verify, host, ...)."""
+    for name, roots in PROGRAMS.items():
+        if any(module == r or module.startswith(r + ".") for r in roots):
+            return name
+    return None
+
+
+def cross_imports(graph: dict[str, set[str]]) -> list[tuple[str, str]]:
+    """(importer, imported) for every import, anywhere in a module, from one program into another."""
+    return sorted(
+        (name, target)
+        for name, targets in graph.items()
+        for target in targets
+        if program(name) and program(target) and program(name) != program(target)
+    )
+
+
+def test_the_cross_import_finder_finds_one():
+    graph = {"harness.runner.command": {"harness.models.check", "harness.engine.args"}, "harness.micro.bank": set()}
+    assert cross_imports(graph) == [("harness.runner.command", "harness.engine.args")]
+    assert cross_imports({"harness.bench": {"harness.micro"}}) == [("harness.bench", "harness.micro")]
+    assert cross_imports({"harness.engine.service": {"harness.models.real", "harness.verify"}}) == []
+
+
+def test_the_three_programs_never_import_each_other():
+    """The runner, the embedded server and the microbenchmark share harness.models (what --model-path names),
+    harness.verify, harness.host and the top-level helpers; none imports another, not even inside a function.
+    The runner starts the embedded server as a process and runs its argv check (harness/engine/argv_probe.py)
+    by path, in the server's own interpreter."""
+    assert cross_imports(import_graph()) == []
 
 
 def unit(module: str) -> str:
@@ -193,3 +233,22 @@ def test_the_cuda_build_of_torch_is_read_without_importing_it():
     proc = subprocess.run([sys.executable, "-c", probe], capture_output=True, text=True, cwd=ROOT, timeout=60)
     assert proc.stdout.split() == [str(torch.version.cuda), "False"], proc.stderr
     assert envinfo._torch_cuda() == torch.version.cuda  # torch imported: read from it
+
+
+def reached(graph: dict[str, set[str]], start: str) -> set[str]:
+    """Every module that `start` imports, directly or through others."""
+    seen, todo = set(), [start]
+    while todo:
+        for target in graph[todo.pop()] - seen:
+            seen.add(target)
+            todo.append(target)
+    return seen
+
+
+def test_the_metrics_stand_on_the_selection_not_on_the_audit():
+    """The figures and the checks read the same selection (analysis.selection) side by side: the metrics never
+    reach the audit, not even through another module, and the audit's checks can change without them."""
+    graph = import_graph()
+    assert "analysis.selection" in graph["analysis.metrics"]
+    assert "analysis.audit" not in reached(graph, "analysis.metrics"), sorted(reached(graph, "analysis.metrics"))
+    assert reached({"a": {"b"}, "b": {"c"}, "c": {"a"}}, "a") == {"a", "b", "c"}

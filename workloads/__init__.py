@@ -38,7 +38,7 @@ def loaders() -> dict[str, Loader]:
 
 
 def load_workload(cfg: WorkloadConfig) -> Workload:
-    """Load, freeze-check and select the workload that `cfg` describes.
+    """Load, freeze-check and take the subset of the workload that `cfg` describes.
 
     Raises WorkloadError (a ValueError) with what to do when the data cannot be used as configured:
     unknown kind, missing or unreadable data, hash mismatch, placeholders, invalid rows.

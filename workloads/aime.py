@@ -13,16 +13,16 @@ from workloads.base import Item, Workload, WorkloadError
 from workloads.config import WorkloadConfig
 from workloads.pipeline import materialise, require_columns
 from workloads.prompts import math_prompt, user_messages
+from workloads.read_split import read_split
 from workloads.scoring import as_integer
-from workloads.selection import Candidate
-from workloads.sources import read_rows
+from workloads.subset import Candidate
 
 REQUIRED = ("problem_idx", "problem", "answer")
 
 
 def load(cfg: WorkloadConfig) -> Workload:
     """AIME 2025 from the hub / cache / `workload.path`, frozen by `workload.sha256`."""
-    src = read_rows(cfg)
+    src = read_split(cfg)
 
     def to_candidates(rows: list[dict[str, Any]]) -> list[Candidate]:
         require_columns(rows, REQUIRED, f"workload aime25: {src.label}")

@@ -43,7 +43,7 @@ class Workload:
     items: list[Item]
     skipped_placeholders: int = 0
     scorer: Scorer = field(default_factory=Scorer)
-    source: str = ""  # where the rows were read from: "hub", "file:<path>", "generated"
+    origin: str = ""  # where the rows were read from: "hub", "file:<path>", "generated"
 
     def score(self, item: Item, output_text: str) -> Score:
         """Score one response against the item's reference answer (see `workloads.scoring`)."""

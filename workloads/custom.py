@@ -20,8 +20,8 @@ from typing import Any
 from workloads.base import Item, Workload, WorkloadError
 from workloads.config import WorkloadConfig
 from workloads.pipeline import materialise, seed_offsets
-from workloads.selection import Candidate
-from workloads.sources import SourceRows, dataset_id_of, read_rows
+from workloads.read_split import SplitRows, dataset_id_of, read_split
+from workloads.subset import Candidate
 
 ALLOWED_KEYS = ("id", "prompt", "messages", "answer", "category", "meta")
 ROLES = ("system", "user", "assistant")
@@ -37,12 +37,12 @@ def load(cfg: WorkloadConfig) -> Workload:
         src, lines = read_jsonl(cfg, path)
         wheres = [f"{src.label}: line {n}" for n in lines]
     else:
-        src = read_rows(cfg)
+        src = read_split(cfg)
         wheres = [f"{src.label}: row {n}" for n in range(1, len(src.rows) + 1)]
     return materialise(cfg, src, lambda rows: to_candidates(rows, wheres))
 
 
-def read_jsonl(cfg: WorkloadConfig, path: Path) -> tuple[SourceRows, list[int]]:
+def read_jsonl(cfg: WorkloadConfig, path: Path) -> tuple[SplitRows, list[int]]:
     """The objects of a JSONL file and the line number of each (blank lines are skipped)."""
     rows: list[dict[str, Any]] = []
     lines: list[int] = []
@@ -60,7 +60,7 @@ def read_jsonl(cfg: WorkloadConfig, path: Path) -> tuple[SourceRows, list[int]]:
                 lines.append(n)
     if not rows:
         raise WorkloadError(f"workload.path={cfg.path}: no items (the file is empty)")
-    return SourceRows(rows, dataset_id_of(cfg), cfg.revision, f"file:{path.resolve()}", str(path)), lines
+    return SplitRows(rows, dataset_id_of(cfg), cfg.revision, f"file:{path.resolve()}", str(path)), lines
 
 
 def _parse_line(line: str, where: str) -> dict[str, Any]:

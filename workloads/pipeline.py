@@ -1,4 +1,4 @@
-"""The steps every kind shares: hash and check the rows, turn them into candidates, select."""
+"""The steps every kind shares: hash and check the rows, turn them into candidates, take the subset."""
 
 from __future__ import annotations
 
@@ -8,34 +8,34 @@ from typing import Any
 from workloads.base import Workload, WorkloadError
 from workloads.config import WorkloadConfig
 from workloads.hashing import check_frozen, rows_sha256
+from workloads.read_split import SplitRows
 from workloads.scoring import Scorer
-from workloads.selection import Candidate, select
-from workloads.sources import SourceRows
+from workloads.subset import Candidate, take_subset
 
 RowsToCandidates = Callable[[list[dict[str, Any]]], list[Candidate]]
 
 
 def materialise(
     cfg: WorkloadConfig,
-    src: SourceRows,
+    src: SplitRows,
     to_candidates: RowsToCandidates,
     placeholder_help: str = "",
 ) -> Workload:
-    """Freeze-check `src`, convert its rows with `to_candidates`, select, and build the Workload."""
+    """Freeze-check `src`, convert its rows with `to_candidates`, take the subset, and build the Workload."""
     if not src.rows:
         raise WorkloadError(f"workload {cfg.kind}: {src.label} has no rows")
     sha = rows_sha256(src.rows, src.label)
-    check_frozen(cfg, sha, src.label, warn_unpinned=src.source != "generated")
-    chosen = select(cfg, to_candidates(src.rows), placeholder_help, src.label)
+    check_frozen(cfg, sha, src.label, warn_unpinned=src.origin != "generated")
+    subset = take_subset(cfg, to_candidates(src.rows), placeholder_help, src.label)
     return Workload(
         name=cfg.kind,
         dataset_id=src.dataset_id,
         revision=src.revision,
         sha256=sha,
-        items=chosen.items,
-        skipped_placeholders=chosen.skipped_placeholders,
+        items=subset.items,
+        skipped_placeholders=subset.skipped_placeholders,
         scorer=Scorer(mode=cfg.scoring, fallback_last_integer=cfg.fallback_last_integer),
-        source=src.source,
+        origin=src.origin,
     )
 
 

@@ -17,8 +17,8 @@ from workloads.base import Item, Workload, WorkloadError
 from workloads.config import WorkloadConfig
 from workloads.pipeline import materialise, require_columns, seed_offsets
 from workloads.prompts import user_messages
-from workloads.selection import Candidate
-from workloads.sources import read_rows
+from workloads.read_split import read_split
+from workloads.subset import Candidate
 
 PLACEHOLDER = "FULL BENCHMARK DATA SHOULD BE FETCHED FROM THE SOURCE"
 REQUIRED = ("question_id", "category", "turns")
@@ -41,7 +41,7 @@ def prepare_help(config: str | None) -> str:
 
 def load(cfg: WorkloadConfig) -> Workload:
     """SPEED-Bench first turns from the hub / cache / a prepared file (`workload.path`)."""
-    src = read_rows(cfg)
+    src = read_split(cfg)
 
     def to_candidates(rows: list[dict[str, Any]]) -> list[Candidate]:
         require_columns(rows, REQUIRED, f"workload speed_bench: {src.label}")

@@ -17,8 +17,8 @@ from workloads.base import Item, Workload
 from workloads.config import WorkloadConfig
 from workloads.pipeline import materialise
 from workloads.prompts import math_prompt, user_messages
-from workloads.selection import Candidate
-from workloads.sources import SourceRows
+from workloads.read_split import SplitRows
+from workloads.subset import Candidate
 
 GENERATOR = "arith-v1"  # bump when the generated text or answers change
 EASY_GENERATOR = "arith-easy-v1"  # likewise, for workload.level=easy
@@ -136,11 +136,11 @@ def generate_rows(seed: int, n_items: int, level: str = "standard") -> list[dict
 def load(cfg: WorkloadConfig) -> Workload:
     """The synthetic workload of `workload.n_items` problems from `workload.seed`."""
     generator = LEVELS[cfg.level][0]
-    src = SourceRows(
+    src = SplitRows(
         rows=generate_rows(cfg.seed, cfg.n_items, cfg.level),
         dataset_id=f"synthetic:{generator}",
         revision=f"seed={cfg.seed},n_items={cfg.n_items}",
-        source="generated",
+        origin="generated",
         label=f"synthetic {generator} seed {cfg.seed} ({cfg.n_items} items)",
     )
     return materialise(cfg, src, lambda rows: [_candidate(cfg, row) for row in rows])

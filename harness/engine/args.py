@@ -11,8 +11,9 @@ from dataclasses import asdict, dataclass
 
 import torch
 
-from harness.engine.presets import PresetError, get_preset, preset_names
-from harness.engine.real_model import DTYPES, SHIPPED, is_real
+from harness.models.files import SHIPPED
+from harness.models.presets import PresetError, get_preset, preset_names
+from harness.models.real import DTYPES, is_real
 from harness.verify import BUILDERS
 
 ALGORITHMS = ("NONE", "DFLASH", "DSPARK")

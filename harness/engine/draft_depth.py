@@ -17,10 +17,10 @@ from rich.console import Console
 from rich.table import Table
 
 from harness.engine.params import SamplingParams
-from harness.engine.real_model import RealLM
 from harness.engine.real_worker import RealWorker, run_alone
 from harness.engine.request import Request, SpecCounters
 from harness.engine.worker import WorkerConfig
+from harness.models.real import RealLM
 from workloads import load_workload
 from workloads.config import WorkloadConfig
 

@@ -29,8 +29,8 @@ import torch
 from torch import Tensor
 
 from harness.engine.exact import LEVELS, IntLinear, quantized_relu
-from harness.engine.presets import ModelPreset
 from harness.engine.tokenizer import EOS_ID
+from harness.models.presets import ModelPreset
 
 HASH_PRIME = 2_147_483_647  # 2**31 - 1
 EMBED_MAX = 4  # embedding entries are integers in [-EMBED_MAX, EMBED_MAX]

@@ -1,4 +1,4 @@
-"""Decoding steps of a real model (harness.engine.real_model): the same sampling, verification and random draws
+"""Decoding steps of a real model (harness.models.real): the same sampling, verification and random draws
 as the synthetic model's worker, over a KV cache per request.
 
 Each request keeps its cache and how many of its tokens (prompt + output) the cache holds (`RealState.fed`).
@@ -21,9 +21,9 @@ import torch
 from torch import Tensor
 
 from harness import verify
-from harness.engine.real_model import RealLM
 from harness.engine.request import Request
 from harness.engine.worker import BatchInput, StepOutput, Worker, WorkerConfig
+from harness.models.real import RealLM
 
 
 @dataclass

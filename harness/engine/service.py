@@ -17,13 +17,13 @@ from harness.engine.args import ServerArgs
 from harness.engine.hf_tokenizer import publish_tokenizer
 from harness.engine.model import SyntheticLM
 from harness.engine.params import BadRequest, PromptSpec, SamplingParams
-from harness.engine.presets import ModelPreset, get_preset
-from harness.engine.real_model import RealLM, is_real
 from harness.engine.request import Request, SpecCounters
 from harness.engine.scheduler import Scheduler
 from harness.engine.tokenizer import TextTokenizer, Tokenizer
 from harness.engine.worker import Worker, WorkerConfig
 from harness.host.devices import resolve_device
+from harness.models.presets import ModelPreset, get_preset
+from harness.models.real import RealLM, is_real
 
 log = logging.getLogger("harness.engine")
 

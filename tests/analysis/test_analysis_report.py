@@ -69,8 +69,8 @@ def test_same_files_give_a_byte_identical_report(tmp_path):
 
 
 def test_bootstrap_seed_and_count_change_only_the_intervals(tmp_path):
-    a = build_report([CLEAN], n_boot=50, seed=1)
-    b = build_report([CLEAN], n_boot=50, seed=2)
+    a = build_report([CLEAN], n_boot=50, bootstrap_seed=1)
+    b = build_report([CLEAN], n_boot=50, bootstrap_seed=2)
     assert a.tables.pooled.equals(b.tables.pooled)
     assert "50 resamples, seed 1" in squash(a.markdown) and "seed 2" in squash(b.markdown)
 

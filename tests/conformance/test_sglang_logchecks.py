@@ -26,8 +26,8 @@ from sglang_support import import_sglang
 from harness.engine import server as engine
 from harness.engine.args import parse_args
 from harness.engine.logs import DATEFMT, FORMAT
-from harness.engine.real_model import is_real
 from harness.hydra_setup import CONFIG_DIR
+from harness.models.real import is_real
 from harness.runner.command import to_typed
 from harness.runner.config import BenchConfig, register_configs
 from harness.runner.overrides import group_options

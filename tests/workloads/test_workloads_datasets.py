@@ -191,7 +191,7 @@ def test_aime_every_local_form_gives_the_same_rows_and_hash(tmp_path: Path) -> N
     assert {w.sha256 for w in loaded} == {rows_sha256(AIME_ROWS)}
     assert all(w.items == loaded[0].items for w in loaded)
     assert loaded[0].dataset_id == "MathArena/aime_2025"
-    assert loaded[0].source == f"file:{forms[0].resolve()}"
+    assert loaded[0].origin == f"file:{forms[0].resolve()}"
 
 
 def test_aime_items(tmp_path: Path) -> None:

@@ -32,7 +32,7 @@ def test_deterministic_and_golden() -> None:
     b = load_workload(WorkloadConfig(kind="synthetic", n_items=8, seed=0))
     assert a.items == b.items
     assert a.sha256 == b.sha256 == GOLDEN_SHA256
-    assert a.dataset_id == "synthetic:arith-v1" and a.source == "generated"
+    assert a.dataset_id == "synthetic:arith-v1" and a.origin == "generated"
 
 
 def test_seed_changes_items_and_longer_extends_shorter() -> None:

@@ -21,7 +21,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from harness.contract import ServerBinary
-from harness.engine.model_files import MODELS, ModelFileError, dist_file
+from harness.models.files import MODELS, ModelFileError, dist_file
 from harness.runner.server.llamacpp_build import BuildError, find_binary, read_build_info, sha256_file
 from harness.validation import ConfigError
 

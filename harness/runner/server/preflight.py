@@ -5,7 +5,7 @@ another SGLang than the harness's, or none, and a source arm imports its own sna
 runs there: one subprocess per interpreter (and environment) runs the backend's probe, which feeds each argv
 to the server's own parser: for SGLang `sglang_argv_probe.py` (its parser and the checks SGLang runs before it
 needs a checkpoint or a GPU; that file says which; the harness never imports SGLang for this), for the embedded
-server `engine_argv_probe.py` (`harness.engine.args`, as `python -m harness.engine` starts).
+server `harness/engine/argv_probe.py` (`harness.engine.args`, as `python -m harness.engine` starts).
 
 `server.preflight=require` (the default): a refused argv, or one that could not be checked (no such
 interpreter, no SGLang in it, a probe that crashed), fails the dry run and stops a real run before
@@ -32,7 +32,7 @@ from harness.runner.server.spec import PlannedLaunch
 
 PROBES = {
     "sglang": Path(__file__).with_name("sglang_argv_probe.py"),
-    "embedded": Path(__file__).with_name("engine_argv_probe.py"),
+    "embedded": Path(__file__).parents[2] / "engine" / "argv_probe.py",  # run by path, never imported
 }
 ENGINE_MODULE = "harness.engine"  # the embedded server's module: its parser is what the embedded probe runs
 OWNERS = {"sglang": "SGLang", "embedded": "the embedded server"}  # whose checks refused

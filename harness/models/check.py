@@ -18,9 +18,9 @@ import sys
 from collections.abc import Iterable
 from pathlib import Path
 
-from harness.engine.model_files import MODELS, SHIPPED, ModelFileError
-from harness.engine.presets import PREFIX as EMBEDDED
-from harness.engine.presets import PresetError, get_preset
+from harness.models.files import MODELS, SHIPPED, ModelFileError
+from harness.models.presets import PREFIX as EMBEDDED
+from harness.models.presets import PresetError, get_preset
 
 GGUF_MAGIC = b"GGUF"
 HF = "hf:"

@@ -28,17 +28,17 @@ _FILE_BUILDERS = {".parquet": "parquet", ".jsonl": "json", ".ndjson": "json", ".
 
 
 @dataclass(frozen=True)
-class SourceRows:
+class SplitRows:
     """The materialised rows of one split and where they came from."""
 
     rows: list[dict[str, Any]]
     dataset_id: str
     revision: str | None
-    source: str  # "hub" or "file:<absolute path>"
+    origin: str  # "hub" or "file:<absolute path>"
     label: str  # for messages: what was read
 
 
-def read_rows(cfg: WorkloadConfig) -> SourceRows:
+def read_split(cfg: WorkloadConfig) -> SplitRows:
     """All rows of the configured split, from `workload.path` if set, else from the hub (or its cache)."""
     if cfg.path:
         return _read_local(cfg, Path(cfg.path).expanduser())
@@ -95,7 +95,7 @@ def cache_only() -> Iterator[None]:
         datasets_config.HF_HUB_OFFLINE, hub_constants.HF_HUB_OFFLINE = saved
 
 
-def _read_hub(cfg: WorkloadConfig) -> SourceRows:
+def _read_hub(cfg: WorkloadConfig) -> SplitRows:
     import datasets  # noqa: PLC0415  (heavy: imported where a dataset is read)
 
     label = f"{dataset_id_of(cfg)} split {cfg.split} revision {cfg.revision or 'main (unpinned)'}"
@@ -123,10 +123,10 @@ def _read_hub(cfg: WorkloadConfig) -> SourceRows:
             f"{f' --revision {cfg.revision}' if cfg.revision else ''}) and run with workload.path=DIR, "
             "or load it once online so that it lands in the cache."
         ) from e
-    return SourceRows(ds.to_list(), dataset_id_of(cfg), cfg.revision, "hub", label)
+    return SplitRows(ds.to_list(), dataset_id_of(cfg), cfg.revision, "hub", label)
 
 
-def _read_local(cfg: WorkloadConfig, path: Path) -> SourceRows:
+def _read_local(cfg: WorkloadConfig, path: Path) -> SplitRows:
     if not path.exists():
         raise WorkloadError(f"workload.path={cfg.path} does not exist")
     config = f"config {cfg.hf_config}, " if cfg.hf_config and (path / "README.md").exists() else ""
@@ -145,7 +145,7 @@ def _read_local(cfg: WorkloadConfig, path: Path) -> SourceRows:
             f"workload {cfg.kind}: could not read {label}: {type(e).__name__}: {e}{cause}; "
             "check that every row of the file is valid"
         ) from e
-    return SourceRows(ds.to_list(), dataset_id_of(cfg), cfg.revision, f"file:{path.resolve()}", label)
+    return SplitRows(ds.to_list(), dataset_id_of(cfg), cfg.revision, f"file:{path.resolve()}", label)
 
 
 # a local file is read again each time: datasets' cache would serve the rows of an earlier file of the same size and

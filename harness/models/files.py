@@ -6,7 +6,7 @@
   is the concatenation of the chunks, checked against the SHA-256 the package names. Gemma's terms of use
   apply to its weights (the package ships them as GEMMA_TERMS.html): the weights are never committed.
 
-The logit bank (harness.micro.bank) and the embedded server's real backend (harness.engine.real_model) read them.
+The logit bank (harness.micro.bank) and the embedded server's real backend (harness.models.real) read them.
 """
 
 from __future__ import annotations

@@ -1,4 +1,4 @@
-"""From a split's candidate items to the items sent: category filter, placeholders, seeded subsample.
+"""The subset of a split's candidate items that a workload sends: category filter, placeholders, seeded subsample.
 
 Order: category filter -> placeholder refusal (or skipping, counted) -> subsample. The subsample keeps
 the `k` items whose `sha256("<subsample_seed>:<item_id>")` is smallest, in the dataset's order: it
@@ -21,7 +21,7 @@ log = logging.getLogger(__name__)
 
 @dataclass(frozen=True)
 class Candidate:
-    """An item before selection, with the categories the filter matches and its placeholder flag."""
+    """An item before the subset is taken, with the categories the filter matches and its placeholder flag."""
 
     item: Item
     categories: tuple[str, ...] = ()
@@ -29,14 +29,16 @@ class Candidate:
 
 
 @dataclass(frozen=True)
-class Selection:
+class Subset:
+    """The items a workload sends, and how many placeholder items were skipped on the way."""
+
     items: list[Item]
     skipped_placeholders: int
 
 
-def select(
+def take_subset(
     cfg: WorkloadConfig, candidates: Sequence[Candidate], placeholder_help: str = "", what: str = "the workload"
-) -> Selection:
+) -> Subset:
     """Apply `workload.categories`, `workload.skip_placeholders` and `workload.subsample` (`what`: the source, as
     errors name it)."""
     check_unique(candidates, what)
@@ -45,7 +47,7 @@ def select(
     items = [c.item for c in kept]
     if cfg.subsample is not None:
         items = subsample(items, cfg.subsample, cfg.subsample_seed)
-    return Selection(items=items, skipped_placeholders=skipped)
+    return Subset(items=items, skipped_placeholders=skipped)
 
 
 def check_unique(candidates: Sequence[Candidate], what: str = "the workload") -> None:

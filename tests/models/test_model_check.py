@@ -10,8 +10,8 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from harness.engine.model_check import check_gguf, check_model_path, model_path_of
-from harness.engine.model_files import ModelFileError
+from harness.models.check import check_gguf, check_model_path, model_path_of
+from harness.models.files import ModelFileError
 
 
 def tiny_gguf(path: Path) -> Path:

@@ -1,4 +1,4 @@
-"""A real language model behind the embedded server: a transformers causal LM (CPU or CUDA, fp32 or bf16)
+"""A real language model (behind the embedded server, and the microbenchmark's logit bank): a transformers causal LM (CPU or CUDA, fp32 or bf16)
 with a KV cache per request, and self-speculative drafts from its own first L layers (early exit).
 
 `--model-path` names, besides the `embedded:` presets:
@@ -34,7 +34,7 @@ from typing import Any
 import torch
 from torch import Tensor
 
-from harness.engine.model_files import MODELS, SHIPPED, ModelFileError, model_file, sha256_file
+from harness.models.files import MODELS, SHIPPED, ModelFileError, model_file, sha256_file
 
 PREFIX = "hf:"
 DTYPES = {"auto": None, "float32": torch.float32, "float": torch.float32, "bfloat16": torch.bfloat16}
