@@ -194,7 +194,7 @@ def test_ctrl_c_leaves_no_server(tmp_path):
             runner.kill()
     assert runner.returncode == 130, out
     assert "Traceback" not in out and re.search(
-        r"Resume with python -m harness\.bench results_dir=\S+ .*campaign=interrupt", out.replace("\n", " ")
+        r"Resume with \S*python\S* -m harness\.bench results_dir=\S+ .*campaign=interrupt", out.replace("\n", " ")
     )
     time.sleep(0.5)
     assert not engine_processes(ports)
