@@ -1,7 +1,8 @@
-"""Every command the README and docs/ mark as runnable runs as printed from the repository root (issue 53): a
-fenced code block right after a line `<!-- runnable -->` (cheap: --help, dry runs, make help, a published set's
-report) or `<!-- runnable: slow -->` (the slow suite), each of its lines through bash, exit 0. The shell's `#`
-comments stay as printed."""
+"""Every command the README and docs/ mark as runnable runs as printed on a fresh clone after `make bench` (issue
+53): a fenced code block right after a line `<!-- runnable -->` (cheap: --help, dry runs, make help, a published
+set's report) or `<!-- runnable: slow -->` (the slow suite), each of its lines through bash, exit 0, in a clone of
+this checkout's HEAD whose `main` is that commit (a fresh clone of main: no uncommitted change) and whose `.venv` is
+this checkout's (what `make bench` makes). The shell's `#` comments stay as printed."""
 
 from __future__ import annotations
 
@@ -43,18 +44,30 @@ def test_the_docs_mark_commands_as_runnable():
     assert SLOW
 
 
-def run(command: str) -> subprocess.CompletedProcess:
-    return subprocess.run(["bash", "-c", command], cwd=ROOT, capture_output=True, text=True, timeout=240)
+@pytest.fixture(scope="module")
+def clone(tmp_path_factory) -> Path:
+    """A fresh clone of HEAD, `main` there too, with this checkout's .venv (linked, and ignored as make ignores it)."""
+    path = tmp_path_factory.mktemp("clone") / "specbench"
+    subprocess.run(["git", "clone", "-q", "--shared", str(ROOT), str(path)], check=True, timeout=120)
+    subprocess.run(["git", "-C", str(path), "branch", "-f", "main", "HEAD"], check=True, capture_output=True)
+    (path / ".venv").symlink_to(ROOT / ".venv")
+    with (path / ".git" / "info" / "exclude").open("a") as f:
+        f.write(".venv\n")
+    return path
+
+
+def run(command: str, cwd: Path) -> subprocess.CompletedProcess:
+    return subprocess.run(["bash", "-c", command], cwd=cwd, capture_output=True, text=True, timeout=240)
 
 
 @pytest.mark.parametrize(("where", "command"), FAST, ids=[w for w, _ in FAST])
-def test_a_runnable_command_runs_as_printed(where, command):
-    proc = run(command)
+def test_a_runnable_command_runs_as_printed(where, command, clone):
+    proc = run(command, clone)
     assert proc.returncode == 0, f"{where}: {command}\n{proc.stdout[-3000:]}\n{proc.stderr[-3000:]}"
 
 
 @pytest.mark.slow
 @pytest.mark.parametrize(("where", "command"), SLOW, ids=[w for w, _ in SLOW])
-def test_a_slow_runnable_command_runs_as_printed(where, command):
-    proc = run(command)
+def test_a_slow_runnable_command_runs_as_printed(where, command, clone):
+    proc = run(command, clone)
     assert proc.returncode == 0, f"{where}: {command}\n{proc.stdout[-3000:]}\n{proc.stderr[-3000:]}"
