@@ -156,8 +156,8 @@ class Campaign:
         (its SHA-256 in campaign.json) or a model file (input_files), named with both hashes; the runs done so far
         used the old ones."""
         fix = "put back the original, or start a new campaign (leave out campaign=)"
-        then = str((old.get("workload") or {}).get("sha256"))
-        if then != self.workload.sha256:
+        then = (old.get("workload") or {}).get("sha256")  # (None: a campaign that recorded none)
+        if then is not None and then != self.workload.sha256:
             where = self.workload.source.removeprefix("file:") or self.workload.dataset_id
             raise ConfigError(
                 f"campaign {self.root}: the workload {where} changed since the campaign was created (the SHA-256 of "

@@ -71,7 +71,7 @@ def print_answer(report: Report, written: list[Path], console: Console, strict: 
         table.add_row(*(str(v) for v in row))
     console.print(table)
     if note := foreign_note(report):
-        console.print(note.replace("**", ""), highlight=False, markup=False, soft_wrap=True)
+        console.print(note.replace("**", "").replace("`", ""), highlight=False, markup=False, soft_wrap=True)
     figures = [p for p in written if p.suffix == ".png"]
     root = written[0].parent
     console.print(

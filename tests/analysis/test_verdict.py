@@ -42,7 +42,7 @@ def test_the_runner_terminal_prints_the_verdict_and_marks_loaded_rows(loaded, tm
     text = console.export_text()
     assert f"audit: {WARNINGS}" in text
     assert f"Output throughput (tokens/s) {FOREIGN_MARK}" in text
-    assert f"{FOREIGN_MARK} Foreign load in 1 of 2 `block` vs `token` run pairs" in text
+    assert f"{FOREIGN_MARK} Foreign load in 1 of 2 block vs token run pairs" in text
 
 
 def test_the_headline_marks_the_rows_measured_under_foreign_load(loaded):
