@@ -270,6 +270,8 @@ def run_cli(argv: list[str] | None = None) -> tuple[int, Report | None]:
         + ("" if args.strict else "; exit 0 (--no-strict)"),
         file=sys.stderr,
     )
+    for check in report.audit.failed:  # what each found, in a line (the files an edit changed, say)
+        print(f"  {check.name}: {check.summary}", file=sys.stderr)
     return (EXIT_AUDIT_FAILED if args.strict else EXIT_OK), report
 
 

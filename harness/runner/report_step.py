@@ -58,6 +58,8 @@ def print_answer(report: Report, written: list[Path], console: Console, strict: 
             f"{written[0]}); do not trust these figures; {exit_note}",
             soft_wrap=True,
         )
+        for check in audit.failed:
+            console.print(f"  {check.name}: {check.summary}", highlight=False, markup=False, soft_wrap=True)
     for ident in report.outputs:
         console.print(f"outputs: {ident.line()}", highlight=False, soft_wrap=True)
     frame = headline(report)

@@ -66,7 +66,7 @@ def test_an_edited_accepted_draft_count_fails_the_audit_naming_the_file(finished
     path.write_text("\n".join(lines) + "\n")
     proc = report(str(root))
     assert proc.returncode == 1, proc.stdout + proc.stderr
-    assert "Records sealed" in proc.stderr
+    assert "Records sealed" in proc.stderr and str(path) in proc.stderr  # the terminal names the file too
     md = (root / "report.md").read_text()
     assert f"{path}: edited" in md
     # --allow-edited: reported, exit 0, a banner in every output
