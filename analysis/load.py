@@ -353,8 +353,17 @@ def read_campaign(path: Path) -> CampaignDir:
     return CampaignDir(path=path, meta=meta, run_dirs=run_dirs, manifests=manifests)
 
 
-# ---------------------------------------------------------------------------------------------
-# records
+def check_unique_ids(campaigns: list[CampaignDir]) -> None:
+    """InputError naming both folders when two hold one campaign_id: a copy (`cp -r C C.bak`) would count every
+    record twice."""
+    seen: dict[str, Path] = {}
+    for camp in campaigns:
+        first = seen.setdefault(camp.campaign_id, camp.path)
+        if first != camp.path:
+            raise InputError(
+                f"{first} and {camp.path} both hold campaign {camp.campaign_id} (one is a copy of the other): "
+                "a campaign is read once. Move the copy out of the folder given, or report each folder alone"
+            )
 
 
 # ---------------------------------------------------------------------------------------------
@@ -364,6 +373,7 @@ def read_campaign(path: Path) -> CampaignDir:
 def load(paths: list[str | Path], force_slow: bool = False) -> Loaded:
     """Read every campaign under `paths` into flat tables (no checks beyond parsing)."""
     campaigns = [read_campaign(p) for p in discover(paths)]
+    check_unique_ids(campaigns)
     runs = _runs_table(campaigns)
     items = _items_table(campaigns)
     todo = [(int(r.run), Path(r.records_path)) for r in runs.itertuples() if r.records_path]

@@ -36,4 +36,5 @@ class Report:
     acceptance: Acceptance | None = None  # per draft position (None without correct-drafts histograms)
     outputs: list[Identity] = field(default_factory=list)  # per non-baseline arm: its outputs against the baseline's
     markdown: str = ""
+    edited: str | None = None  # the banner of a report over records changed since sealed (--allow-edited)
     pr: str = ""  # pr.md: the short summary a pull request carries

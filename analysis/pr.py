@@ -190,21 +190,16 @@ def headline(report: Report) -> pd.DataFrame:
     rows = []
     for metric, label in {**POOLED_ROWS, **COUNT_ROWS}.items():
         values = shown.loc[names[metric]].tolist()[: len(report.arms)]  # the report's own cells
-        cells = [
-            _change(report.comparison.get("pooled", "all", metric, a)) if metric in POOLED_ROWS else "" for a in others
-        ]
-        rows.append([label, *values, *cells])
+        changes = [report.comparison.get("pooled", "all", metric, a) if metric in POOLED_ROWS else None for a in others]
+        cells = [_change(c) if metric in POOLED_ROWS else "" for c in changes]
+        marked = any(c is not None and c.flagged for c in changes)
+        rows.append([f"{label} {FOREIGN_MARK}" if marked else label, *values, *cells])
     cols = ["Metric", *report.arms, *[f"{a} vs {report.baseline} [95% CI]" for a in others]]
     return pd.DataFrame(rows, columns=cols)
 
 
 def _pooled(report: Report) -> list[str]:
-    others = [a for a in report.arms if a != report.baseline]
     out = table(headline(report)).rstrip("\n").split("\n")
-    changes = {a: report.comparison.get("pooled", "all", "throughput", a) for a in others}
-    flagged = [
-        f"{c.flagged} of {c.n} `{a}` vs `{report.baseline}` run pairs" for a, c in changes.items() if c and c.flagged
-    ]
     model = str(first_manifest(report, report.baseline)[1].get("model_path") or "")
     if model.startswith("embedded:"):  # (a preset: exact integer weights and a made-up vocabulary)
         out += [
@@ -213,13 +208,27 @@ def _pooled(report: Report) -> list[str]:
             "distribution, so it cannot answer: a score of 0 is expected and says nothing about accuracy (a real "
             "model: `make bench-real`).",
         ]
-    if flagged:
-        out += [
-            "",
-            f"**Foreign load** in {'; '.join(flagged)} (report.md, 'Runs taken on a quiet machine'): "
-            "their throughput changes may measure other work.",
-        ]
-    return out
+    note = foreign_note(report)
+    return [*out, "", note] if note else out
+
+
+FOREIGN_MARK = "†"  # a headline row whose change pairs a run taken under foreign load
+
+
+def foreign_note(report: Report) -> str | None:
+    """The line under the headline table when a row is marked FOREIGN_MARK: which run pairs ran under foreign
+    load; None when none did."""
+    others = [a for a in report.arms if a != report.baseline]
+    changes = {a: report.comparison.get("pooled", "all", "throughput", a) for a in others}
+    flagged = [
+        f"{c.flagged} of {c.n} `{a}` vs `{report.baseline}` run pairs" for a, c in changes.items() if c and c.flagged
+    ]
+    if not flagged:
+        return None
+    return (
+        f"{FOREIGN_MARK} **Foreign load** in {'; '.join(flagged)} (report.md, 'Runs taken on a quiet machine'): "
+        "their throughput changes may measure other work."
+    )
 
 
 def _change(c: Change | None) -> str:

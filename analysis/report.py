@@ -19,14 +19,16 @@ from pathlib import Path
 from analysis import markdown, plots, positions, pr, summary
 from analysis.audit import run_audit
 from analysis.compare import POWER_CHANGES, compare, item_based, power_table
-from analysis.load import InputError, load
+from analysis.load import CampaignDir, InputError, load
 from analysis.memory import report_memory
 from analysis.metrics import report_arm_order, start
 from analysis.model import Report
 from analysis.outputs import check_outputs, compare_outputs
+from analysis.seals import banner, check_seals, verify_seals
 from analysis.selection import Mismatch, metadata_mismatches, pick
 from analysis.stats import MIN_PAIRS_FOR_SD
 from analysis.tables import build, fmt_pairs
+from analysis.verdict import verdict
 
 DEFAULT_BOOTSTRAP = 2000
 DEFAULT_BOOTSTRAP_SEED = 0
@@ -53,9 +55,11 @@ def build_report(
     n_boot: int = DEFAULT_BOOTSTRAP,
     bootstrap_seed: int = DEFAULT_BOOTSTRAP_SEED,
     force_slow_reader: bool = False,
+    allow_edited: bool = False,
 ) -> Report:
     """Read, audit and analyse the campaigns under `paths` (with report_memory()'s allocation settings). Raises
-    InputError or MismatchError."""
+    InputError or MismatchError. `allow_edited`: records changed since their run sealed them warn (and every
+    output carries a banner) instead of failing the audit."""
     if n_boot < 1 or bootstrap_seed < 0:
         raise InputError(
             f"--bootstrap must be >= 1, got {n_boot}"
@@ -63,13 +67,20 @@ def build_report(
             else f"--bootstrap-seed must be >= 0, got {bootstrap_seed}"
         )
     with report_memory():
-        return _build(paths, allow_mismatch, n_boot, bootstrap_seed, force_slow_reader)
+        return _build(paths, allow_mismatch, n_boot, bootstrap_seed, force_slow_reader, allow_edited)
 
 
 def _build(
-    paths: list[str | Path], allow_mismatch: bool, n_boot: int, bootstrap_seed: int, force_slow_reader: bool
+    paths: list[str | Path],
+    allow_mismatch: bool,
+    n_boot: int,
+    bootstrap_seed: int,
+    force_slow_reader: bool,
+    allow_edited: bool,
 ) -> Report:
     data = load(paths, force_slow=force_slow_reader)
+    if not allow_mismatch:
+        check_one_experiment(data.campaigns, paths)
     mismatches = metadata_mismatches(data)
     if mismatches and not allow_mismatch:
         raise MismatchError(mismatches)
@@ -90,6 +101,8 @@ def _build(
         comparison = compare(metrics, n_boot, bootstrap_seed, items)
         audit, by_position, outputs = audit_job.result(), positions_job.result(), outputs_job.result()
     audit.checks.append(check_outputs(outputs, data.campaigns[0].expect))
+    seals = verify_seals(data)
+    audit.checks.append(check_seals(seals, allow_edited))
     tables = build(metrics, comparison, data.campaigns[0].meta.get("max_new_tokens"), len(data.campaigns) > 1)
     report = Report(
         inputs=[Path(p) for p in paths],
@@ -106,10 +119,32 @@ def _build(
         power=power_table(metrics),
         acceptance=by_position,
         outputs=outputs,
+        edited=banner(seals) if seals.changed and allow_edited else None,
     )
-    report.markdown = markdown.render(report)
-    report.pr = pr.render(report)
+    top = f"> **{report.edited}**\n\n" if report.edited else ""
+    report.markdown = top + markdown.render(report)
+    report.pr = top + pr.render(report)
     return report
+
+
+def check_one_experiment(campaigns: list[CampaignDir], paths: list[str | Path]) -> None:
+    """InputError, briefly, when the inputs hold campaigns of several experiments (a whole results/ folder, say):
+    the campaigns found, by experiment, and which folder to give instead."""
+    by_experiment: dict[str, list[str]] = {}
+    for camp in campaigns:
+        by_experiment.setdefault(camp.experiment, []).append(str(camp.path))
+    if len(by_experiment) < 2:
+        return
+    lines = [
+        f"  {name}: {', '.join(found[:2])}" + (f" and {len(found) - 2} more" if len(found) > 2 else "")
+        for name, found in sorted(by_experiment.items())
+    ]
+    raise InputError(
+        f"{', '.join(map(str, paths))} holds {len(campaigns)} campaigns of {len(by_experiment)} experiments; a "
+        "report compares the campaigns of one experiment. Give one experiment's folder (or one campaign's):\n"
+        + "\n".join(lines)
+        + "\n(--allow-mismatch merges them anyway)"
+    )
 
 
 def default_out_dir(paths: list[str | Path]) -> Path:
@@ -164,6 +199,12 @@ def parser() -> argparse.ArgumentParser:
         action="store_true",
         help="compare runs even when their checked metadata differ (the audit flags it)",
     )
+    p.add_argument(
+        "--allow-edited",
+        action="store_true",
+        help="report records changed since their run sealed them (edited, truncated, deleted) instead of failing "
+        "the audit; every output (terminal, report.md, pr.md, summary.json) then says so in a banner",
+    )
     p.add_argument("--out", metavar="PATH", help="write report.md and figures/ here instead of next to the campaign")
     p.add_argument(
         "--pr",
@@ -201,11 +242,14 @@ def run_cli(argv: list[str] | None = None) -> tuple[int, Report | None]:
             allow_mismatch=args.allow_mismatch,
             n_boot=args.bootstrap,
             bootstrap_seed=args.bootstrap_seed,
+            allow_edited=args.allow_edited,
         )
     except (InputError, MismatchError) as err:
         print(f"analysis.report: {err}", file=sys.stderr)
         return EXIT_REFUSED, None
     if args.pr:
+        if report.edited:
+            print(report.edited, file=sys.stderr)
         print(report.pr, end="")
         failed = args.strict and not report.audit.passed
         return (EXIT_AUDIT_FAILED if failed else EXIT_OK), report
@@ -222,8 +266,10 @@ def run_cli(argv: list[str] | None = None) -> tuple[int, Report | None]:
     figures = [p for p in written if p.suffix == ".png"]
     print(f"wrote {written[0]}" + (f" and {len(figures)} figure(s) in {figures[0].parent}" if figures else ""))
     print(f"wrote {written[1]} (the summary for a pull request) and {written[2]} (the figures as data)")
+    if report.edited:
+        print(report.edited)
     if report.audit.passed:
-        print("audit: passed")
+        print(f"audit: {verdict(report.audit)}")
         return EXIT_OK, report
     names = "; ".join(c.name for c in report.audit.failed)
     print(
@@ -231,6 +277,8 @@ def run_cli(argv: list[str] | None = None) -> tuple[int, Report | None]:
         + ("" if args.strict else "; exit 0 (--no-strict)"),
         file=sys.stderr,
     )
+    for check in report.audit.failed:  # what each found, in a line (the files an edit changed, say)
+        print(f"  {check.name}: {check.summary}", file=sys.stderr)
     return (EXIT_AUDIT_FAILED if args.strict else EXIT_OK), report
 
 

@@ -39,6 +39,10 @@ def change_doc(c: Change | None) -> dict[str, Any] | None:
         "p_value": number(c.p_value),
         "significant": bool(c.significant),
         "has_interval": bool(c.has_interval),
+        # run pairs with a run taken under foreign load (audit 'Runs taken on a quiet machine'); times may measure
+        # other work (0 for changes over items, which pair no runs)
+        "foreign_load_pairs": int(c.flagged),
+        "foreign_load": bool(c.flagged),
     }
 
 
@@ -55,6 +59,7 @@ def summary(report: Report) -> dict[str, Any]:
         "arms": list(report.arms),
         "baseline": report.baseline,
         "declared_difference": first.meta.get("declared_difference") or None,
+        "edited_records": report.edited,  # the --allow-edited banner; null when every sealed file is unchanged
         "aa": first.aa,
         "expect": first.expect,
         "output_identity": [i.doc() for i in report.outputs],

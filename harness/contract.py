@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import dataclasses
 import functools
+import hashlib
 import json
 import os
 import types
@@ -24,8 +25,9 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Literal
 
-SCHEMA_VERSION = 3  # what the runner writes (3: records carry output_ids)
-SCHEMA_VERSIONS = (1, 2, 3)  # what the analysis reads
+SCHEMA_VERSION = 4  # what the runner writes (4: manifests seal records and scores; 3: records carry output_ids)
+SCHEMA_VERSIONS = (1, 2, 3, 4)  # what the analysis reads
+SEALED_SINCE = 4  # the first schema whose finished runs seal their records.jsonl and scores.jsonl
 
 # config keys (dotted) that do not change what is measured: a campaign resumes across them (a campaign folder
 # moved to another results_dir too, a run that failed on a server start too slow for ready_timeout_s), and a table
@@ -221,6 +223,29 @@ class ServerBinary:
 
 
 @dataclass(frozen=True)
+class FileSeal:
+    """A run's file as it was when the runner finished writing it (records.jsonl once the measured window ended,
+    scores.jsonl once scored): the SHA-256 of its bytes and its line count. The report recomputes both: any edit,
+    truncation or deletion since fails its audit."""
+
+    sha256: str
+    lines: int
+
+
+def seal_file(path: Path) -> FileSeal | None:
+    """The seal of `path` as it is now; None when there is no such file."""
+    digest, lines = hashlib.sha256(), 0
+    try:
+        with path.open("rb") as f:
+            while block := f.read(1 << 20):
+                digest.update(block)
+                lines += block.count(b"\n")
+    except FileNotFoundError:
+        return None
+    return FileSeal(sha256=digest.hexdigest(), lines=lines)
+
+
+@dataclass(frozen=True)
 class ServerCounters:
     """The server's own cumulative counters (llama-server's /metrics) at both ends of the measured window."""
 
@@ -373,6 +398,9 @@ class Manifest:
     server_binary: ServerBinary | None = None
     server_slots: list[dict[str, Any]] | None = None  # its /slots after readiness (each slot: n_ctx, speculative)
     server_counters: ServerCounters | None = None  # its /metrics counters over the measured window
+    # schema 4: each file sealed when it became final (null: not written, or a schema before 4)
+    records_seal: FileSeal | None = None
+    scores_seal: FileSeal | None = None
 
 
 # ---------------------------------------------------------------------- campaign.json, its parts
@@ -453,6 +481,9 @@ class CampaignDoc:
     order_run: list[OrderEntry] = field(default_factory=list)
     # per arm with a source, `git diff --stat` from the baseline arm's commit to its own (one repository)
     source_diff_stat: dict[str, str] = field(default_factory=dict)
+    # SHA-256 of each local file the servers load (the model's: server.model_path, a file or every file of a
+    # folder), path -> hash, taken as the campaign was created (schema 4); a resume hashes them again
+    input_files: dict[str, str] = field(default_factory=dict)
 
 
 # ---------------------------------------------------------------------- JSON

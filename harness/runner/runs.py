@@ -28,6 +28,7 @@ from harness.contract import (
     ServerCode,
     ServerCounters,
     SourceDoc,
+    seal_file,
     to_json,
 )
 from harness.host import machine
@@ -243,6 +244,7 @@ async def drive_run(ctx: RunContext) -> None:
     finally:
         c.pin.release()
         writer.close()
+        ctx.manifest.records_seal = seal_file(writer.path)  # final: nothing appends to it after the window
         ctx.progress.remove_task(task)
 
 
@@ -268,6 +270,7 @@ async def score_run(ctx: RunContext) -> None:
             await asyncio.sleep(0)
     finally:
         writer.close()
+        ctx.manifest.scores_seal = seal_file(writer.path)
         ctx.manifest.scoring = Scoring(scored=writer.count, seconds=round(time.monotonic() - start, 3))
 
 

@@ -35,7 +35,7 @@ def check_clean_stop(log: str, reason: str) -> None:
     assert (
         reason in flat
         and "The campaign stopped at once" in flat
-        and re.search(r"resume with python -m harness\.bench .*campaign=disk", flat)
+        and re.search(r"resume with \S+ -m harness\.bench .*campaign=disk", flat)
     ), log
 
 

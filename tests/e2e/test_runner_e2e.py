@@ -46,7 +46,7 @@ def test_small_campaign_and_its_report(tmp_path):
     order = [r["run_id"] for r in campaign["order_run"]]
     assert [r.split("-")[1] for r in order] == ["token", "block", "block", "token"]
     assert all(r["status"] == "finished" for r in campaign["order_run"])
-    assert [a["seed_stream"] for a in campaign["arms"]] == [0, 0] and campaign["schema_version"] == 3
+    assert [a["seed_stream"] for a in campaign["arms"]] == [0, 0] and campaign["schema_version"] == 4
     for run in campaign["plan"]:
         run_dir = root / "runs" / run["run_id"]
         manifest, records, scores = check_schema2_run(run_dir)
@@ -194,7 +194,7 @@ def test_ctrl_c_leaves_no_server(tmp_path):
             runner.kill()
     assert runner.returncode == 130, out
     assert "Traceback" not in out and re.search(
-        r"Resume with python -m harness\.bench results_dir=\S+ .*campaign=interrupt", out.replace("\n", " ")
+        r"Resume with \S*python\S* -m harness\.bench results_dir=\S+ .*campaign=interrupt", out.replace("\n", " ")
     )
     time.sleep(0.5)
     assert not engine_processes(ports)

@@ -98,7 +98,7 @@ def check_run_stopped(tmp: Path, sig: int, code: int, phase: str) -> None:
     assert code == EXIT[sig], out
     assert "Traceback" not in out and "Exception ignored" not in out, out
     assert f"interrupted ({sig.name})" in out and re.search(
-        r"Resume with python -m harness\.bench results_dir=\S+ .*campaign=stopped", out.replace("\n", " ")
+        r"Resume with \S*python\S* -m harness\.bench results_dir=\S+ .*campaign=stopped", out.replace("\n", " ")
     ), out
     first = sorted((root / "runs").iterdir())[0]
     manifest = json.loads((first / "manifest.json").read_text())

@@ -3,6 +3,7 @@ the campaign's folders, the engine processes a campaign started (shared by the e
 
 from __future__ import annotations
 
+import hashlib
 import json
 import subprocess
 import sys
@@ -107,12 +108,12 @@ def check_schema2_run(run_dir: Path) -> tuple[dict, list[dict], list[dict]]:
     manifest = json.loads((run_dir / "manifest.json").read_text())
     records = read_jsonl(run_dir / "records.jsonl")
     scores = read_jsonl(run_dir / "scores.jsonl")
-    assert manifest["schema_version"] == 3 and manifest["status"] == "finished"
+    assert manifest["schema_version"] == 4 and manifest["status"] == "finished"
     n_warm = sum(r["warmup"] for r in records)
     assert sorted(r["request_index"] for r in records if r["warmup"]) == list(range(n_warm))  # warmup first
     assert sorted(r["request_index"] for r in records) == list(range(len(records)))
     for rec in records:
-        assert rec["schema_version"] == 3 and RECORD_KEYS == set(rec), set(rec) ^ RECORD_KEYS  # no answer/correct
+        assert rec["schema_version"] == 4 and RECORD_KEYS == set(rec), set(rec) ^ RECORD_KEYS  # no answer/correct
         if rec["error"] is None:
             check_chunks(rec)
     # one score per record, written after the run's last request returned
@@ -135,6 +136,9 @@ def check_schema2_run(run_dir: Path) -> tuple[dict, list[dict], list[dict]]:
     last_end_unix = wall["unix"] + max(r["t_end"] for r in records) - wall["monotonic"]
     assert (run_dir / "scores.jsonl").stat().st_mtime >= last_end_unix - 0.05
     check_machine(manifest["machine"])
+    for name, key in (("records.jsonl", "records_seal"), ("scores.jsonl", "scores_seal")):  # sealed as written
+        data = (run_dir / name).read_bytes()
+        assert manifest[key] == {"sha256": hashlib.sha256(data).hexdigest(), "lines": data.count(b"\n")}
     return manifest, records, scores
 
 

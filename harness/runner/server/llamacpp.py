@@ -46,7 +46,7 @@ def model_file(model_path: str) -> str:
     if model_path in SHIPPED:
         model = MODELS[SHIPPED[model_path]]
         try:
-            return str(dist_file(model.package, model.filename))
+            return str(dist_file(model.package, model.filename, "make bench-llamacpp"))
         except ModelFileError as exc:
             raise ConfigError(f"server.model_path={model_path}: {exc}") from None
     if model_path.startswith("hf:"):
