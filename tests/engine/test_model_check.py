@@ -38,7 +38,10 @@ def random_bytes(tmp_path: Path) -> Path:
 CASES = {
     "missing": (lambda tmp: tmp / "missing.gguf", "missing.gguf: no such file"),
     "random bytes": (random_bytes, "random.gguf: not a GGUF file (it starts with bytes"),
-    "cut short": (cut, "cut.gguf: a GGUF file that is not whole: the file has 4288 bytes but its 2 tensors end at byte 8548"),
+    "cut short": (
+        cut,
+        "cut.gguf: a GGUF file that is not whole: the file has 4288 bytes but its 2 tensors end at byte 8548",
+    ),
     "header alone": (header_alone, "head.gguf: a GGUF file that is not whole: the file ends at byte 24"),
     "unshipped hf: name": (
         lambda tmp: "hf:no-such-model",
