@@ -18,6 +18,7 @@ import pandas as pd
 from analysis.code import describe, firsts, package_differences, run_codes
 from analysis.commands import normalise
 from analysis.markdown import VERSION_FIELDS, arm_manifests, first_manifest, shell, table
+from analysis.mdescape import escape_text, no_raw_html
 from analysis.model import Report
 from analysis.stats import MIN_ITEMS, MIN_PAIRS, Change
 from analysis.tables import fmt_change, fmt_num, labels
@@ -62,7 +63,7 @@ def render(report: Report) -> str:
         "",
         "Full report (audit details, per run, latency, acceptance per position, figures): [report.md](report.md)",
     ]
-    return "\n".join(_wrap(lines)).rstrip() + "\n"
+    return no_raw_html("\n".join(_wrap(lines)).rstrip() + "\n")  # user text holds no HTML
 
 
 def _wrap(lines: list[str]) -> list[str]:
@@ -83,12 +84,12 @@ def _title(report: Report) -> str:
     first = report.data.campaigns[0]
     others = [a for a in report.arms if a != report.baseline]
     if not others:
-        return f"## {first.experiment}: `{report.baseline}` alone (no other arm: nothing is compared)"
-    diff = first.meta.get("declared_difference") or "no declared difference"
+        return f"## {escape_text(first.experiment)}: `{report.baseline}` alone (no other arm: nothing is compared)"
+    diff = escape_text(first.meta.get("declared_difference") or "no declared difference")
     named = ", ".join(_side(report, a) for a in others)
     if first.aa:
-        return f"## {first.experiment}: A/A of {named} and {_side(report, report.baseline)} (the noise floor: {diff})"
-    return f"## {first.experiment}: {named} vs {_side(report, report.baseline)} ({diff})"
+        return f"## {escape_text(first.experiment)}: A/A of {named} and {_side(report, report.baseline)} (the noise floor: {diff})"
+    return f"## {escape_text(first.experiment)}: {named} vs {_side(report, report.baseline)} ({diff})"
 
 
 def _declared(report: Report) -> dict[str, dict[str, Any]]:
