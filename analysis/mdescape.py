@@ -10,7 +10,7 @@ import re
 # CommonMark: a backslash before ASCII punctuation makes it literal; these are the ones that start markup (`<` and
 # `&` are no_raw_html's: as entities, which a backslash before them would spoil)
 MARKUP = re.compile(r"([\\`*_\[\]|~!#])")
-CODE_SPAN = re.compile(r"(`+)(?:.+?)(?<!`)\1(?!`)")
+CODE_SPAN = re.compile(r"(`+)(?:(?!\n\s*\n).)+?(?<!`)\1(?!`)", re.DOTALL)  # within a paragraph
 FENCE = re.compile(r"^\s{0,3}(```+|~~~+)")
 
 
@@ -20,12 +20,13 @@ def escape_text(value: object) -> str:
     return MARKUP.sub(r"\\\1", str(value).replace("\n", " "))
 
 
-def _outside_code(line: str) -> str:
+def _outside_code(text: str) -> str:
+    """`text` (lines outside fenced blocks) with _entities applied outside its code spans (which may wrap lines)."""
     out, at = [], 0
-    for span in CODE_SPAN.finditer(line):
-        out += [_entities(line[at : span.start()]), span.group(0)]
+    for span in CODE_SPAN.finditer(text):
+        out += [_entities(text[at : span.start()]), span.group(0)]
         at = span.end()
-    return "".join([*out, _entities(line[at:])])
+    return "".join([*out, _entities(text[at:])])
 
 
 def _entities(text: str) -> str:
@@ -35,16 +36,22 @@ def _entities(text: str) -> str:
 def no_raw_html(document: str) -> str:
     """The document with every `<` and `&` outside code written as an entity: no tag (`<img onerror=...>`,
     `</table><script>`) and no entity of the user's reaches the renderer, and `<port>` shows as text."""
-    out, fence = [], None
+    out: list[str] = []
+    prose: list[str] = []
+    fence = None
     for line in document.split("\n"):
         opened = FENCE.match(line)
-        if fence is not None:
-            if opened and opened.group(1)[0] == fence[0] and len(opened.group(1)) >= len(fence):
-                fence = None
-            out.append(line)
-        elif opened:
-            fence = opened.group(1)
-            out.append(line)
-        else:
-            out.append(_outside_code(line))
+        if fence is None and not opened:
+            prose.append(line)
+            continue
+        if prose:
+            out.append(_outside_code("\n".join(prose)))
+            prose = []
+        if fence is None:
+            fence = opened.group(1)  # type: ignore[union-attr]
+        elif opened and opened.group(1)[0] == fence[0] and len(opened.group(1)) >= len(fence):
+            fence = None
+        out.append(line)
+    if prose:
+        out.append(_outside_code("\n".join(prose)))
     return "\n".join(out)

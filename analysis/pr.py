@@ -9,6 +9,7 @@ most MAX_LINE characters (long bullets wrap; a markdown paragraph joins them aga
 from __future__ import annotations
 
 import json
+import re
 import textwrap
 from dataclasses import replace
 from typing import Any
@@ -63,7 +64,28 @@ def render(report: Report) -> str:
         "",
         "Full report (audit details, per run, latency, acceptance per position, figures): [report.md](report.md)",
     ]
-    return no_raw_html("\n".join(_wrap(lines)).rstrip() + "\n")  # user text holds no HTML
+    return no_raw_html(portable_paths("\n".join(_wrap(lines)).rstrip() + "\n"))  # user text holds no HTML
+
+
+ABSOLUTE = re.compile(r"(?<![\w.~/-])/(?:[\w.+@-]+/)*[\w.+@-]+")
+HOME = re.compile(r"^/(?:home/[^/]+|Users/[^/]+|root)(?=/|$)")
+ANCHORS = ("/.venv/", "/venv/", "/site-packages/")  # a path shown from the first of these on
+
+
+def portable(path: str) -> str:
+    """An absolute path of the author's machine in a form that names no machine: from the virtual environment or
+    site-packages on (`.venv/bin/python`), `~/...` under a home folder, else its last part (report.md keeps it)."""
+    for anchor in ANCHORS:
+        if anchor in path:
+            return path[path.index(anchor) + 1 :]
+    if HOME.match(path):
+        return HOME.sub("~", path)
+    return path.rsplit("/", 1)[-1] or path
+
+
+def portable_paths(text: str) -> str:
+    """pr.md with every absolute path made portable (interpreters, repositories, snapshot PYTHONPATHs, models)."""
+    return ABSOLUTE.sub(lambda m: portable(m.group(0)), text)
 
 
 def _wrap(lines: list[str]) -> list[str]:

@@ -4,9 +4,11 @@ text, never as a tag or markup that GitHub would render."""
 from __future__ import annotations
 
 import json
+import re
 from pathlib import Path
 
 from analysis.mdescape import escape_text, no_raw_html
+from analysis.pr import portable_paths
 from analysis.pr import render as render_pr
 from analysis.report import build_report
 
@@ -43,3 +45,18 @@ def test_html_and_markdown_of_the_user_reach_neither_document(clean_campaign):
 def test_code_and_fenced_blocks_keep_their_text():
     assert no_raw_html("a <b> `c <d>` & e\n```\n<f>\n```\n<g>") == "a &lt;b> `c <d>` &amp; e\n```\n<f>\n```\n&lt;g>"
     assert escape_text("a*b_c`d|e") == "a\\*b\\_c\\`d\\|e"
+
+
+def test_pr_md_names_no_absolute_path_of_the_authors_machine(clean_campaign):
+    for path in clean_campaign.glob("runs/*/manifest.json"):
+        doc = json.loads(path.read_text())
+        doc["command"][0] = "/home/alice/work/specbench/.venv/bin/python"
+        doc["model_path"] = "/srv/models/target.gguf"
+        path.write_text(json.dumps(doc))
+    pr = render_pr(build_report([clean_campaign]))
+    assert "/home/alice" not in pr and "/srv/models" not in pr
+    assert "`.venv/bin/python -m harness.engine" in pr and "<port>" in pr and "model: `target.gguf`" in pr
+    assert re.search(r"(?<![\w.~/-])/[\w.+@-]+/", pr) is None, pr
+    assert portable_paths("PYTHONPATH=/root/.cache/s/abc:/opt/x/src https://e.example/a/b 3/4 tokens/s") == (
+        "PYTHONPATH=~/.cache/s/abc:src https://e.example/a/b 3/4 tokens/s"
+    )
