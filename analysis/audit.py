@@ -656,8 +656,9 @@ def check_scores(data: Loaded, sel: Selection) -> Check:
     if runs.empty:
         return Check(name, INFO, "schema 1: answers were scored in the client's event loop (the record's `correct`)")
     missing = runs[(runs["scores_path"] == "") & (runs["records_path"] != "")]
-    details = [
-        f"{r.campaign}/{r.run_id} ({r.arm}): records but no scores.jsonl; its score column is n/a"
+    details = [  # the runner writes it once the run's server has stopped: deleted or moved since
+        f"{r.campaign}/{r.run_id} ({r.arm}): records but no runs/{r.run_id}/scores.jsonl (deleted or moved: restore "
+        "it, or rerun the run); its used requests have no score"
         for r in missing.itertuples()
     ]
     lines = data.records["_score_lines"].to_numpy()
@@ -683,7 +684,7 @@ def check_scores(data: Loaded, sel: Selection) -> Check:
             "the file was edited or cut short (restore it, or rerun the runs)"
         )
         return Check(name, FAIL, summary, tuple(lost + details))
-    return Check(name, WARN if len(missing) else OK, summary, tuple(details))
+    return Check(name, FAIL if len(missing) else OK, summary, tuple(details))
 
 
 def check_chunks(data: Loaded, sel: Selection) -> Check:

@@ -82,6 +82,21 @@ class Reader:
         return out.append_column("meta_info", meta)
 
 
+def has_other_keys(path: Path, keys: frozenset[str], reader: Reader | None = None) -> bool:
+    """Whether a line of the file has a key outside `keys` (each line's keys read by DuckDB: about 3% of a read's
+    time)."""
+    query = "SELECT count(*) FROM read_ndjson_objects(?) WHERE NOT list_has_all(?, json_keys(json))"
+    params = [str(path), sorted(keys)]
+    try:
+        if reader is not None:
+            with reader.db.cursor() as con:
+                return con.sql(query, params=params).fetchall()[0][0] > 0
+        with duckdb.connect(config={"threads": 1, "autoinstall_known_extensions": False}) as con:
+            return con.sql(query, params=params).fetchall()[0][0] > 0
+    except duckdb.Error:
+        return True  # the line-by-line reader names what is wrong
+
+
 def int_lists(table: pa.Table, names: tuple[str, ...]) -> pa.Table:
     """`table` with its list<double> columns `names` (as Reader.read leaves them: integers below EXACT) as
     list<int64>."""

@@ -747,16 +747,26 @@ def _apply_scores(
     correct[v2[run]] = np.nan
     lines_of = np.full(len(records), np.nan)  # score lines of the record's request_index (runs with a scores file)
     index = records["request_index"].to_numpy()
-    bad: list[BadLine] = []
-    for r, (table, lines) in scores.items():
-        bad += lines
-        idx = pd.Series(table.column("request_index").to_numpy(zero_copy_only=False).astype(float))
-        val = pc.cast(table.column("correct"), pa.float64()).to_numpy(zero_copy_only=False)
-        first = ~idx.duplicated(keep="first").to_numpy()
-        lookup = pd.Series(val[first], index=idx[first])
-        mine = np.flatnonzero(run == r)
-        correct[mine] = lookup.reindex(index[mine]).to_numpy(dtype=float)
-        lines_of[mine] = idx.value_counts().reindex(index[mine]).fillna(0).to_numpy(dtype=float)
+    bad: list[BadLine] = [b for _, lines in scores.values() for b in lines]
+    frames = [
+        pd.DataFrame(
+            {
+                "_run": r,
+                "request_index": table.column("request_index").to_numpy(zero_copy_only=False).astype(float),
+                "correct": pc.cast(table.column("correct"), pa.float64()).to_numpy(zero_copy_only=False),
+            }
+        )
+        for r, (table, _) in scores.items()
+    ]
+    if frames:  # every run's score lines at once (a loop over runs took 9 s of CPU at 2,000 runs)
+        lines = pd.concat(frames, ignore_index=True)
+        key = ["_run", "request_index"]
+        counts = lines.groupby(key, sort=False, dropna=False).size()
+        first = lines.drop_duplicates(key, keep="first").set_index(key)["correct"]
+        mine = np.isin(run, np.fromiter(scores, dtype=np.int64))
+        wanted = pd.MultiIndex.from_arrays([run[mine], index[mine].astype(float)], names=key)
+        correct[mine] = first.reindex(wanted).to_numpy(dtype=float)
+        lines_of[mine] = counts.reindex(wanted).fillna(0).to_numpy(dtype=float)
     records["correct"] = correct
     records["_score_lines"] = lines_of
     return bad

@@ -13,6 +13,7 @@ few requests listed as differing are read again in full to find their first diff
 
 from __future__ import annotations
 
+import re
 from dataclasses import dataclass
 
 import duckdb
@@ -44,7 +45,8 @@ class Differing:
     base_seed: int
     repeat: int
     item_id: str
-    where: str  # e.g. "token 17 (of 96 and 96)", "character 52", "lengths 96 and 80 (one is the other's start)"
+    where: str  # e.g. "token 17 (token: 56 tokens, block: 96)", "character 52 (token: 80 characters, block: 80: one
+    # is the other's start)": the baseline's length first
 
     def __str__(self) -> str:
         return f"{self.campaign} seed {self.base_seed} repeat {self.repeat} item {self.item_id}: first differs at {self.where}"
@@ -171,8 +173,11 @@ def _identity(arm: str, baseline: str, pairs: pd.DataFrame, unreadable: tuple[st
         & (pairs["text_md5_b"] == pairs["text_md5_a"])
         & (~with_ids | (pairs["ids_md5_b"] == pairs["ids_md5_a"]))
     )
-    differing = pairs[recorded & ~same].head(LISTED)
-    listed = tuple(_where(row) for row in differing.itertuples(index=False))
+    rows = sorted(
+        pairs[recorded & ~same].itertuples(index=False),
+        key=lambda r: (r.campaign, r.base_seed, r.repeat, _natural(str(r.item_id))),
+    )[:LISTED]
+    listed = tuple(_where(row, (baseline, arm)) for row in rows)
     return Identity(
         arm, baseline, len(pairs), int(same.sum()), int(with_ids.sum()), int((~recorded).sum()), listed, unreadable
     )
@@ -185,23 +190,29 @@ def _full(path: str, item_id: str) -> tuple[str | None, list[int] | None]:
     return (rows[0][1], rows[0][2]) if rows else (None, None)
 
 
-def first_difference(a: list | str, b: list | str, unit: str) -> str:
-    """Where two sequences first part, in words."""
+def first_difference(a: list | str, b: list | str, unit: str, names: tuple[str, str] = ("a", "b")) -> str:
+    """Where two sequences first part, in words; `names`: whose each is (the lengths are said by name)."""
     n = min(len(a), len(b))
     i = next((k for k in range(n) if a[k] != b[k]), n)
+    lengths = f"{names[0]}: {len(a)} {unit}s, {names[1]}: {len(b)}"
     if i == n:
-        return f"{unit} {i} (lengths {len(a)} and {len(b)}: one is the other's start)"
-    return f"{unit} {i} (of {len(a)} and {len(b)})"
+        return f"{unit} {i} ({lengths}: one is the other's start)"
+    return f"{unit} {i} ({lengths})"
 
 
-def _where(row: object) -> Differing:
+def _where(row: object, names: tuple[str, str]) -> Differing:
     text_b, ids_b = _full(str(row.records_path_b), str(row.item_id))  # type: ignore[attr-defined]
     text_a, ids_a = _full(str(row.records_path_a), str(row.item_id))  # type: ignore[attr-defined]
     if ids_a is not None and ids_b is not None and ids_a != ids_b:
-        where = first_difference(ids_b, ids_a, "token")
+        where = first_difference(ids_b, ids_a, "token", names)
     else:
-        where = first_difference(text_b or "", text_a or "", "character")
+        where = first_difference(text_b or "", text_a or "", "character", names)
     return Differing(str(row.campaign), int(row.base_seed), int(row.repeat), str(row.item_id), where)  # type: ignore[attr-defined]
+
+
+def _natural(item_id: str) -> tuple:
+    """q2 before q10: the digit runs of an id compared as numbers."""
+    return tuple((0, int(p), "") if p.isdigit() else (1, 0, p) for p in re.split(r"(\d+)", item_id) if p)
 
 
 CHECK_NAME = "Outputs identical across arms, as the experiment expects"
@@ -218,6 +229,6 @@ def check_outputs(identities: list[Identity], expect: str | None) -> Check:
     failed = [i for i in identities if i.identical < i.pairs or not i.complete]
     if failed:
         more = sum(i.pairs - i.identical - i.unrecorded - len(i.differing) for i in failed)
-        tail = (f"; {more} more differing pair(s) not listed",) if more > 0 else ()
+        tail = (f"and {more} more differing pair(s), not listed",) if more > 0 else ()
         return Check(CHECK_NAME, FAIL, f"experiment.expect=identical_outputs, but {summary}", details + tail)
     return Check(CHECK_NAME, OK, f"experiment.expect=identical_outputs: {summary}", details)

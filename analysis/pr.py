@@ -9,6 +9,7 @@ most MAX_LINE characters (long bullets wrap; a markdown paragraph joins them aga
 from __future__ import annotations
 
 import json
+import re
 import textwrap
 from dataclasses import replace
 from typing import Any
@@ -18,6 +19,7 @@ import pandas as pd
 from analysis.code import describe, firsts, package_differences, run_codes
 from analysis.commands import normalise
 from analysis.markdown import VERSION_FIELDS, arm_manifests, first_manifest, shell, table
+from analysis.mdescape import escape_text, no_raw_html
 from analysis.model import Report
 from analysis.stats import MIN_ITEMS, MIN_PAIRS, Change
 from analysis.tables import fmt_change, fmt_num, labels
@@ -62,7 +64,28 @@ def render(report: Report) -> str:
         "",
         "Full report (audit details, per run, latency, acceptance per position, figures): [report.md](report.md)",
     ]
-    return "\n".join(_wrap(lines)).rstrip() + "\n"
+    return no_raw_html(portable_paths("\n".join(_wrap(lines)).rstrip() + "\n"))  # user text holds no HTML
+
+
+ABSOLUTE = re.compile(r"(?<![\w.~/-])/(?:[\w.+@-]+/)*[\w.+@-]+")
+HOME = re.compile(r"^/(?:home/[^/]+|Users/[^/]+|root)(?=/|$)")
+ANCHORS = ("/.venv/", "/venv/", "/site-packages/")  # a path shown from the first of these on
+
+
+def portable(path: str) -> str:
+    """An absolute path of the author's machine in a form that names no machine: from the virtual environment or
+    site-packages on (`.venv/bin/python`), `~/...` under a home folder, else its last part (report.md keeps it)."""
+    for anchor in ANCHORS:
+        if anchor in path:
+            return path[path.index(anchor) + 1 :]
+    if HOME.match(path):
+        return HOME.sub("~", path)
+    return path.rsplit("/", 1)[-1] or path
+
+
+def portable_paths(text: str) -> str:
+    """pr.md with every absolute path made portable (interpreters, repositories, snapshot PYTHONPATHs, models)."""
+    return ABSOLUTE.sub(lambda m: portable(m.group(0)), text)
 
 
 def _wrap(lines: list[str]) -> list[str]:
@@ -83,12 +106,12 @@ def _title(report: Report) -> str:
     first = report.data.campaigns[0]
     others = [a for a in report.arms if a != report.baseline]
     if not others:
-        return f"## {first.experiment}: `{report.baseline}` alone (no other arm: nothing is compared)"
-    diff = first.meta.get("declared_difference") or "no declared difference"
+        return f"## {escape_text(first.experiment)}: `{report.baseline}` alone (no other arm: nothing is compared)"
+    diff = escape_text(first.meta.get("declared_difference") or "no declared difference")
     named = ", ".join(_side(report, a) for a in others)
     if first.aa:
-        return f"## {first.experiment}: A/A of {named} and {_side(report, report.baseline)} (the noise floor: {diff})"
-    return f"## {first.experiment}: {named} vs {_side(report, report.baseline)} ({diff})"
+        return f"## {escape_text(first.experiment)}: A/A of {named} and {_side(report, report.baseline)} (the noise floor: {diff})"
+    return f"## {escape_text(first.experiment)}: {named} vs {_side(report, report.baseline)} ({diff})"
 
 
 def _declared(report: Report) -> dict[str, dict[str, Any]]:

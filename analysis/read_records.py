@@ -94,6 +94,15 @@ BOOL_FIELDS = (*_parsed_of(bool), "correct")  # `correct`: schema 1 records only
 LIST_FIELDS = _parsed_of(list)  # schema 2: per-chunk arrival offsets (us) and output tokens
 
 
+# the keys a record may have: the Record's, and schema 1's scoring keys (schema 2 moved them to scores.jsonl); any
+# other is a bad line (an edit, a writer that is not ours)
+RECORD_KEYS = frozenset((*_RECORD_TYPES, "correct", "answer", "score_fallback"))
+
+
+# JSON has no NaN or Infinity; Python's json module reads and writes them as these words
+NONFINITE_WORDS = (b"NaN", b"Infinity")
+
+
 META_FLOAT_FIELDS = ("spec_accept_length", "spec_num_proposed_drafts")
 
 
@@ -156,7 +165,7 @@ def read_records_file(
                 fast = own.read(path)
         else:
             fast = reader.read(path)
-        if fast is not None:
+        if fast is not None and not _needs_line_checks(path, reader):
             if int_lists:
                 fast = duck_records.int_lists(fast, LIST_FIELDS)
             schema = RECORD_SCHEMA if int_lists else _DOUBLE_LISTS_SCHEMA
@@ -223,8 +232,35 @@ def _read_slow(path: Path) -> tuple[pa.Table, list[BadLine]]:
             continue
         problems: list[str] = []
         rows.append(_coerce(obj, problems))
+        problems += [
+            f"unknown key {k!r}: not a key of a record (harness.contract.Record)" for k in obj.keys() - RECORD_KEYS
+        ]
+        problems += [
+            f"{where}={value!r} is not finite" for where, value in _nonfinite(obj.get("meta_info"), "meta_info")
+        ]
         bad.extend(BadLine(str(path), number, p) for p in problems)
     return pa.Table.from_pylist(rows, schema=RECORD_SCHEMA), bad
+
+
+def _needs_line_checks(path: Path, reader: duck_records.Reader | None) -> bool:
+    """Whether the file has what only the line-by-line reader reports: a NaN or Infinity (by the bytes: a text
+    holding the word is read line by line too, and passes), or a key that is not a record's."""
+    data = path.read_bytes()
+    if any(word in data for word in NONFINITE_WORDS):
+        return True
+    return duck_records.has_other_keys(path, RECORD_KEYS, reader)
+
+
+def _nonfinite(value: Any, where: str) -> Iterator[tuple[str, float]]:
+    """(path, value) of each NaN or infinity inside `value` (nested objects and lists)."""
+    if isinstance(value, float) and not math.isfinite(value):
+        yield where, value
+    elif isinstance(value, dict):
+        for key, item in value.items():
+            yield from _nonfinite(item, f"{where}.{key}")
+    elif isinstance(value, list):
+        for i, item in enumerate(value):
+            yield from _nonfinite(item, f"{where}[{i}]")
 
 
 def json_lines(path: Path, bad: list[BadLine]) -> Iterator[tuple[int, Any]]:

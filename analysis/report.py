@@ -163,7 +163,7 @@ def write_report(report: Report, out_dir: str | Path) -> list[Path]:
     md.write_text(report.markdown)
     short.write_text(report.pr)
     doc.write_text(json.dumps(summary.summary(report), indent=2, sort_keys=False) + "\n")
-    return [md, short, doc, *plots.render(report.metrics, out / "figures", report.acceptance)]
+    return [md, short, doc, *plots.render(report.metrics, out / "figures", report.acceptance, report.data.runs)]
 
 
 def parser() -> argparse.ArgumentParser:

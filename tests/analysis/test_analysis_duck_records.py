@@ -272,10 +272,15 @@ def test_a_score_line_beyond_64_bits_is_a_bad_line(tmp_path):
 
 
 def test_keys_are_matched_case_sensitively(reader, tmp_path):
-    """DuckDB's identifiers are case-insensitive; JSON keys are not: "RUN_ID" is not run_id in either reader."""
+    """DuckDB's identifiers are case-insensitive; JSON keys are not: "RUN_ID" is not run_id in either reader (it is
+    a key no record has: a bad line, read line by line)."""
     renamed = {k: v for k, v in BASE.items() if k not in ("run_id", "meta_info")}
     for record in [{**renamed, "RUN_ID": "x", "META_INFO": BASE["meta_info"]}, {**BASE, "Run_Id": "x"}]:
-        assert assert_same(tmp_path, [line(record)], reader)
+        assert not assert_same(tmp_path, [line(record)], reader)
+        (_, bad, _), _ = read_both(tmp_path, [line(record)], reader)
+        assert bad and {b.reason.split(":")[0] for b in bad} <= {
+            f"unknown key {k!r}" for k in ("RUN_ID", "META_INFO", "Run_Id")
+        }
 
 
 def test_one_array_keeps_a_single_chunk_and_combines_several():

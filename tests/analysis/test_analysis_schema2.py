@@ -90,13 +90,15 @@ def test_scores_come_from_scores_jsonl_and_the_scorer_is_named(v2):
     assert "scorer `boxed+math-verify 0.8.0`" in squash(v2.markdown)
 
 
-def test_a_run_without_scores_has_no_score_and_warns(tmp_path):
+def test_a_run_whose_scores_were_deleted_fails_the_audit(tmp_path):
+    """N100: docs/faults.md: a used request without its line in scores.jsonl fails the audit; so does the file gone."""
     camp = copy_campaign(V2, tmp_path / "golden" / "c1")
     (camp / "runs" / "r0-token-100" / "scores.jsonl").unlink()
     report = build_report([camp], n_boot=50)
     c = check(report, "Answers scored (scores.jsonl)")
-    assert c.status == "warn" and c.summary.startswith("3/4")
-    assert "r0-token-100 (token): records but no scores.jsonl" in c.details[0]
+    assert c.status == "fail" and c.summary.startswith("3/4")
+    assert "r0-token-100 (token): records but no runs/r0-token-100/scores.jsonl (deleted or moved" in c.details[0]
+    assert not report.audit.passed
     # seed 200 only (q1 and q2 both correct there); seed 100's two requests count as unscored
     assert report.tables.pooled.loc[["correct", "scored"], "token"].tolist() == [2, 2]
     assert "| Boxed score over entire response | 2/4 | 3/4 |  |" in squash(report.markdown)

@@ -21,6 +21,7 @@ from pathlib import Path
 import pytest
 import yaml
 from conftest import bench_process
+from gguf_files import tiny_gguf
 from llamacpp_support import require_llama_server
 
 from analysis.audit import run_audit
@@ -31,7 +32,7 @@ from harness.runner.client.config import ClientConfig, SamplingConfig
 from harness.runner.client.llamacpp import LlamaStream, meta_info, payload
 from harness.runner.client.requests import Outcome, RequestSpec, StreamError
 from harness.runner.server.config import ArmConfig, ServerConfig
-from harness.runner.server.llamacpp import counter_delta, parse_metrics, parse_run
+from harness.runner.server.llamacpp import counter_delta, identity_problem, parse_metrics, parse_run
 from harness.runner.server.llamacpp_build import BuildError, find_binary
 from harness.runner.server.logs import check_log
 from harness.runner.server.process import Server, free_port
@@ -154,6 +155,22 @@ def test_refused_before_anything_launches(tmp_path, overrides, said):
     done = bench_process(tmp_path, "experiment=llamacpp_spec_vs_none", "dry_run=true", *overrides, timeout=120)
     assert done.returncode == 2, done.stdout + done.stderr
     assert said in " ".join((done.stdout + done.stderr).split())
+
+
+def test_a_binary_that_is_not_llama_server_is_refused(tmp_path):
+    model = tiny_gguf(tmp_path / "m.gguf")
+    lookalike = tmp_path / "llama-server"  # answers --version as llama.cpp's builds do, and accepts every argv
+    lookalike.write_text('#!/bin/sh\necho "version: 1 (build 1, commit abc)" >&2\necho "built with cc for x" >&2\n')
+    lookalike.chmod(0o755)
+    assert identity_problem(str(lookalike)) is None
+    for binary in ("/bin/true", "/bin/echo"):
+        done = bench_process(
+            tmp_path, "experiment=llamacpp_spec_vs_none", "dry_run=true", f"server.binary={binary}",
+            f"server.model_path={model}", timeout=120,
+        )  # fmt: skip
+        text = " ".join((done.stdout + done.stderr).split())
+        assert done.returncode == 2, text
+        assert f"{binary} is not llama-server: its `--version` printed" in text and "argv preflight FAILED" in text
 
 
 # ---------------------------------------------------------------------- the real binary

@@ -17,7 +17,18 @@ from pathlib import Path
 import pytest
 from campaigns import SMALL
 
-from harness.runner.server.redact import MASK, Secrets, is_secret_name, redact, redact_argv, redact_value
+from harness.runner.client.requests import StreamError
+from harness.runner.client.sse import parse_object
+from harness.runner.server.redact import (
+    MASK,
+    Secrets,
+    clip,
+    is_secret_name,
+    redact,
+    redact_argv,
+    redact_override,
+    redact_value,
+)
 
 FAULTY = Path(__file__).resolve().parents[1] / "fixtures" / "servers"
 
@@ -32,6 +43,7 @@ PLANTED = {
     "PLANTED_DB_URL": "https://db.example.org/q?user=bob&password=hunter2hunter2&token=tkn-0123456789",
 }
 API_KEY = "argv-api-key-9876543210"
+ARM_TOKEN = "arm-env-token-24680"  # an arm's own env (K4: was printed in clear in the resume hint)
 # what must appear nowhere: each planted value's secret part
 SECRET_PARTS = [
     "tok-planted-0123456789",
@@ -41,6 +53,7 @@ SECRET_PARTS = [
     "hunter2hunter2",
     "tkn-0123456789",
     API_KEY,
+    ARM_TOKEN,
     "AKIA" + "Q" * 16,
     "xoxb-" + "1" * 12,
     "eyJ" + "a" * 12,
@@ -104,6 +117,22 @@ def test_a_secret_found_by_name_is_masked_wherever_it_reappears():
     assert redact_argv(["--api-key", API_KEY, "--hf-token=zz"]) == ["--api-key", MASK, "--hf-token=***"]
 
 
+HF = "hf_" + "Zq9" * 10  # a token known only by its shape
+
+
+def test_a_shaped_token_is_masked_before_an_error_is_cut_to_length():
+    """K2f: cut first, the token's first 18 characters stayed in clear (its tail, which makes it recognisable,
+    was cut off)."""
+    body = "x" * 181 + " " + HF + " and more"
+    assert clip(body, 200) == "x" * 181 + " " + MASK + " and more"[:15]
+    with pytest.raises(StreamError) as err:
+        parse_object(body.encode())
+    assert "hf_" not in str(err.value) and MASK in str(err.value)
+    assert redact_override(f"+experiment.arms.0.env.ARM_TOKEN={ARM_TOKEN}") == "+experiment.arms.0.env.ARM_TOKEN=***"
+    assert redact_override("server.env.PATH=/bin") == "server.env.PATH=/bin"
+    assert redact_override("sampling.max_new_tokens=16") == "sampling.max_new_tokens=16"
+
+
 def run_leaky_campaign(tmp: Path) -> subprocess.CompletedProcess:
     overrides = [
         "experiment=embedded_aa",
@@ -114,6 +143,8 @@ def run_leaky_campaign(tmp: Path) -> subprocess.CompletedProcess:
         f"+server.env.PYTHONPATH={FAULTY}",
         "+server.env.FAULTY_ENGINE=leak",
         "+experiment.arms.1.env.FAULTY_ENGINE=leak_and_die",
+        f"+experiment.arms.0.env.ARM_TOKEN={ARM_TOKEN}",
+        "+experiment.arms.0.env.SHORT_TOKEN=abc",  # too short to mask by value: masked by its name
         "experiment.aa=false",
         f"server.args=[--api-key,{API_KEY}]",
         "server.log_checks.must=[]",
@@ -132,6 +163,9 @@ def test_secrets_in_the_environment_the_argv_and_the_server_log_appear_in_no_cam
     proc = run_leaky_campaign(tmp_path)
     printed = proc.stdout + proc.stderr
     assert proc.returncode == 1 and "Traceback" not in printed, printed  # arm b's server died: one failed run
+    hint = " ".join(printed.split())
+    assert "resume them with:" in hint and "'+experiment.arms.0.env.ARM_TOKEN=***'" in hint, hint
+    assert "'+experiment.arms.0.env.SHORT_TOKEN=***'" in hint and "SHORT_TOKEN=abc" not in hint
     root = tmp_path / "embedded_aa" / "leaky"
     files = [p for p in root.rglob("*") if p.is_file()]
     names = {p.name for p in files}

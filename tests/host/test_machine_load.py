@@ -83,33 +83,38 @@ def cpu_of(proc: psutil.Process) -> float:
     return times.user + times.system
 
 
-def window_with(proc: psutil.Process, seconds: float) -> tuple[dict, float]:
-    """machine.during over `seconds`, and the CPU-seconds `proc` used in the same window."""
+def window_until(proc: psutil.Process, cpu_s: float, timeout: float = 120.0) -> tuple[dict, float]:
+    """machine.during over a window that lasts until `proc` has used `cpu_s` CPU-seconds (however long a loaded
+    machine takes to give them: no share of a core is assumed), and the CPU-seconds it used in that window."""
     c0, p0 = machine.read_counters(), cpu_of(proc)
-    time.sleep(seconds)
+    deadline = time.monotonic() + timeout
+    while cpu_of(proc) - p0 < cpu_s:
+        if time.monotonic() > deadline:
+            pytest.fail(f"pid {proc.pid} got {cpu_of(proc) - p0:.2f} of {cpu_s} CPU-s in {timeout:.0f} s")
+        time.sleep(0.05)
     p1, c1 = cpu_of(proc), machine.read_counters()
     return to_json(machine.during(c0, c1)), p1 - p0
 
 
 def test_a_child_is_ours_and_a_stranger_is_other():
-    child = subprocess.Popen([sys.executable, "-c", BURN.format(s=2)])
+    """What the counters decide, whatever share of a core each burner gets: the child's CPU-seconds in a window are
+    counted as ours, a stranger's as other (not ours). At load 10-12 on 2 cores a burner got 0.13 CPU-s in 1 s,
+    so the windows last until each burner has used 0.2 CPU-s rather than a fixed second."""
+    child = subprocess.Popen([sys.executable, "-c", BURN.format(s=300)])
     try:
-        time.sleep(0.2)  # started
-        mine, child_s = window_with(psutil.Process(child.pid), 1.0)
+        assert child.pid in {p.pid for p in machine.our_processes()}
+        mine, child_s = window_until(psutil.Process(child.pid), 0.2)
     finally:
         child.kill()
         child.wait(timeout=10)
-    assert child_s >= 0.2, child_s  # it burnt (as much as a shared machine let it)
     assert mine["cpu_ours_s"] >= child_s - 0.03, (mine, child_s)  # counted as ours
-    stranger = psutil.Process(detached_burner(2))
+    stranger = psutil.Process(detached_burner(300))
     try:
         assert stranger.pid not in {p.pid for p in machine.our_processes()}
-        time.sleep(0.2)
-        theirs, stranger_s = window_with(stranger, 1.0)
+        theirs, stranger_s = window_until(stranger, 0.2)
     finally:
         stranger.kill()
-    assert stranger_s >= 0.2, stranger_s
-    assert theirs["cpu_ours_s"] < 0.2, theirs  # not ours (this test process only sleeps)
+    assert theirs["cpu_ours_s"] < stranger_s, (theirs, stranger_s)  # not ours (this test process only polls)
     other_s = theirs["cpu_other_frac"] * theirs["wall_s"] * machine.cores()
     assert other_s >= stranger_s - 0.05, (theirs, stranger_s)  # counted as other
 
@@ -242,8 +247,9 @@ def test_a_foreign_cpu_burner_shows_in_cpu_other(tmp_path):
     t0, t1 = min(r["t_sent"] for r in measured), max(r["t_end"] for r in measured)
     burnt_s = timeline.between(t0, t1)
     during = burnt["machine"]["during"]
-    assert t1 - t0 <= during["wall_s"] <= t1 - t0 + 0.5, (during, t1 - t0)
-    assert burnt_s >= 0.3 * (t1 - t0), burnt_s  # the burners did run in the window
+    # the measured window (a loaded machine may be slow to read the counters at its end)
+    assert t1 - t0 <= during["wall_s"] <= t1 - t0 + 5.0, (during, t1 - t0)
+    assert burnt_s > 0.05, burnt_s  # the burners did run in the window (how much: whatever the machine gave them)
     other_s = during["cpu_other_frac"] * during["wall_s"] * machine.cores()
     assert other_s >= burnt_s - 0.05, (during, burnt_s)
     assert during["cpu_other_frac"] >= burnt_s / (during["wall_s"] * machine.cores()) - 0.05

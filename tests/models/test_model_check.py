@@ -9,27 +9,24 @@ from pathlib import Path
 
 import numpy as np
 import pytest
+from gguf_files import tiny_gguf
 
 from harness.models.check import check_gguf, check_model_path, model_path_of
 from harness.models.files import ModelFileError
-
-
-def tiny_gguf(path: Path) -> Path:
-    gguf = pytest.importorskip("gguf")
-    writer = gguf.GGUFWriter(str(path), "llama")
-    writer.add_block_count(2)
-    writer.add_tensor("token_embd.weight", np.zeros((64, 32), np.float32))
-    writer.write_header_to_file()
-    writer.write_kv_data_to_file()
-    writer.write_tensors_to_file()
-    writer.close()
-    return path
+from harness.runner.server.llamacpp import model_file as llamacpp_model_file
+from harness.validation import ConfigError
 
 
 def cut(tmp_path: Path) -> Path:
     whole = tiny_gguf(tmp_path / "whole.gguf").read_bytes()
     (tmp_path / "cut.gguf").write_bytes(whole[: len(whole) // 2])
     return tmp_path / "cut.gguf"
+
+
+def header_alone(tmp_path: Path) -> Path:
+    """The first 24 bytes: magic, version and both counts (`head -c 24`)."""
+    (tmp_path / "head.gguf").write_bytes(tiny_gguf(tmp_path / "whole.gguf").read_bytes()[:24])
+    return tmp_path / "head.gguf"
 
 
 def random_bytes(tmp_path: Path) -> Path:
@@ -41,7 +38,11 @@ def random_bytes(tmp_path: Path) -> Path:
 CASES = {
     "missing": (lambda tmp: tmp / "missing.gguf", "missing.gguf: no such file"),
     "random bytes": (random_bytes, "random.gguf: not a GGUF file (it starts with bytes"),
-    "cut short": (cut, "cut.gguf: a GGUF file that cannot be parsed"),
+    "cut short": (
+        cut,
+        "cut.gguf: a GGUF file that is not whole: the file has 4288 bytes but its 2 tensors end at byte 8548",
+    ),
+    "header alone": (header_alone, "head.gguf: a GGUF file that is not whole: the file ends at byte 24"),
     "unshipped hf: name": (
         lambda tmp: "hf:no-such-model",
         "'hf:no-such-model' is not a model the embedded server ships; valid: hf:smollm2-135m-instruct, hf:gemma3-270m",
@@ -75,6 +76,14 @@ def test_a_whole_gguf_file_and_the_shipped_names_pass(tmp_path):
     check_model_path("hf:gemma3-270m", python="/some/other/python")  # its packages are that interpreter's to have
     with pytest.raises(ModelFileError, match="no such file"):
         check_model_path("ok.gguf")  # (not in this process's working directory)
+
+
+@pytest.mark.parametrize("make", [cut, header_alone])
+def test_llama_server_is_not_given_a_gguf_file_cut_short(tmp_path, make):
+    model = make(tmp_path)
+    with pytest.raises(ConfigError, match=f"server.model_path={model}: .*{model.name}: a GGUF file that is not whole"):
+        llamacpp_model_file(str(model))
+    assert llamacpp_model_file(str(tmp_path / "whole.gguf")) == str(tmp_path / "whole.gguf")
 
 
 def test_the_last_model_path_of_a_command_counts():

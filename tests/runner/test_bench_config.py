@@ -5,9 +5,11 @@ from __future__ import annotations
 import io
 import subprocess
 import sys
+import time
 from pathlib import Path
 from types import SimpleNamespace
 
+import psutil
 import pytest
 from llamacpp_support import require_llama_server
 from rich.console import Console
@@ -344,6 +346,32 @@ def test_preflight_without_sglang_in_the_server_interpreter_fails_saying_not_che
     assert code == EXIT_CODE and "the server interpreter /nonexistent/bin/python cannot be run" in text
     code, text = sglang_dry_run("/nonexistent/bin/python", SKIP)  # said explicitly: the plan only
     assert code == 0 and "NOT checked against SGLang" in text and "preflight:" not in text
+
+
+# An interpreter that never answers, ignores SIGTERM and leaves a child behind (B13): each start appends its
+# child's pid to a file.
+HOSTILE = '#!/bin/sh\ntrap "" TERM\nsleep 1000 &\necho $! >> "{pids}"\nwait\n'
+
+
+def _alive(pid: int) -> bool:
+    try:
+        return psutil.Process(pid).status() != psutil.STATUS_ZOMBIE
+    except psutil.NoSuchProcess:
+        return False
+
+
+@pytest.mark.parametrize("preflight", ["require", "skip"])
+def test_a_hung_interpreter_is_bounded_by_ready_timeout_and_leaves_no_child(tmp_path, preflight):
+    pids = tmp_path / "pids"
+    hostile = interpreter(tmp_path, "python", HOSTILE.format(pids=pids))
+    started = time.monotonic()
+    code, text = sglang_dry_run(hostile, "server.ready_timeout_s=1", f"server.preflight={preflight}")
+    assert time.monotonic() - started < 60  # 300 s (preflight) and 120 s (provenance probe) before the fix
+    assert "did not answer within 1 s" in text
+    if preflight == "require":
+        assert code == EXIT_CODE
+    started_children = [int(p) for p in pids.read_text().split()]
+    assert started_children and not [p for p in started_children if _alive(p)]
 
 
 def test_real_run_preflight_fails_before_anything_is_loaded_or_launched(tmp_path):

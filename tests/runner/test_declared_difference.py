@@ -4,6 +4,7 @@ parser in the dry run, and overrides whose value only needs quoting."""
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import re
 import shutil
@@ -21,9 +22,10 @@ from harness.hydra_setup import CONFIG_DIR
 from harness.runner.cmdline import CommandLine
 from harness.runner.command import GROUPS, to_typed
 from harness.runner.config import BenchConfig, register_configs
-from harness.runner.difference import check_arms_differ
+from harness.runner.difference import check_arms_differ, parsed_options
 from harness.runner.overrides import OverrideError, check_overrides
 from harness.runner.plan import planned_launches
+from harness.runner.server.provenance import ProvenanceError
 from harness.runner.server.spec import LaunchSpec
 from harness.runner.sources import resolve_sources
 from harness.runner.unread import check_unread
@@ -155,6 +157,68 @@ def test_two_paths_of_one_interpreter_are_one_interpreter():
     with pytest.raises(ConfigError, match="arms token and block resolve to the same launch"):
         check_arms_differ(cfg, launches, {}, probe=same)
     check_arms_differ(cfg, launches, {}, probe=other)
+
+
+@pytest.mark.parametrize(
+    "arms",
+    [
+        # N06: server.args already sets it: the arm's copy changes nothing
+        ["server.args=[--max-running-requests,'8']", "experiment.arms.1.args=[--max-running-requests,'8']"],
+        # N07: `--flag=v` is `--flag v`
+        [
+            "experiment.arms.0.args=[--speculative-num-draft-tokens,'8']",
+            "experiment.arms.1.args=['--speculative-num-draft-tokens=8']",
+        ],
+        # the last value of a flag counts
+        ["experiment.arms.0.args=[--x,'8']", "experiment.arms.1.args=[--x,'4','--x=8']"],
+    ],
+)
+def test_arms_equal_as_parsed_arguments_are_an_aa_in_disguise(arms):
+    cfg = typed(*arms)
+    with pytest.raises(ConfigError, match="arms token and block resolve to the same launch"):
+        check_arms_differ(cfg, planned_launches(cfg), {})
+
+
+def test_parsed_options_keep_what_differs():
+    assert parsed_options(["--a", "1", "--b", "--c=x", "--a=2", "--n", "-3", "pos"]) == (
+        (("--a", "2"), ("--b", None), ("--c", "x"), ("--n", "-3")),
+        ("pos",),
+    )
+    cfg = typed("experiment.arms.0.args=[--x,'8']", "experiment.arms.1.args=['--x=4']")
+    check_arms_differ(cfg, planned_launches(cfg), {})  # a real difference
+
+
+def test_one_interpreter_written_two_ways_is_one_without_asking_it(tmp_path):
+    link = tmp_path / "python"
+    link.symlink_to(sys.executable)
+    cfg = typed(
+        "experiment.arms.1.args=[]", f"experiment.arms.0.python={sys.executable}", f"experiment.arms.1.python={link}"
+    )
+
+    def unanswered(spec: LaunchSpec) -> ServerCode:
+        raise ProvenanceError("the provenance probe did not answer")
+
+    with pytest.raises(ConfigError, match="arms token and block resolve to the same launch"):
+        check_arms_differ(cfg, planned_launches(cfg), {}, probe=unanswered)
+    cfg = typed("experiment.arms.1.args=[]", "experiment.arms.0.python=/a/python", "experiment.arms.1.python=/b/python")
+    with pytest.raises(ConfigError, match=r"differ only in their interpreters .* cannot be told"):
+        check_arms_differ(cfg, planned_launches(cfg), {}, probe=unanswered)  # said "different" before: an A/B
+
+
+def test_two_installs_with_the_same_packages_are_one_interpreter():
+    cfg = typed(
+        "experiment.arms.1.args=[]", "experiment.arms.0.python=/a/bin/python", "experiment.arms.1.python=/b/bin/python"
+    )
+
+    def install(spec: LaunchSpec) -> ServerCode:  # the same packages and commit, in two places
+        where = "/a" if spec.argv[0].startswith("/a") else "/b"
+        checkout = CheckoutState("git", f"{where}/src", f"{where}/src", "c" * 40, "main", False, None, [])
+        return dataclasses.replace(
+            code("f" * 64), executable=f"{where}/bin/python", module_origin=f"{where}/src/harness", checkout=checkout
+        )
+
+    with pytest.raises(ConfigError, match="arms token and block resolve to the same launch"):
+        check_arms_differ(cfg, planned_launches(cfg), {}, probe=install)
 
 
 def git(repo: Path, *args: str) -> str:

@@ -38,6 +38,7 @@ from harness.runner.client.streams import (
     joined_response,
     read_stream,
 )
+from harness.runner.server.redact import clip
 
 READ_BUFSIZE = 4 * 1024 * 1024  # a cumulative event of a 32k-token response is a few hundred KB
 
@@ -71,7 +72,7 @@ async def _read_chat(
         choice = body["choices"][0]
         message = choice["message"]
     except (KeyError, IndexError, TypeError) as e:
-        raise StreamError(f"the chat response has no choices[0].message ({e!r}): {str(body)[:200]}") from None
+        raise StreamError(f"the chat response has no choices[0].message ({e!r}): {clip(str(body), 200)}") from None
     out.text = joined_response(message.get("reasoning_content"), message.get("content"))
     details = (body.get("sglext") or {}).get("spec_tokens_details")
     out.meta_info = _chat_meta(choice, body.get("usage"), details)
@@ -96,7 +97,7 @@ async def _read_llama(
     try:
         choice = body["choices"][0]
     except (KeyError, IndexError, TypeError) as e:
-        raise StreamError(f"the response has no choices[0] ({e!r}): {str(body)[:200]}") from None
+        raise StreamError(f"the response has no choices[0] ({e!r}): {clip(str(body), 200)}") from None
     content, thought = llamacpp.choice_text(choice)
     out.text = joined_response(thought, content)
     out.meta_info = llamacpp.meta_info(choice.get("finish_reason"), body.get("usage"), body.get("timings"))
@@ -130,7 +131,7 @@ async def send_one(
         async with asyncio.timeout(timeout_s):
             async with session.post(base_url + path, data=body, headers={"Content-Type": "application/json"}) as resp:
                 if resp.status != 200:
-                    out.error = f"HTTP {resp.status}: {(await resp.text())[:500]}"
+                    out.error = f"HTTP {resp.status}: {clip(await resp.text(), 500)}"
                 else:
                     await read(resp, payload["stream"], incremental, out, parser)
     except TimeoutError:

@@ -24,6 +24,7 @@ from harness.runner.client.config import ClientConfig, SamplingConfig
 from harness.runner.client.requests import Outcome, RequestSpec, StreamError
 from harness.runner.client.sse import parse_object
 from harness.runner.client.streams import Chunks, joined_response
+from harness.runner.server.redact import clip
 
 PATHS = {"chat": "/v1/chat/completions", "completions": "/v1/completions"}
 
@@ -70,7 +71,7 @@ def meta_info(reason: Any, usage: dict | None, timings: dict | None) -> dict[str
     predicted = _count(timings, "predicted_n")
     completion = _count(usage, "completion_tokens")
     if predicted is None:
-        raise StreamError(f"timings.predicted_n is missing or not an integer: {str(timings)[:200]}")
+        raise StreamError(f"timings.predicted_n is missing or not an integer: {clip(str(timings), 200)}")
     if completion is not None and completion != predicted:
         raise StreamError(f"usage.completion_tokens {completion} != timings.predicted_n {predicted}")
     accepted = _count(timings, "draft_n_accepted") or 0
@@ -113,7 +114,7 @@ class LlamaStream:
     def feed(self, data: bytes, t: float) -> None:
         chunk = parse_object(data)
         if isinstance(chunk.get("error"), dict | str):
-            raise StreamError(f"llama-server sent an error in the stream: {str(chunk['error'])[:300]}")
+            raise StreamError(f"llama-server sent an error in the stream: {clip(str(chunk['error']), 300)}")
         usage, timings = chunk.get("usage"), chunk.get("timings")
         self.usage = usage if isinstance(usage, dict) else self.usage
         self.timings = timings if isinstance(timings, dict) else self.timings

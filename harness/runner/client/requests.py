@@ -7,6 +7,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from harness.runner.client.config import ClientConfig, SamplingConfig
+from harness.runner.server.redact import clip
 from workloads.base import Item
 
 
@@ -62,7 +63,7 @@ def meta_problem(meta: Any) -> str | None:
     """Why a final meta_info cannot be recorded as it is (its request then fails alone), or None.
     The server's own fields are kept verbatim in the record; those the record reads must be what they say."""
     if not isinstance(meta, dict):
-        return f"the final meta_info is a {type(meta).__name__}, not an object: {str(meta)[:200]}"
+        return f"the final meta_info is a {type(meta).__name__}, not an object: {clip(str(meta), 200)}"
     for key in COUNT_KEYS:
         value = meta.get(key)
         if value is not None and (isinstance(value, bool) or not isinstance(value, int) or value < 0):

@@ -9,6 +9,7 @@ import aiohttp
 import orjson
 
 from harness.runner.client.requests import StreamError
+from harness.runner.server.redact import clip
 
 DONE = b"[DONE]"
 
@@ -104,9 +105,9 @@ def parse_object(data: bytes) -> dict:
     try:
         obj = orjson.loads(data)
     except orjson.JSONDecodeError as e:
-        raise StreamError(f"invalid JSON in a stream event ({e}): {data[:200]!r}") from None
+        raise StreamError(f"invalid JSON in a stream event ({e}): {clip(data, 200)!r}") from None
     if not isinstance(obj, dict):
-        raise StreamError(f"a stream event is JSON but not an object: {data[:200]!r}")
+        raise StreamError(f"a stream event is JSON but not an object: {clip(data, 200)!r}")
     if (err := obj.get("error")) is not None:
         raise StreamError(err if isinstance(err, str) else orjson.dumps(err).decode())
     return obj

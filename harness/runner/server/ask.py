@@ -8,11 +8,14 @@ from __future__ import annotations
 import contextlib
 import json
 import os
+import signal
 import subprocess
 import time
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
+
+import psutil
 
 
 class AskError(RuntimeError):
@@ -56,7 +59,8 @@ def ask(
 def ask_all(questions: list[Question]) -> list[dict[str, Any] | AskError]:
     """Every question at once, a process each running side by side: the answer of each, or the AskError that
     says why it has none. Each has its own time limit, counted from when they all start. Whatever ends this
-    call (a stop signal included) leaves no probe running."""
+    call (a stop signal included) leaves no probe running, nor anything a probe started (its whole process
+    group and every descendant still alive is killed, a probe that ignores SIGTERM included)."""
     procs: list[subprocess.Popen | AskError] = []
     try:
         for q in questions:
@@ -65,9 +69,22 @@ def ask_all(questions: list[Question]) -> list[dict[str, Any] | AskError]:
         return [p if isinstance(p, AskError) else _answer(q, p, started) for q, p in zip(questions, procs, strict=True)]
     finally:
         for p in procs:
-            if isinstance(p, subprocess.Popen) and p.poll() is None:
-                p.kill()
-                p.wait()
+            if isinstance(p, subprocess.Popen):
+                kill_tree(p)
+
+
+def kill_tree(proc: subprocess.Popen) -> None:
+    """SIGKILL `proc`, its process group (it leads one: start_new_session) and each descendant, then reap it."""
+    family: list[psutil.Process] = []
+    if proc.poll() is None:  # not reaped yet, so its pid is still its own
+        with contextlib.suppress(psutil.NoSuchProcess, psutil.AccessDenied):
+            family = [psutil.Process(proc.pid), *psutil.Process(proc.pid).children(recursive=True)]
+    with contextlib.suppress(ProcessLookupError, PermissionError):
+        os.killpg(proc.pid, signal.SIGKILL)
+    for member in family:
+        with contextlib.suppress(psutil.NoSuchProcess, psutil.AccessDenied):
+            member.kill()
+    proc.wait()
 
 
 def _start(q: Question) -> subprocess.Popen | AskError:
@@ -80,6 +97,7 @@ def _start(q: Question) -> subprocess.Popen | AskError:
             text=True,
             env={**os.environ, **q.env},
             cwd=q.cwd,
+            start_new_session=True,  # its own process group: whatever it forks is killed with it
         )
     except (FileNotFoundError, PermissionError, NotADirectoryError) as exc:
         return AskError(f"the server interpreter {q.python} cannot be run ({exc.strerror or exc})")

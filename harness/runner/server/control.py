@@ -10,6 +10,7 @@ import time
 import aiohttp
 
 from harness.runner.server.process import ServerError
+from harness.runner.server.redact import clip
 
 
 async def get_json(base_url: str, path: str, timeout_s: float = 30.0) -> dict | None:
@@ -29,7 +30,7 @@ async def get_text(base_url: str, path: str, timeout_s: float = 30.0) -> str:
             async with session.get(base_url + path) as resp:
                 body = await resp.text()
                 if resp.status != 200:
-                    raise ServerError(f"GET {path}: HTTP {resp.status} {body[:200]}")
+                    raise ServerError(f"GET {path}: HTTP {resp.status} {clip(body, 200)}")
                 return body
         except (TimeoutError, aiohttp.ClientError) as exc:
             raise ServerError(f"GET {path} failed: {type(exc).__name__}: {exc}") from None
@@ -45,7 +46,9 @@ async def flush_cache(base_url: str, timeout_s: float = 60.0) -> None:
                     return
                 body = await resp.text()
             if time.monotonic() > deadline:
-                raise ServerError(f"/flush_cache kept failing for {timeout_s:.0f}s: HTTP {resp.status} {body[:200]}")
+                raise ServerError(
+                    f"/flush_cache kept failing for {timeout_s:.0f}s: HTTP {resp.status} {clip(body, 200)}"
+                )
             await asyncio.sleep(0.5)
 
 

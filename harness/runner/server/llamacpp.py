@@ -21,6 +21,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from harness.contract import ServerBinary
+from harness.models.check import check_gguf
 from harness.models.files import MODELS, ModelFileError, dist_file
 from harness.runner.server.llamacpp_build import BuildError, find_binary, read_build_info, sha256_file
 from harness.validation import ConfigError
@@ -58,6 +59,10 @@ def model_file(model_path: str) -> str:
         raise ConfigError(
             f"server.model_path={model_path} is not a file: llama-server needs a .gguf file (or {', '.join(SHIPPED)})"
         )
+    try:
+        check_gguf(Path(model_path))  # a file cut short: llama-server would start and fail on it
+    except ModelFileError as exc:
+        raise ConfigError(f"server.model_path={model_path}: {exc}") from None
     return model_path
 
 
@@ -147,6 +152,25 @@ def version_text(binary_path: str) -> str:
         check=False,
     )
     return (done.stdout + done.stderr).strip()
+
+
+# llama.cpp's `--version` (common/build-info.cpp.in, llama_print_build_info): "version: ..." then "built with ..."
+VERSION_LINES = re.compile(r"^version: \S.*\n(?:.*\n)*?built with \S", re.MULTILINE)
+
+
+def identity_problem(binary_path: str) -> str | None:
+    """None when `binary_path --version` answers as llama.cpp's builds do; else why it is not llama-server."""
+    try:
+        text = version_text(binary_path)
+    except (OSError, subprocess.TimeoutExpired) as exc:
+        return f"{binary_path} cannot be run ({exc})"
+    if VERSION_LINES.search(text):
+        return None
+    said = repr(text[:200]) if text else "nothing"
+    return (
+        f"{binary_path} is not llama-server: its `--version` printed {said}, not llama.cpp's "
+        "'version: ...' and 'built with ...' lines (server.binary: the path of a llama-server build)"
+    )
 
 
 def describe_binary(binary_path: str) -> ServerBinary:

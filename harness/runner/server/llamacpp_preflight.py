@@ -3,7 +3,7 @@ that will run it (harness.runner.server.llamacpp.parse_run: its own parser, then
 "ok" and before a real run launches anything. A refused flag exits 2 naming the flag, llama-server's words and the
 config key it came from; `server.preflight=skip` goes on unchecked and says so.
 
-What it checks: every flag llama-server knows, removed flags (`--draft-max`), choices (`--spec-type`) and numbers,
+What it checks: that the binary is llama-server (its `--version` answers as llama.cpp's builds do), every flag llama-server knows, removed flags (`--draft-max`), choices (`--spec-type`) and numbers,
 as its parser does. Not checked: what needs the model (its vocabulary against a draft's, context sizes, memory).
 """
 
@@ -15,7 +15,7 @@ from rich.console import Console
 from rich.markup import escape
 
 from harness.runner.server.config import ServerConfig
-from harness.runner.server.llamacpp import ArgvCheck, check_argvs
+from harness.runner.server.llamacpp import ArgvCheck, check_argvs, identity_problem
 from harness.runner.server.spec import PlannedLaunch
 
 EXIT_CODE = 2
@@ -32,16 +32,19 @@ class LlamaPreflight:
     binary: str
     launches: list[PlannedLaunch]
     checks: list[ArgvCheck]
+    not_llama_server: str | None = None  # why the binary is not llama-server (then nothing was parsed by it)
 
     @property
     def ok(self) -> bool:
-        return all(c.ok for c in self.checks)
+        return self.not_llama_server is None and all(c.ok for c in self.checks)
 
     def line(self, run_id: str) -> str:
         """One line for the dry run."""
         launch, check = next(
             (lc, c) for lc, c in zip(self.launches, self.checks, strict=True) if lc.run.run_id == run_id
         )
+        if self.not_llama_server:
+            return f"REFUSED: {self.not_llama_server}"
         return "accepted by llama-server's parser" if check.ok else f"REFUSED: {self.problem(launch, check)}"
 
     @staticmethod
@@ -50,6 +53,8 @@ class LlamaPreflight:
         return f"{named}: {check.message}"
 
     def problems(self) -> list[str]:
+        if self.not_llama_server:
+            return [self.not_llama_server]
         runs: dict[str, list[str]] = {}
         for launch, check in zip(self.launches, self.checks, strict=True):
             if not check.ok:
@@ -69,6 +74,9 @@ def run_check(server: ServerConfig, launches: list[PlannedLaunch], console: Cons
     binary = launches[0].spec.argv[0]
     argvs = [tuple(launch.spec.argv[1:]) for launch in launches]
     console.print(f"argv preflight: {len(set(argvs))} distinct command(s) parsed by {binary} ...", highlight=False)
+    problem = identity_problem(binary)
+    if problem:  # /bin/true "accepts" every argv: only llama-server's own parser counts
+        return LlamaPreflight(binary, launches, [ArgvCheck(a, False, problem, None) for a in argvs], problem)
     return LlamaPreflight(binary, launches, check_argvs(binary, argvs))
 
 

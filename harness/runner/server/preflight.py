@@ -301,7 +301,12 @@ def run_preflight(server: ServerConfig, launches: list[PlannedLaunch], console: 
         "...",
         highlight=False,
     )
-    return check_planned(items, backend=server.backend, cwds={p.run.arm: p.spec.cwd for p in launches})
+    return check_planned(
+        items,
+        timeout_s=min(PROBE_TIMEOUT_S, server.ready_timeout_s),  # a server that must start within it, asked
+        backend=server.backend,
+        cwds={p.run.arm: p.spec.cwd for p in launches},
+    )
 
 
 def print_verdict(report: PreflightReport, console: Console, backend: str = "sglang") -> int:

@@ -20,8 +20,10 @@ class ProvenanceError(RuntimeError):
 
 
 def probe_server_code(spec: LaunchSpec, timeout_s: float = PROBE_TIMEOUT_S) -> ServerCode:
-    """ServerCode of the server `spec` starts; ProvenanceError naming the interpreter and why not."""
+    """ServerCode of the server `spec` starts; ProvenanceError naming the interpreter and why not. The wait is
+    bounded by `timeout_s` and by the server's own start limit (server.ready_timeout_s), whichever is shorter."""
     python = spec.argv[0]
+    timeout_s = min(timeout_s, spec.ready_timeout_s)
     try:
         answer = ask(
             python,

@@ -68,6 +68,25 @@ def redact_value(value: str) -> str:
     return value
 
 
+def clip(text: str | bytes, limit: int) -> str:
+    """`text` cut to `limit` characters for a message, its secret-shaped parts masked first: cut first, a token
+    known only by its shape loses the tail that makes it recognisable and its head would stay in clear. Bytes are
+    read as UTF-8 (what cannot be decoded replaced)."""
+    if isinstance(text, bytes):
+        text = text.decode("utf-8", "replace")
+    return redact_value(text)[:limit]
+
+
+def redact_override(text: str) -> str:
+    """A command-line override with the value of a secret environment variable hidden, whatever its length
+    (`+experiment.arms.0.env.ARM_TOKEN=***`, `server.env.HF_TOKEN=***`)."""
+    key, eq, _ = text.partition("=")
+    parts = key.lstrip("+~").split(".")
+    if eq and len(parts) >= 2 and parts[-2] == "env" and is_secret_name(parts[-1]):
+        return f"{key}={MASK}"
+    return text
+
+
 def redact(env: dict[str, str]) -> dict[str, str]:
     """Hide the values of variables that look like secrets (tokens, keys, passwords) and the
     secret-looking parts of any other value."""
