@@ -11,6 +11,7 @@ is written (every run had ended; `make report DIR=...` writes it).
 
 from __future__ import annotations
 
+import os
 import shlex
 import sys
 from pathlib import Path
