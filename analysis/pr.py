@@ -29,6 +29,7 @@ POOLED_ROWS = {
     "correct_drafts_per_step": "Correct drafts per verify step",
     "throughput": "Output throughput (tokens/s)",
     "decode_tps": "Decode throughput, measured (tokens/s)",
+    "cpu_per_token": "Server CPU time per output token (ms)",
 }
 COUNT_ROWS = {"score": "Boxed score over entire response", "cap_hits": "Responses hitting the cap"}
 METRIC_LINES = (
@@ -189,6 +190,8 @@ def headline(report: Report) -> pd.DataFrame:
     names = labels(report.data.campaigns[0].meta.get("max_new_tokens"))
     rows = []
     for metric, label in {**POOLED_ROWS, **COUNT_ROWS}.items():
+        if names[metric] not in shown.index:
+            continue  # not recorded (the server's CPU time before 2026-12-06)
         values = shown.loc[names[metric]].tolist()[: len(report.arms)]  # the report's own cells
         cells = [
             _change(report.comparison.get("pooled", "all", metric, a)) if metric in POOLED_ROWS else "" for a in others

@@ -227,7 +227,12 @@ def run_cli(argv: list[str] | None = None) -> tuple[int, Report | None]:
     return (EXIT_AUDIT_FAILED if args.strict else EXIT_OK), report
 
 
-POWER_NAMES = {"throughput": "throughput", "decode_tps": "decode tok/s", "acceptance_length": "acceptance length"}
+POWER_NAMES = {
+    "throughput": "throughput",
+    "decode_tps": "decode tok/s",
+    "acceptance_length": "acceptance length",
+    "cpu_per_token": "server CPU/token",
+}
 
 
 def power_summary(report: Report) -> list[str]:
