@@ -15,6 +15,7 @@ from typing import Any
 
 import pandas as pd
 
+from analysis import gate as gates
 from analysis.code import describe, firsts, package_differences, run_codes
 from analysis.commands import normalise
 from analysis.markdown import VERSION_FIELDS, arm_manifests, first_manifest, shell, table
@@ -46,6 +47,7 @@ def render(report: Report) -> str:
         "",
         _audit_line(report),
         "",
+        *([*gates.markdown(report.gate), ""] if report.gate is not None else []),
         *_compared(report),
         *_outputs(report),
         *_pooled(report),

@@ -216,7 +216,11 @@ def _shown_metrics(m: Metrics) -> list[str]:
     """Rows of the pooled table: ITL only with chunk timings, queueing time only in open loop."""
     shown = [
         *RATIO_METRICS,
-        *[k for k in RUN_METRICS if (_family(k) != "itl" or m.pooled_counts.loc["itl"].sum() > 0) and k in shown_runs(m)],
+        *[
+            k
+            for k in RUN_METRICS
+            if (_family(k) != "itl" or m.pooled_counts.loc["itl"].sum() > 0) and k in shown_runs(m)
+        ],
     ]
     return shown + (list(QUEUE_METRICS) if m.open_loop else [])
 

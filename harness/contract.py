@@ -40,6 +40,7 @@ UNMEASURED_KEYS = (
     "load_sample_s",
     "results_dir",
     "source_cache",
+    "experiment.gate",
     "server.ready_timeout_s",
     "server.stop_timeout_s",
     "server.health_timeout_s",
@@ -426,7 +427,9 @@ def parse_gate_rule(text: str) -> GateRule:
         )
     metric, op, number = match.groups()
     if metric not in GATE_METRICS:
-        raise ValueError(f"gate rule {text!r} names metric {metric!r}, which the report does not compare; metrics: {names}")
+        raise ValueError(
+            f"gate rule {text!r} names metric {metric!r}, which the report does not compare; metrics: {names}"
+        )
     threshold = float(number) / 100
     if threshold <= -1:
         raise ValueError(f"gate rule {text!r}: a change cannot be {number}% or less (-100% is nothing left)")
