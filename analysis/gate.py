@@ -110,9 +110,8 @@ def decide(rule: GateRule, arm: str, baseline: str, f: Figures) -> Verdict:
     if (rule.op == "<" and below) or (rule.op == ">" and above):
         return Verdict(rule, arm, baseline, "failed", f, f"{interval} lies entirely {side} {pct(rule.threshold)}")
     if below or above:  # entirely on the good side
-        return Verdict(
-            rule, arm, baseline, "passed", f, f"{interval} lies entirely on the right side of {pct(rule.threshold)}"
-        )
+        good = "above" if rule.op == "<" else "below"
+        return Verdict(rule, arm, baseline, "passed", f, f"{interval} lies entirely {good} {pct(rule.threshold)}")
     why = f"{interval} holds the threshold {pct(rule.threshold)}; {to_decide(rule, f)}"
     return Verdict(rule, arm, baseline, "inconclusive", f, why)
 

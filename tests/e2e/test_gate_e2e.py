@@ -47,6 +47,9 @@ def test_an_aa_passes_and_one_pair_is_inconclusive_for_throughput(tmp_path):
     assert squash("PASSED acceptance_length < -1% (b vs a): change +0.00% [95% CI +0.00%, +0.00%] over 12 items") in out
     assert squash("INCONCLUSIVE throughput < -3% (b vs a)") in out and squash("no 95% interval from 1 run pairs") in out
     (root,) = (tmp_path / "embedded_aa").iterdir()
+    for man in (json.loads(m.read_text()) for m in root.glob("runs/*/manifest.json")):
+        cpu = man["server_cpu"]  # the server's process tree over the measured window
+        assert cpu["cpu_s"] > 0 and cpu["processes"] >= 1 and cpu["wall_s"] > 0, cpu
     again = report(root, "--fail-on", "acceptance_length < -1%", "--junit", str(tmp_path / "gate.xml"))
     assert again.returncode == 0, again.stdout + again.stderr
     assert "gate: PASSED (exit 0)" in again.stdout
