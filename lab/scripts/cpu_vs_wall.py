@@ -80,6 +80,10 @@ def pct(x: float | None) -> str:
     return "n/a" if x is None else f"{x * 100:+.1f}%"
 
 
+def spread(values: list[float]) -> str:
+    return f"{statistics.stdev(values) * 100:.1f} points" if len(values) > 1 else "n/a (one campaign)"
+
+
 def table(found: list[dict]) -> str:
     lines = [
         "| campaign | runs | load avg 1 min before runs (min / median / max) | foreign CPU share (median) | "
@@ -97,13 +101,13 @@ def table(found: list[dict]) -> str:
         est = [c[metric][0] for c in found]
         lines.append(
             f"\n{label}: change estimates {', '.join(pct(e) for e in est)}; range {pct(min(est))} to {pct(max(est))} "
-            f"({(max(est) - min(est)) * 100:.1f} points), SD over campaigns {statistics.stdev(est) * 100:.1f} points"
+            f"({(max(est) - min(est)) * 100:.1f} points), SD over campaigns {spread(est)}"
         )
     return "\n".join(lines)
 
 
 def plot(found: list[dict], out: Path) -> None:
-    fig, ax = plt.subplots(figsize=(7, 3.6))
+    fig, ax = plt.subplots(figsize=(8.5, 3.4))
     for i, metric in enumerate(METRICS):
         for j, c in enumerate(found):
             est, lo, hi, _ = c[metric]
@@ -112,8 +116,11 @@ def plot(found: list[dict], out: Path) -> None:
                 ax.plot([lo * 100, hi * 100], [y, y], color=f"C{i}", lw=2)
             ax.plot([est * 100], [y], "o", color=f"C{i}")
     ax.axvline(0, color="grey", lw=0.8)
-    ax.set_yticks(range(len(METRICS)), [f"{v}\n({c})" for c, v in zip(("B/A", "B/A"), METRICS.values(), strict=True)])
-    ax.set_xlabel(f"change of {found[0]['arm']} vs {found[0]['baseline']} (%), 95% interval; one line per campaign")
+    ax.set_ylim(-0.5, len(METRICS) - 0.5)
+    ax.set_yticks(range(len(METRICS)), [v.replace(" per ", "\nper ").replace(" (", "\n(") for v in METRICS.values()])
+    ax.set_xlabel(
+        f"change of {found[0]['arm']} vs {found[0]['baseline']} (%): estimate and 95% interval, one per campaign"
+    )
     ax.set_title(f"{len(found)} identical campaigns on a shared 2-core VM")
     fig.tight_layout()
     fig.savefig(out, dpi=110)
