@@ -55,7 +55,7 @@ $(SGSTAMP): pyproject.toml requirements/sglang-cpu.txt requirements/sglang-nodep
 	$(SGPY) -W ignore -c '$(WARM), $(SGWARM)'
 	@touch $(SGSTAMP)
 
-.PHONY: docs llamacpp bench-llamacpp logit-bank help venv sglang test main-suite conformance-suite test-main test-conformance test-fast test-sglang test-slurm bench bench-real perf-real report micro micro-h200 micro-verify perf client-bench lint clean
+.PHONY: docs llamacpp bench-llamacpp logit-bank help venv sglang test main-suite conformance-suite test-main test-conformance test-fast test-sglang test-slurm gate bench bench-real perf-real report micro micro-h200 micro-verify perf client-bench lint clean
 
 help: ## list the targets
 	@grep -E '^[a-zA-Z0-9_-]+:.*## ' $(MAKEFILE_LIST) | awk -F':.*## ' '{printf "  make %-12s %s\n", $$1, $$2}'
@@ -106,6 +106,19 @@ test-sglang: $(SGSTAMP) ## the SGLang conformance tests only (in .venv-sglang)
 test-slurm: $(STAMP) ## opt-in: bring up a one-node SLURM here (root; apt) and run a sharded campaign through it
 	bash scripts/slurm_local.sh up
 	$(VPY) -m pytest -q -s -m slurm $(ARGS)
+
+# make gate: a two-run embedded A/B whose arms must give identical outputs (two verify-probability builders), through
+# the regression gate (docs/gate.md); one run pair decides the item-based rules only (a throughput or CPU rule needs
+# 6 pairs), so these two are gated. A new campaign each time, named by the time; its JUnit file lies beside it.
+GATE_ID    := gate-$(shell date -u +%Y%m%d-%H%M%S)
+GATE_DIR   := results/gate/embedded_verify_probs/$(GATE_ID)
+GATE_RULES := --fail-on 'acceptance_length < -1%' --fail-on 'correct_drafts_per_step < -1%'
+
+gate: $(STAMP) ## a short embedded A/B through the regression gate (exit 3 failed, 4 inconclusive; docs/gate.md)
+	$(VPY) -m harness.bench experiment=embedded_verify_probs results_dir=results/gate campaign=$(GATE_ID) report=false \
+		server.model_path=embedded:mini workload.n_items=12 sampling.max_new_tokens=24 'experiment.base_seeds=[1]' \
+		experiment.warmup.requests=2 client.concurrency=4 load_sample_s=0.2 $(ARGS)
+	$(VPY) -m analysis.report $(GATE_DIR) $(GATE_RULES) --junit $(GATE_DIR)/junit.xml
 
 bench: $(STAMP) ## run the default experiment (embedded server) and write its report
 	$(VPY) -m harness.bench $(ARGS)

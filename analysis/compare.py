@@ -4,7 +4,7 @@
   a paired bootstrap over items: each resample draws items with replacement and keeps all of an item's
   requests (every arm, seed and repeat) together; pooled and per-seed changes share the resamples.
   Per-category changes resample within the category (stratified). No interval below MIN_ITEMS items.
-- Per-run metrics (throughput, decode throughput, latency percentiles): runs are paired by campaign,
+- Per-run metrics (throughput, decode throughput, the server's CPU time per output token, latency percentiles): runs are paired by campaign,
   base seed and repeat; the change is the geometric mean of the pair ratios, with a t-interval on the
   log ratios from MIN_PAIRS pairs (below: the range of the pair ratios) and an exact sign-flip p-value.
 - Power: pairs needed to detect 1%, 2% and 5% at 80% power from the per-pair log-ratio SD.
@@ -49,12 +49,14 @@ RUN_METRICS = {
     "throughput": ("tokens", "window_s"),
     "decode_tps": ("decode_tokens", "decode_span_s"),
     "decode_rate_mean": ("decode_rate_mean", None),
+    "cpu_per_token": ("server_cpu_s", "tokens"),
     **{f"{f}_p{p}": (f"{f}_p{p}", None) for f in LATENCIES for p in PERCENTILES},
 }
 POWER_METRICS = {
     "throughput": ("tokens", "window_s"),
     "decode_tps": ("decode_tokens", "decode_span_s"),
     "acceptance_length": ("acceptance_length", None),
+    "cpu_per_token": ("server_cpu_s", "tokens"),
 }
 POWER_CHANGES = (0.01, 0.02, 0.05)
 PAIR_KEYS = ["campaign_id", "base_seed", "repeat"]
@@ -281,6 +283,8 @@ def power_table(m: Metrics) -> pd.DataFrame:
             continue
         pairs = run_pairs(m.runs, arm, m.baseline)
         for metric, (num, den) in POWER_METRICS.items():
+            if num not in m.runs or not np.isfinite(m.runs[num].to_numpy(float)).any():
+                continue  # not recorded (the server's CPU time before 2026-12-06)
             d = pair_log_ratios(_pair_array(pairs, num, den))
             sd = float(np.std(d, ddof=1)) if len(d) >= MIN_PAIRS_FOR_SD else float("nan")
             sd_lo, sd_hi = sd_interval(sd, len(d))

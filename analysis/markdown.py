@@ -279,6 +279,7 @@ def _power(report: Report) -> str:
         "throughput": "Output throughput",
         "decode_tps": "Decode throughput (measured)",
         "acceptance_length": "Acceptance length (per run)",
+        "cpu_per_token": "Server CPU time per output token",
     }
     for r in p.itertuples():
         sd = "n/a" if r.sd_log_ratio != r.sd_log_ratio else f"{r.sd_log_ratio * 100:.2f}%"

@@ -354,6 +354,7 @@ def run_table(
             "steal_frac",
             "cpu_other_before",
             "cpu_other_after",
+            "server_cpu_s",
         ]
     ].copy()
     out["foreign_load"] = foreign_load(runs)
@@ -361,6 +362,8 @@ def run_table(
     out["tokens"] = tokens
     out["window_s"] = window
     out["throughput"] = tokens / window
+    with np.errstate(divide="ignore", invalid="ignore"):  # the server tree's CPU seconds per measured output token
+        out["cpu_per_token"] = out["server_cpu_s"].to_numpy(float) / np.where(tokens > 0, tokens, np.nan)
     out = out.join(_per_run_request_stats(req, itl, n), on="run")
     with np.errstate(divide="ignore", invalid="ignore"):
         out["decode_tps"] = out["decode_tokens"] / out["decode_span_s"].where(out["decode_span_s"] > 0)

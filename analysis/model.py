@@ -10,6 +10,7 @@ import pandas as pd
 
 from analysis.audit import Audit
 from analysis.compare import ChangeSet
+from analysis.gate import GateResult
 from analysis.load import Loaded
 from analysis.metrics import Metrics
 from analysis.outputs import Identity
@@ -35,6 +36,7 @@ class Report:
     power: pd.DataFrame  # run pairs needed for a 1%, 2%, 5% change at 80% power (compare.power_table)
     acceptance: Acceptance | None = None  # per draft position (None without correct-drafts histograms)
     outputs: list[Identity] = field(default_factory=list)  # per non-baseline arm: its outputs against the baseline's
+    gate: GateResult | None = None  # the regression gate's verdict (--fail-on, experiment.gate); None: no rules
     markdown: str = ""
     edited: str | None = None  # the banner of a report over records changed since sealed (--allow-edited)
     pr: str = ""  # pr.md: the short summary a pull request carries

@@ -16,6 +16,7 @@ from typing import Any
 
 import pandas as pd
 
+from analysis import gate as gates
 from analysis.code import describe, firsts, package_differences, run_codes
 from analysis.commands import normalise
 from analysis.markdown import VERSION_FIELDS, arm_manifests, first_manifest, shell, table
@@ -31,6 +32,7 @@ POOLED_ROWS = {
     "correct_drafts_per_step": "Correct drafts per verify step",
     "throughput": "Output throughput (tokens/s)",
     "decode_tps": "Decode throughput, measured (tokens/s)",
+    "cpu_per_token": "Server CPU time per output token (ms)",
 }
 COUNT_ROWS = {"score": "Boxed score over entire response", "cap_hits": "Responses hitting the cap"}
 METRIC_LINES = (
@@ -47,6 +49,7 @@ def render(report: Report) -> str:
         "",
         _audit_line(report),
         "",
+        *([*gates.markdown(report.gate), ""] if report.gate is not None else []),
         *_compared(report),
         *_outputs(report),
         *_pooled(report),
@@ -212,6 +215,8 @@ def headline(report: Report) -> pd.DataFrame:
     names = labels(report.data.campaigns[0].meta.get("max_new_tokens"))
     rows = []
     for metric, label in {**POOLED_ROWS, **COUNT_ROWS}.items():
+        if names[metric] not in shown.index:
+            continue  # not recorded (the server's CPU time before 2026-12-06)
         values = shown.loc[names[metric]].tolist()[: len(report.arms)]  # the report's own cells
         changes = [report.comparison.get("pooled", "all", metric, a) if metric in POOLED_ROWS else None for a in others]
         cells = [_change(c) if metric in POOLED_ROWS else "" for c in changes]

@@ -13,9 +13,11 @@ import argparse
 import json
 import os
 import sys
+from collections.abc import Sequence
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
+from analysis import gate as gates
 from analysis import markdown, plots, positions, pr, summary
 from analysis.audit import run_audit
 from analysis.compare import POWER_CHANGES, compare, item_based, power_table
@@ -32,7 +34,8 @@ from analysis.verdict import verdict
 
 DEFAULT_BOOTSTRAP = 2000
 DEFAULT_BOOTSTRAP_SEED = 0
-EXIT_OK, EXIT_AUDIT_FAILED, EXIT_REFUSED = 0, 1, 2
+EXIT_OK, EXIT_AUDIT_FAILED, EXIT_REFUSED = gates.EXIT_PASSED, gates.EXIT_AUDIT_FAILED, gates.EXIT_USAGE
+STEP_SUMMARY = "GITHUB_STEP_SUMMARY"  # GitHub Actions' step summary file: pr.md is appended to it when set
 
 
 class MismatchError(Exception):
@@ -56,10 +59,11 @@ def build_report(
     bootstrap_seed: int = DEFAULT_BOOTSTRAP_SEED,
     force_slow_reader: bool = False,
     allow_edited: bool = False,
+    gate: Sequence[gates.GateRule] = (),
 ) -> Report:
-    """Read, audit and analyse the campaigns under `paths` (with report_memory()'s allocation settings). Raises
-    InputError or MismatchError. `allow_edited`: records changed since their run sealed them warn (and every
-    output carries a banner) instead of failing the audit."""
+    """Read, audit and analyse the campaigns under `paths` (with report_memory()'s allocation settings), and apply
+    the `gate` rules (analysis.gate) when given. Raises InputError or MismatchError. `allow_edited`: records changed
+    since their run sealed them warn (and every output carries a banner) instead of failing the audit."""
     if n_boot < 1 or bootstrap_seed < 0:
         raise InputError(
             f"--bootstrap must be >= 1, got {n_boot}"
@@ -67,7 +71,7 @@ def build_report(
             else f"--bootstrap-seed must be >= 0, got {bootstrap_seed}"
         )
     with report_memory():
-        return _build(paths, allow_mismatch, n_boot, bootstrap_seed, force_slow_reader, allow_edited)
+        return _build(paths, allow_mismatch, n_boot, bootstrap_seed, force_slow_reader, allow_edited, gate)
 
 
 def _build(
@@ -77,6 +81,7 @@ def _build(
     bootstrap_seed: int,
     force_slow_reader: bool,
     allow_edited: bool,
+    rules: Sequence[gates.GateRule] = (),
 ) -> Report:
     data = load(paths, force_slow=force_slow_reader)
     if not allow_mismatch:
@@ -121,6 +126,9 @@ def _build(
         outputs=outputs,
         edited=banner(seals) if seals.changed and allow_edited else None,
     )
+    if rules:
+        figures = gates.figures_from(rules, comparison, report.power, arms, baseline)
+        report.gate = gates.evaluate(rules, figures, baseline, audit.passed, [c.name for c in audit.failed])
     top = f"> **{report.edited}**\n\n" if report.edited else ""
     report.markdown = top + markdown.render(report)
     report.pr = top + pr.render(report)
@@ -177,10 +185,12 @@ def parser() -> argparse.ArgumentParser:
             "their checked metadata (GPU model, model path, dataset SHA256, harness version, arms) match."
         ),
         epilog=(
-            "exit status: 0 report written and the audit passed (or failed, with --no-strict); 1 report written but "
-            "the audit failed (the report says FAILED at its top); "
-            "2 nothing written (unreadable input, an unwritable output folder, or checked metadata differ "
-            "without --allow-mismatch). "
+            "exit status: 0 report written and the audit passed (or failed, with --no-strict), and every --fail-on "
+            "rule passed; 1 report written but the audit failed (the report says FAILED at its top; with --fail-on "
+            "always, --no-strict or not); 2 usage: nothing written (a bad option or --fail-on rule, unreadable input, "
+            "an unwritable output folder, or checked metadata differ without --allow-mismatch); 3 the gate failed (a "
+            "--fail-on rule's 95%% interval lies entirely beyond its threshold); 4 the gate is inconclusive (an "
+            "interval holds a threshold, or there is none: too few run pairs or items). docs/gate.md. "
             "The same files always give a byte-identical report."
         ),
     )
@@ -225,7 +235,30 @@ def parser() -> argparse.ArgumentParser:
         metavar="S",
         help=f"seed of the bootstrap and permutation draws (default {DEFAULT_BOOTSTRAP_SEED})",
     )
+    p.add_argument(
+        "--fail-on",
+        action="append",
+        default=[],
+        type=gate_rule,
+        metavar="RULE",
+        help="a regression gate rule, repeatable: 'METRIC < -X%%' fails when the change's 95%% interval lies "
+        "entirely below -X%%, 'METRIC > +X%%' entirely above (e.g. 'acceptance_length < -1%%', 'throughput < -3%%', "
+        f"'cpu_per_token > +3%%'); metrics: {', '.join(gates.GATE_METRICS)}. Exit 3 failed, 4 inconclusive",
+    )
+    p.add_argument(
+        "--junit",
+        metavar="FILE",
+        help="with --fail-on: write a JUnit XML file, one test case per gated metric and arm (and the audit)",
+    )
     return p
+
+
+def gate_rule(text: str) -> gates.GateRule:
+    """argparse's type for --fail-on: a bad rule is a usage error naming it and the metrics."""
+    try:
+        return gates.parse_gate_rule(text)
+    except ValueError as err:
+        raise argparse.ArgumentTypeError(str(err)) from None
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -235,7 +268,10 @@ def main(argv: list[str] | None = None) -> int:
 
 def run_cli(argv: list[str] | None = None) -> tuple[int, Report | None]:
     """The CLI's work: (exit status, the report, or None when nothing was written)."""
-    args = parser().parse_args(argv)
+    p = parser()
+    args = p.parse_args(argv)
+    if args.junit and not args.fail_on:
+        p.error("--junit writes the gate's verdicts: give at least one --fail-on RULE")
     try:
         report = build_report(
             args.results_dirs,
@@ -243,6 +279,7 @@ def run_cli(argv: list[str] | None = None) -> tuple[int, Report | None]:
             n_boot=args.bootstrap,
             bootstrap_seed=args.bootstrap_seed,
             allow_edited=args.allow_edited,
+            gate=args.fail_on,
         )
     except (InputError, MismatchError) as err:
         print(f"analysis.report: {err}", file=sys.stderr)
@@ -251,6 +288,8 @@ def run_cli(argv: list[str] | None = None) -> tuple[int, Report | None]:
         if report.edited:
             print(report.edited, file=sys.stderr)
         print(report.pr, end="")
+        if report.gate is not None:
+            return gate_outputs(report, args.junit), report
         failed = args.strict and not report.audit.passed
         return (EXIT_AUDIT_FAILED if failed else EXIT_OK), report
     out_dir = Path(args.out) if args.out else default_out_dir(args.results_dirs)
@@ -270,19 +309,57 @@ def run_cli(argv: list[str] | None = None) -> tuple[int, Report | None]:
         print(report.edited)
     if report.audit.passed:
         print(f"audit: {verdict(report.audit)}")
+    else:
+        names = "; ".join(c.name for c in report.audit.failed)
+        print(
+            f"AUDIT FAILED: {names} (details at the top of {written[0]})"
+            + ("" if args.strict or report.gate is not None else "; exit 0 (--no-strict)"),
+            file=sys.stderr,
+        )
+        for check in report.audit.failed:  # what each found, in a line (the files an edit changed, say)
+            print(f"  {check.name}: {check.summary}", file=sys.stderr)
+    try:
+        append_step_summary(report)
+    except OSError as err:
+        print(f"analysis.report: cannot append pr.md to ${STEP_SUMMARY} ({err})", file=sys.stderr)
+        return EXIT_REFUSED, report
+    if report.gate is not None:
+        return gate_outputs(report, args.junit), report
+    if report.audit.passed:
         return EXIT_OK, report
-    names = "; ".join(c.name for c in report.audit.failed)
-    print(
-        f"AUDIT FAILED: {names} (details at the top of {written[0]})"
-        + ("" if args.strict else "; exit 0 (--no-strict)"),
-        file=sys.stderr,
-    )
-    for check in report.audit.failed:  # what each found, in a line (the files an edit changed, say)
-        print(f"  {check.name}: {check.summary}", file=sys.stderr)
     return (EXIT_AUDIT_FAILED if args.strict else EXIT_OK), report
 
 
-POWER_NAMES = {"throughput": "throughput", "decode_tps": "decode tok/s", "acceptance_length": "acceptance length"}
+def gate_outputs(report: Report, junit: str | None) -> int:
+    """The gate's verdict on the terminal, in the JUnit file and in the CI step summary; its exit status (usage when
+    a file cannot be written)."""
+    assert report.gate is not None
+    for line in report.gate.lines():
+        print(line, file=sys.stderr if report.gate.exit_code else sys.stdout)
+    try:
+        if junit:
+            gates.junit(report.gate).write(junit, encoding="utf-8", xml_declaration=True)
+            print(f"wrote {junit} (JUnit, one test case per gated metric)")
+    except OSError as err:
+        print(f"analysis.report: cannot write the JUnit file {junit} ({err}); give a writable path", file=sys.stderr)
+        return EXIT_REFUSED
+    return report.gate.exit_code
+
+
+def append_step_summary(report: Report) -> None:
+    """pr.md (its gate verdict first) appended to $GITHUB_STEP_SUMMARY, when set (GitHub Actions)."""
+    where = os.environ.get(STEP_SUMMARY)
+    if where:
+        with open(where, "a", encoding="utf-8") as out:
+            out.write(report.pr + "\n")
+
+
+POWER_NAMES = {
+    "throughput": "throughput",
+    "decode_tps": "decode tok/s",
+    "acceptance_length": "acceptance length",
+    "cpu_per_token": "server CPU/token",
+}
 
 
 def power_summary(report: Report) -> list[str]:

@@ -9,6 +9,7 @@ from __future__ import annotations
 import math
 from typing import Any
 
+from analysis import gate as gates
 from analysis.model import Report
 from analysis.stats import Change
 from analysis.tables import labels
@@ -75,6 +76,7 @@ def summary(report: Report) -> dict[str, Any]:
         "per_seed": per_seed(report),
         "acceptance_by_position": positions(report),
         "report": "report.md",
+        **({"gate": gates.doc(report.gate)} if report.gate is not None else {}),
     }
 
 

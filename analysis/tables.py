@@ -27,11 +27,17 @@ DECIMALS = {
     "throughput": 2,
     "decode_tps": 2,
     "decode_rate_mean": 2,
+    "cpu_per_token": 3,
     "queue_mean": 1,
     "queue_p99": 1,
     **{f"{f}_p{p}": 1 if f == "ttft" else 2 if f in _MS else 3 for f in LATENCIES for p in PERCENTILES},
 }
-SCALE = {**{f"{f}_p{p}": 1000.0 for f in _MS for p in PERCENTILES}, "queue_mean": 1000.0, "queue_p99": 1000.0}
+SCALE = {
+    **{f"{f}_p{p}": 1000.0 for f in _MS for p in PERCENTILES},
+    "queue_mean": 1000.0,
+    "queue_p99": 1000.0,
+    "cpu_per_token": 1000.0,
+}
 QUEUE_METRICS = ("queue_mean", "queue_p99")
 
 
@@ -44,6 +50,7 @@ def labels(max_new_tokens: object) -> dict[str, str]:
         "throughput": "Output throughput (tokens/s)",
         "decode_tps": "Decode throughput, measured (tokens/s while any stream decodes)",
         "decode_rate_mean": "Per-request decode rate, mean (tokens/s, secondary)",
+        "cpu_per_token": "Server CPU time per output token (ms, user+sys of its process tree)",
         "queue_mean": "Client queueing time, mean (ms)",
         "queue_p99": "Client queueing time p99 (ms)",
     }
@@ -178,14 +185,14 @@ def pooled_numeric(m: Metrics) -> pd.DataFrame:
     used requests (ITL: tokens) of the arm; times in the display unit (ms or s)."""
     ratio, out = _ratio(m, "pooled", "all"), _outcome(m, "pooled", "all")
     rows: dict[str, list[float]] = {k: ratio[k].tolist() for k in RATIO_METRICS}
-    for metric in RUN_METRICS:
+    for metric in shown_runs(m):
         if metric in m.pooled_latency.index:
             rows[metric] = [float(m.pooled_latency.at[metric, a]) * SCALE.get(metric, 1.0) for a in m.arms]
         elif metric == "decode_rate_mean":
             rate, arm = m.requests["decode_rate"].to_numpy(), m.requests["arm"].to_numpy()
             rows[metric] = [_mean(rate[arm == i]) for i in range(len(m.arms))]
         else:
-            rows[metric] = [pooled_run_value(m.runs, a, metric) for a in m.arms]
+            rows[metric] = [pooled_run_value(m.runs, a, metric) * SCALE.get(metric, 1.0) for a in m.arms]
     for metric in QUEUE_METRICS:
         rows[metric] = [float(m.pooled_latency.at[metric, a]) * SCALE[metric] for a in m.arms]
     for key in ("correct", "scored", "cap_hits", "errors", "used", "planned"):
@@ -207,8 +214,25 @@ def _family(metric: str) -> str | None:
 
 def _shown_metrics(m: Metrics) -> list[str]:
     """Rows of the pooled table: ITL only with chunk timings, queueing time only in open loop."""
-    shown = [*RATIO_METRICS, *[k for k in RUN_METRICS if _family(k) != "itl" or m.pooled_counts.loc["itl"].sum() > 0]]
+    shown = [
+        *RATIO_METRICS,
+        *[
+            k
+            for k in RUN_METRICS
+            if (_family(k) != "itl" or m.pooled_counts.loc["itl"].sum() > 0) and k in shown_runs(m)
+        ],
+    ]
     return shown + (list(QUEUE_METRICS) if m.open_loop else [])
+
+
+def has_server_cpu(m: Metrics) -> bool:
+    """Whether any run recorded its server's CPU time (manifest server_cpu, since 2026-12-06)."""
+    return bool(np.isfinite(m.runs["server_cpu_s"].to_numpy(float)).any()) if len(m.runs) else False
+
+
+def shown_runs(m: Metrics) -> list[str]:
+    """The per-run metrics the tables show: the server's CPU time only where it was recorded."""
+    return [k for k in RUN_METRICS if k != "cpu_per_token" or has_server_cpu(m)]
 
 
 def marked_cells(m: Metrics, pooled: pd.DataFrame) -> bool:

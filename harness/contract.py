@@ -19,6 +19,7 @@ import functools
 import hashlib
 import json
 import os
+import re
 import types
 import typing
 from dataclasses import dataclass, field
@@ -41,6 +42,7 @@ UNMEASURED_KEYS = (
     "load_sample_s",
     "results_dir",
     "source_cache",
+    "experiment.gate",
     "server.ready_timeout_s",
     "server.stop_timeout_s",
     "server.health_timeout_s",
@@ -341,6 +343,19 @@ class LoadDuring:
     steal_frac: float | None
 
 
+@dataclass(frozen=True)
+class ServerCpu:
+    """The server's process tree's CPU time over the measured window (psutil, read at its two ends): the server's
+    process and every descendant alive at either end, their reaped children included (user + system)."""
+
+    pid: int  # the server's process
+    processes: int  # processes of the tree read at either end
+    user_s: float
+    system_s: float
+    cpu_s: float  # user_s + system_s
+    wall_s: float  # monotonic seconds between the two reads
+
+
 @dataclass
 class Machine:
     before: LoadSnapshot | None = None
@@ -401,6 +416,62 @@ class Manifest:
     # schema 4: each file sealed when it became final (null: not written, or a schema before 4)
     records_seal: FileSeal | None = None
     scores_seal: FileSeal | None = None
+    # a server on this machine (since 2026-12-06; null before, or where its processes could not be read)
+    server_cpu: ServerCpu | None = None
+
+
+# ---------------------------------------------------------------------- the gate (experiment.gate, --fail-on)
+
+# the changes a gate rule may name: the report's pooled changes of each arm against the baseline (analysis.compare)
+GATE_METRICS = (
+    "acceptance_length",
+    "correct_drafts_per_step",
+    "throughput",
+    "decode_tps",
+    "cpu_per_token",
+    "ttft_p50",
+    "ttft_p99",
+    "tpot_p50",
+    "tpot_p99",
+    "itl_p50",
+    "itl_p99",
+    "e2e_p50",
+    "e2e_p99",
+)
+_GATE_RULE = re.compile(r"^\s*([a-z0-9_]+)\s*([<>])\s*([+-]?\d+(?:\.\d+)?)\s*%\s*$")
+
+
+@dataclass(frozen=True)
+class GateRule:
+    """`METRIC < -X%`: fails when the change's 95% interval lies entirely below -X%; `METRIC > +X%`: entirely above."""
+
+    metric: str
+    op: Literal["<", ">"]
+    threshold: float  # a fraction: -0.01 for -1%
+    text: str  # as written
+
+    def __str__(self) -> str:
+        return f"{self.metric} {self.op} {self.threshold * 100:+g}%"
+
+
+def parse_gate_rule(text: str) -> GateRule:
+    """A gate rule from its text; ValueError naming the bad text, the form and the metric names."""
+    match = _GATE_RULE.match(str(text))
+    names = ", ".join(GATE_METRICS)
+    if match is None:
+        raise ValueError(
+            f"gate rule {text!r} is not of the form 'METRIC < -X%' or 'METRIC > +X%' (a change in percent, e.g. "
+            f"'acceptance_length < -1%', 'cpu_per_token > +3%'); metrics: {names}"
+        )
+    metric, op, number = match.groups()
+    if metric not in GATE_METRICS:
+        raise ValueError(
+            f"gate rule {text!r} names metric {metric!r}, which the report does not compare; metrics: {names}"
+        )
+    threshold = float(number) / 100
+    if threshold <= -1:
+        raise ValueError(f"gate rule {text!r}: a change cannot be {number}% or less (-100% is nothing left)")
+    return GateRule(metric, "<" if op == "<" else ">", threshold, str(text))
 
 
 # ---------------------------------------------------------------------- campaign.json, its parts

@@ -9,6 +9,8 @@ steal time on a VM all move throughput while the acceptance length stays put. Th
   temperature and utilisation (nvidia-smi; null without it).
 - `during`: CPU-seconds of every process and of ours over the measured window, from counters read at
   its start and its end.
+- the server's own CPU time over the measured window (manifest `server_cpu`): its process tree's user and
+  system seconds, read at both ends (`tree_times`, `server_cpu`).
 
 Every probe tolerates what a machine lacks (no steal counter, no nvidia-smi, a process that exited):
 the value is null, a run never fails for it.
@@ -23,7 +25,7 @@ from dataclasses import dataclass, field
 
 import psutil
 
-from harness.contract import GpuStatus, LoadDuring, LoadSnapshot
+from harness.contract import GpuStatus, LoadDuring, LoadSnapshot, ServerCpu
 from harness.host.envinfo import run_tool
 
 _NVIDIA_SMI_QUERY = "--query-gpu=index,clocks.sm,temperature.gpu,utilization.gpu"
@@ -62,6 +64,51 @@ def _cpu_seconds(procs: list[psutil.Process]) -> dict[tuple[int, float], float]:
         except psutil.Error:
             continue  # exited or not ours to read: its time falls to "other", never an error
     return out
+
+
+@dataclass(frozen=True)
+class TreeTimes:
+    """A process tree's CPU times at one instant: (pid, create_time) -> (user, system) seconds of each process, its
+    reaped children's included (a child that ends inside the window is counted by its parent)."""
+
+    pid: int
+    t_mono: float
+    times: dict[tuple[int, float], tuple[float, float]]
+
+
+def tree_times(pid: int) -> TreeTimes | None:
+    """The CPU times of process `pid` and its descendants now; None when `pid` cannot be read."""
+    try:
+        root = psutil.Process(pid)
+        procs = [root, *root.children(recursive=True)]
+    except psutil.Error:
+        return None
+    out = {}
+    for proc in procs:
+        try:
+            with proc.oneshot():
+                t = proc.cpu_times()
+                out[(proc.pid, proc.create_time())] = (t.user + t.children_user, t.system + t.children_system)
+        except psutil.Error:
+            continue  # ended between the listing and the read: its parent has its time by the next read
+    return TreeTimes(pid, time.monotonic(), out) if out else None
+
+
+def server_cpu(t0: TreeTimes | None, t1: TreeTimes | None) -> ServerCpu | None:
+    """The manifest's `server_cpu`: what the tree spent between two reads (a process born in between from 0);
+    None when either read failed."""
+    if t0 is None or t1 is None:
+        return None
+    user = sum(max(0.0, u - t0.times.get(key, (0.0, 0.0))[0]) for key, (u, _) in t1.times.items())
+    system = sum(max(0.0, s - t0.times.get(key, (0.0, 0.0))[1]) for key, (_, s) in t1.times.items())
+    return ServerCpu(
+        pid=t0.pid,
+        processes=len(set(t0.times) | set(t1.times)),
+        user_s=round(user, 3),
+        system_s=round(system, 3),
+        cpu_s=round(user + system, 3),
+        wall_s=round(t1.t_mono - t0.t_mono, 4),
+    )
 
 
 def read_counters() -> Counters:

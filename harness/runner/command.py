@@ -190,7 +190,7 @@ def after_runs(
     report_code = 0
     if report_now:
         hold_sync("report")
-        report_code = report_campaign(campaign.root, console, cfg.strict_audit)
+        report_code = report_campaign(campaign.root, console, cfg.strict_audit, cfg.experiment.gate)
     if cfg.shard is not None and not report_now:
         left = sorted({r.slot for r in campaign.plan if campaign.run_status(r.run_id) != "finished"})
         todo = (
@@ -206,7 +206,12 @@ def after_runs(
         )
     if not report_now:
         console.print(f"[bold green]records:[/] {campaign.root}/runs/*/records.jsonl")
+    if not failed and report_code in GATE_CODES:
+        return report_code  # the gate's verdict (experiment.gate): 3 failed, 4 inconclusive
     return 1 if failed or report_code else 0
+
+
+GATE_CODES = (3, 4)  # analysis.gate's EXIT_GATE_FAILED, EXIT_INCONCLUSIVE (the runner does not import the analysis)
 
 
 @hydra.main(version_base=HYDRA_VERSION_BASE, config_path=str(CONFIG_DIR), config_name="bench")

@@ -15,6 +15,7 @@ from dataclasses import dataclass, field
 from omegaconf import MISSING
 
 from harness import contract
+from harness.contract import parse_gate_rule
 from harness.runner.client.config import ClientConfig, SamplingConfig
 from harness.runner.server.config import ArmConfig, ServerConfig
 from harness.validation import ConfigError, check_choice, check_name, check_range
@@ -74,6 +75,9 @@ class ExperimentConfig:
     # interpreters (e.g. [sglang] for two installs of SGLang), and whether a run from a dirty checkout is declared
     packages_may_differ: list[str] = field(default_factory=list)
     dirty_declared: bool = False
+    # the regression gate applied to the campaign's report (docs/gate.md): rules such as 'acceptance_length < -1%',
+    # 'throughput < -3%', 'cpu_per_token > +3%'; the command exits 3 when one fails, 4 when one is inconclusive
+    gate: list[str] = field(default_factory=list)
 
     def arm(self, name: str) -> ArmConfig:
         """The arm called `name` (the plan only holds declared names)."""
@@ -109,6 +113,11 @@ class ExperimentConfig:
         for arm in self.arms:
             for base_seed in self.base_seeds:
                 request_seed(base_seed, 0, arm.seed_stream)
+        for i, rule in enumerate(self.gate):
+            try:
+                parse_gate_rule(rule)
+            except ValueError as err:
+                raise ConfigError(f"experiment.gate[{i}]: {err}") from None
         if self.placement == "parallel" and len(self.gpus) < len(self.arms):
             raise ConfigError(
                 f"experiment.placement=parallel needs one GPU per arm: {len(self.arms)} arms but "

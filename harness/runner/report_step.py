@@ -15,15 +15,17 @@ if TYPE_CHECKING:
     from analysis.model import Report
 
 
-def report_campaign(campaign_dir: Path, console: Console, strict: bool) -> int:
+def report_campaign(campaign_dir: Path, console: Console, strict: bool, gate: list[str] | None = None) -> int:
     """Build and write the campaign's report, and say what it found; the exit code: non-zero when the report could
-    not be written or (strict) its audit failed."""
+    not be written or (strict) its audit failed; with `gate` rules (experiment.gate), the gate's exit status
+    (analysis.gate: 1 audit failed, 3 failed, 4 inconclusive)."""
     from analysis.load import InputError  # noqa: PLC0415  (heavy imports, after the runs)
     from analysis.report import MismatchError, build_report  # noqa: PLC0415
     from analysis.report import write_report as write_files  # noqa: PLC0415
+    from harness.contract import parse_gate_rule  # noqa: PLC0415
 
     try:
-        report = build_report([campaign_dir])
+        report = build_report([campaign_dir], gate=[parse_gate_rule(r) for r in gate or []])
     except (InputError, MismatchError) as err:
         console.print(f"[bold red]the report of {campaign_dir} failed:[/] {err}", soft_wrap=True)
         return 2
@@ -37,6 +39,10 @@ def report_campaign(campaign_dir: Path, console: Console, strict: bool) -> int:
         )
         return 2
     print_answer(report, written, console, strict)
+    if report.gate is not None:
+        for line in report.gate.lines():
+            console.print(line, highlight=False, markup=False, soft_wrap=True)
+        return report.gate.exit_code
     return 0 if report.audit.passed or not strict else 1
 
 

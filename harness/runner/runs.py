@@ -162,9 +162,10 @@ async def read_server_facts(ctx: RunContext) -> None:
     ctx.save()
 
 
-async def drive_run(ctx: RunContext) -> None:
+async def drive_run(ctx: RunContext, server_pid: int) -> None:
     """Warm up, flush, send the measured requests, appending every record; the runner is pinned to
-    client.cpus meanwhile, and the machine's CPU counters are read at both ends of the measured window."""
+    client.cpus meanwhile, and the machine's CPU counters and the server's process tree's CPU times (process
+    `server_pid`) are read at both ends of the measured window."""
     c, run, cfg = ctx.campaign, ctx.planned, ctx.campaign.cfg
     base = ctx.spec.base_url
     await read_server_facts(ctx)
@@ -219,7 +220,7 @@ async def drive_run(ctx: RunContext) -> None:
             await flush_cache(base)
         ctx.progress.update(task, total=len(measured), completed=0, description=f"{run.run_id}")
         before = llamacpp.parse_metrics(await get_text(base, "/metrics")) if counted else {}
-        start = machine.read_counters()
+        start, tree = machine.read_counters(), machine.tree_times(server_pid)
         await asyncio.gather(
             drive(
                 base,
@@ -235,6 +236,7 @@ async def drive_run(ctx: RunContext) -> None:
             ),
             hold("measure"),
         )
+        ctx.manifest.server_cpu = machine.server_cpu(tree, machine.tree_times(server_pid))
         ctx.manifest.machine.during = machine.during(start, machine.read_counters())
         if counted:
             after = llamacpp.parse_metrics(await get_text(base, "/metrics"))
@@ -381,7 +383,7 @@ async def measure_and_score(c: Campaign, run: PlannedRun, progress: Progress, ga
             checks.after_ready = check_log(spec.log_path, spec.log_checks)
             if not checks.after_ready.passed:
                 raise RunFailed(f"log check after readiness failed: {describe_failed_checks(checks.after_ready)}")
-            await drive_run(ctx)
+            await drive_run(ctx, server.started().pid)
             ctx.manifest.machine.after = await machine.sample(c.cfg.load_sample_s)
             check_failed_requests(ctx)
             ctx.manifest.server_info_end = await get_json(

@@ -29,8 +29,9 @@ def git(repo: Path, *args: str) -> str:
     return subprocess.run(["git", "-C", str(repo), *args], capture_output=True, text=True, check=True).stdout.strip()
 
 
-def make_repo(where: Path) -> Path:
-    """A git repository holding a copy of harness/ on `main`, and branch `change` with another ready line."""
+def make_repo(where: Path, path: Path = SERVICE, old: str = READY, new: str = CHANGED) -> Path:
+    """A git repository holding a copy of harness/ on `main`, and branch `change` with another ready line (or, given
+    `path`, `old` and `new`, that other one-line change)."""
     repo = where / "project"
     shutil.copytree(ROOT / "harness", repo / "harness", ignore=shutil.ignore_patterns("__pycache__", "*.pyc"))
     git(repo.parent, "init", "-q", "-b", "main", str(repo))
@@ -39,10 +40,10 @@ def make_repo(where: Path) -> Path:
     git(repo, "add", "-A")
     git(repo, "commit", "-q", "-m", "main")
     git(repo, "checkout", "-q", "-b", "change")
-    service = repo / SERVICE
-    assert READY in service.read_text()
-    service.write_text(service.read_text().replace(READY, CHANGED))
-    git(repo, "commit", "-q", "-am", "change the ready line")
+    changed = repo / path
+    assert old in changed.read_text()
+    changed.write_text(changed.read_text().replace(old, new))
+    git(repo, "commit", "-q", "-am", f"change {path}")
     git(repo, "checkout", "-q", "main")
     return repo
 
