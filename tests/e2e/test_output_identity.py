@@ -71,7 +71,9 @@ def test_identical_outputs_pass_and_one_altered_token_fails(run_bench, tmp_path)
     (ident,) = doc["output_identity"]
     assert (ident["pairs"], ident["identical"]) == (4, 3)
     (diff,) = ident["differing"]
-    assert diff["base_seed"] == 1 and diff["first_difference"].startswith("token 23 (full_vocab: 24 tokens, topk_first: 24)")
+    assert diff["base_seed"] == 1 and diff["first_difference"].startswith(
+        "token 23 (full_vocab: 24 tokens, topk_first: 24)"
+    )
     assert "Outputs identical across arms, as the experiment expects" in doc["audit"]["failed"]
     report = flat((camp / "report.md").read_text())
     assert f"item {diff['item_id']}: first differs at token 23 (full_vocab: 24 tokens, topk_first: 24)" in report
@@ -79,7 +81,9 @@ def test_identical_outputs_pass_and_one_altered_token_fails(run_bench, tmp_path)
 
 
 def test_first_difference_names_the_position():
-    assert first_difference([1, 2, 3], [1, 2, 4, 5], "token", ("token", "block")) == "token 2 (token: 3 tokens, block: 4)"
+    assert (
+        first_difference([1, 2, 3], [1, 2, 4, 5], "token", ("token", "block")) == "token 2 (token: 3 tokens, block: 4)"
+    )
     assert (
         first_difference("abc", "ab", "character", ("token", "block"))
         == "character 2 (token: 3 characters, block: 2: one is the other's start)"
