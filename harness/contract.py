@@ -165,13 +165,13 @@ class CheckoutState:
     diff_sha256: str | None  # SHA-256 of `git diff HEAD --binary` (tracked changes); None when there are none
     untracked: list[str]  # untracked files git does not ignore (the first 50)
     # a snapshot: SHA-256 of its files as the server's interpreter found them just before the server started
-    # (harness/runner/server/provenance_probe.py snapshot_files; bytecode folders left out); None for a git checkout
+    # (harness/server/provenance_probe.py snapshot_files; bytecode folders left out); None for a git checkout
     content_sha256: str | None = None
 
 
 @dataclass(frozen=True)
 class ServerCode:
-    """The code a run's server ran, read by harness/runner/server/provenance_probe.py in the server's own interpreter,
+    """The code a run's server ran, read by harness/server/provenance_probe.py in the server's own interpreter,
     environment and working directory, just before the server started. None for what is not installed."""
 
     python: str
@@ -212,12 +212,15 @@ class ServerBinary:
 
 @dataclass(frozen=True)
 class ServerCounters:
-    """The server's own cumulative counters (llama-server's /metrics) at both ends of the measured window."""
+    """The server's own cumulative counters (its Prometheus /metrics) at both ends of the measured window."""
 
     source: str  # the endpoint read
     before: dict[str, float]  # after the warmup, just before the first measured request
     after: dict[str, float]  # after the last measured request
     delta: dict[str, float]  # after - before, per counter
+    # the harness' counter (output_tokens, drafts, draft_tokens, accepted_tokens, verify_steps, decode_calls) -> the
+    # engine's metric holding it (harness/backends/counters.py); {} in manifests before 2026-12-06: llama-server's names
+    names: dict[str, str] = field(default_factory=dict)
 
 
 @dataclass(frozen=True)
@@ -363,6 +366,7 @@ class Manifest:
     server_binary: ServerBinary | None = None
     server_slots: list[dict[str, Any]] | None = None  # its /slots after readiness (each slot: n_ctx, speculative)
     server_counters: ServerCounters | None = None  # its /metrics counters over the measured window
+    server_url: str | None = None  # a server already running there, not launched by the run: its code is unknown
 
 
 # ---------------------------------------------------------------------- campaign.json, its parts

@@ -17,7 +17,7 @@ from pathlib import Path
 import pytest
 from campaigns import SMALL
 
-from harness.runner.server.redact import MASK, Secrets, is_secret_name, redact, redact_argv, redact_value
+from harness.server.redact import MASK, Secrets, is_secret_name, redact, redact_argv, redact_value
 
 FAULTY = Path(__file__).resolve().parents[1] / "fixtures" / "servers"
 

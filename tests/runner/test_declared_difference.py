@@ -24,9 +24,9 @@ from harness.runner.config import BenchConfig, register_configs
 from harness.runner.difference import check_arms_differ
 from harness.runner.overrides import OverrideError, check_overrides
 from harness.runner.plan import planned_launches
-from harness.runner.server.spec import LaunchSpec
 from harness.runner.sources import resolve_sources
 from harness.runner.unread import check_unread
+from harness.server.launch import Launch
 from harness.validation import ConfigError
 
 SGLANG_PATHS = ["server.model_path=/models/target", "server.draft_model_path=/models/draft", "server.preflight=skip"]
@@ -146,10 +146,10 @@ def test_two_paths_of_one_interpreter_are_one_interpreter():
     )
     launches = planned_launches(cfg)
 
-    def same(spec: LaunchSpec) -> ServerCode:
+    def same(spec: Launch) -> ServerCode:
         return code("f" * 64)
 
-    def other(spec: LaunchSpec) -> ServerCode:
+    def other(spec: Launch) -> ServerCode:
         return code(("a" if spec.argv[0].endswith("python") else "b") * 64)
 
     with pytest.raises(ConfigError, match="arms token and block resolve to the same launch"):

@@ -9,7 +9,7 @@ import time
 
 import aiohttp
 
-from harness.runner.server.process import ServerError
+from harness.server.process import ServerError
 
 
 async def get_json(base_url: str, path: str, timeout_s: float = 30.0) -> dict | None:

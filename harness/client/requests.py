@@ -6,7 +6,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Any
 
-from harness.runner.client.config import ClientConfig, SamplingConfig
+from harness.client.config import ClientConfig, SamplingConfig
 from workloads.base import Item
 
 

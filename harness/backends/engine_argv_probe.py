@@ -1,7 +1,7 @@
 """Check embedded-server argvs with the embedded server's own parser, INSIDE the interpreter, environment and
 working directory that will run it (a source arm's snapshot puts its own `harness.engine` first).
 
-`harness.runner.server.preflight` runs `PYTHON engine_argv_probe.py` with `{"argvs": [[...], ...]}` on stdin (each
+`harness.backends.python_preflight` runs `PYTHON engine_argv_probe.py` with `{"argvs": [[...], ...]}` on stdin (each
 argv is what follows `-m harness.engine`) and reads one line `SPECBENCH_PREFLIGHT {json}` from stdout. One stage
 per argv, `parse`: `harness.engine.args.parse_args`, the first thing `python -m harness.engine` does (argparse:
 unknown flags, choices, types; then the checks that need no model loaded: algorithms, windows, ranges, the
@@ -13,7 +13,7 @@ import os
 import sys
 
 _HERE = os.path.dirname(os.path.abspath(__file__))
-# Run as a script, this file's folder (harness/runner/server/) would shadow top-level modules of the same names.
+# Run as a script, this file's folder (harness/server/) would shadow top-level modules of the same names.
 sys.path[:] = [p for p in sys.path if os.path.abspath(p or os.curdir) != _HERE]
 
 import contextlib  # noqa: E402

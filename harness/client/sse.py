@@ -8,7 +8,7 @@ from collections.abc import AsyncIterator
 import aiohttp
 import orjson
 
-from harness.runner.client.requests import StreamError
+from harness.client.requests import StreamError
 
 DONE = b"[DONE]"
 
