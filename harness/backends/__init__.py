@@ -12,6 +12,7 @@ MODULES = {
     "embedded": "harness.backends.embedded",
     "sglang": "harness.backends.sglang",
     "llamacpp": "harness.backends.llamacpp",
+    "openai": "harness.backends.openai",
 }
 NAMES = tuple(MODULES)
 

@@ -151,7 +151,7 @@ def test_unwritable_results_dir_is_a_message_not_a_traceback(tmp_path):
         ("client.concurrency=null", "client.concurrency needs a value"),
         ("~client.concurrency", "the typed config cannot lose a key"),
         ("experiment=nope", "valid experiment configs: dflash_block_vs_token"),
-        ("server=vllm", "valid server configs: embedded, llamacpp, sglang"),
+        ("server=vllm", "valid server configs: embedded, llamacpp, openai, openai_vllm, sglang"),
     ],
 )
 def test_bad_overrides_list_the_valid_keys(override, message):
