@@ -18,9 +18,10 @@ import pandas as pd
 from analysis.check import FAIL, INFO, OK, WARN, Check, Status
 from analysis.code import CHECK_NAME, check_code, fingerprint, firsts, run_codes
 from analysis.commands import ArmDiff, RunVariant, compare_arms, interpreter_only, run_variants
-from analysis.load import NO_MANIFEST, NOT_RUN, Loaded, flag_value, segment_sums
+from analysis.load import NO_MANIFEST, NOT_RUN, Loaded, segment_sums
 from analysis.read_records import line_numbers
 from analysis.selection import INVALID_REASONS, Picked, PlanKeys, Selection
+from harness.contract import flag_value
 
 _RTOL = 1e-6
 # Foreign load (manifest `machine`): other processes used more than this share of all CPUs during the run,
@@ -241,6 +242,7 @@ def run_audit(
         check_server_fields(data, sel),
         check_verify_counts(data, sel),
         check_proposed_drafts(data, sel),
+        check_draft_length(data, sel),
         check_histograms(data, sel),
         check_hit_cap(data, sel),
         check_metadata(mismatches, allow_mismatch),
@@ -596,6 +598,36 @@ def check_proposed_drafts(data: Loaded, sel: Selection) -> Check:
     if not checked:
         return Check(name, INFO, "no used request of a speculative run reports its proposed drafts")
     return Check(name, OK, f"{len(checked)} speculative arm(s) proposed drafts")
+
+
+def check_draft_length(data: Loaded, sel: Selection) -> Check:
+    """Each run whose command declares a draft length (manifest declared_draft_length, read by its backend from the
+    argv) drafted that many tokens per verify step: its used records' proposed drafts per verify step equal it. A server that ignored the flag fails, naming the run."""
+    name = "Each run drafted the draft length its command declares"
+    declared = (
+        data.runs["declared_draft_length"].to_numpy(dtype=float) if "declared_draft_length" in data.runs else None
+    )
+    if declared is None or np.isnan(declared).all():
+        return Check(name, INFO, "no run's command declares a draft length its backend reads")
+    rec = data.records
+    run = rec["_run"].to_numpy()
+    steps = rec["spec_verify_ct"].to_numpy(dtype=float)
+    per_step = rec["meta_spec_num_proposed_drafts"].to_numpy(dtype=float) / np.where(steps > 0, steps, np.nan)
+    details, checked = [], 0
+    for r in np.flatnonzero(~np.isnan(declared)):
+        mine = sel.used & (run == r)
+        seen = sorted({int(round(p)) for p in per_step[mine] if np.isfinite(p)})
+        if not seen:
+            continue
+        checked += 1
+        if seen != [int(declared[r])]:
+            row = data.runs.iloc[r]
+            details.append(
+                f"{row['campaign']}/{row['run_id']} (arm {row['arm']}): its command declares {int(declared[r])} draft "
+                f"token(s) per verify step, its records show {', '.join(map(str, seen))} (the server ignored the flag?)"
+            )
+    summary = f"{checked} run(s) checked; {len(details)} drafted another length than declared"
+    return Check(name, FAIL if details else (OK if checked else INFO), summary, tuple(details))
 
 
 def _rows(data: Loaded, mask: np.ndarray, say: Callable[[int], str], limit: int = 200) -> list[str]:

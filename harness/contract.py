@@ -367,6 +367,9 @@ class Manifest:
     server_slots: list[dict[str, Any]] | None = None  # its /slots after readiness (each slot: n_ctx, speculative)
     server_counters: ServerCounters | None = None  # its /metrics counters over the measured window
     server_url: str | None = None  # a server already running there, not launched by the run: its code is unknown
+    # the draft tokens per verify step its command declares (read by its backend from the argv), or null; the audit
+    # holds the records' draft positions to it
+    declared_draft_length: int | None = None
 
 
 # ---------------------------------------------------------------------- campaign.json, its parts
@@ -450,6 +453,19 @@ class CampaignDoc:
 
 
 # ---------------------------------------------------------------------- JSON
+
+
+def flag_value(argv: Any, flag: str) -> str | None:
+    """The value of `flag` in a server's argv (`--flag VALUE` or `--flag=VALUE`; the last one wins, as in argparse),
+    or None: how the runner's backends and the analysis read a command, one way."""
+    value = None
+    tokens = [str(t) for t in argv] if isinstance(argv, list) else []
+    for i, token in enumerate(tokens):
+        if token == flag and i + 1 < len(tokens):
+            value = tokens[i + 1]
+        elif token.startswith(flag + "="):
+            value = token[len(flag) + 1 :]
+    return value
 
 
 def to_json(obj: Any) -> dict[str, Any]:

@@ -98,6 +98,10 @@ class Backend(ABC):
         (ProvenanceError when it cannot say); None when the backend cannot know (a server it did not launch)."""
         return probe_server_code(launch)
 
+    def declared_draft_length(self, argv: list[str]) -> int | None:
+        """The draft tokens per verify step that the command declares, or None (none declared, or not fixed)."""
+        return None
+
     def python(self, server: ServerConfig, arm: ArmConfig) -> str:
         return arm.python or server.python or sys.executable
 

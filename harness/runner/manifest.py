@@ -9,6 +9,7 @@ import json
 import os
 import time
 
+from harness.backends import get as get_backend
 from harness.contract import SCHEMA_VERSION, ClientInfo, DatasetRef, Manifest, PlannedRun, ScorerInfo
 from harness.host import envinfo
 from harness.runner.folder import Campaign
@@ -59,5 +60,6 @@ def start_manifest(c: Campaign, run: PlannedRun, spec: Launch) -> Manifest:
         ),
         server_cpus=list(spec.cpus) or None,
         server_url=None if spec.launched else spec.base_url,
+        declared_draft_length=get_backend(spec.backend).declared_draft_length(spec.argv),
         scorer=ScorerInfo(name=c.workload.scorer.name, version=c.workload.scorer.version),
     )

@@ -34,7 +34,7 @@ class LogChecks:
 class ServerConfig:
     """A server backend and the flags every arm shares."""
 
-    backend: str = "embedded"  # a name of harness.backends (embedded | sglang | llamacpp)
+    backend: str = "embedded"  # a name of harness.backends.NAMES (embedded | sglang | llamacpp | openai)
     python: str | None = None  # interpreter; None = the one running the harness
     module: str = "harness.engine"  # run as `python -m MODULE`
     # backend llamacpp: the llama-server binary; None = $LLAMA_SERVER, else the one `make llamacpp` built
