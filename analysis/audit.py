@@ -18,7 +18,7 @@ import pandas as pd
 from analysis.check import FAIL, INFO, OK, WARN, Check, Status
 from analysis.code import CHECK_NAME, check_code, fingerprint, firsts, run_codes
 from analysis.commands import ArmDiff, RunVariant, compare_arms, interpreter_only, run_variants
-from analysis.load import NO_MANIFEST, NOT_RUN, Loaded, flag_value, segment_sums
+from analysis.load import NO_MANIFEST, NOT_RUN, Loaded, segment_sums
 from analysis.read_records import line_numbers
 from analysis.selection import (
     FOREIGN_CPU_FRAC,
@@ -34,7 +34,7 @@ from analysis.selection import (
     foreign_reasons,
     recompute_hit_cap,
 )
-from harness.contract import request_seed
+from harness.contract import flag_value, request_seed
 
 _RTOL = 1e-6
 
@@ -158,6 +158,7 @@ def run_audit(
         check_server_fields(data, sel),
         check_verify_counts(data, sel),
         check_proposed_drafts(data, sel),
+        check_draft_length(data, sel),
         check_histograms(data, sel),
         check_hit_cap(data, sel),
         check_metadata(mismatches, allow_mismatch),
@@ -515,6 +516,36 @@ def check_proposed_drafts(data: Loaded, sel: Selection) -> Check:
     return Check(name, OK, f"{len(checked)} speculative arm(s) proposed drafts")
 
 
+def check_draft_length(data: Loaded, sel: Selection) -> Check:
+    """Each run whose command declares a draft length (manifest declared_draft_length, read by its backend from the
+    argv) drafted that many tokens per verify step: its used records' proposed drafts per verify step equal it. A server that ignored the flag fails, naming the run."""
+    name = "Each run drafted the draft length its command declares"
+    declared = (
+        data.runs["declared_draft_length"].to_numpy(dtype=float) if "declared_draft_length" in data.runs else None
+    )
+    if declared is None or np.isnan(declared).all():
+        return Check(name, INFO, "no run's command declares a draft length its backend reads")
+    rec = data.records
+    run = rec["_run"].to_numpy()
+    steps = rec["spec_verify_ct"].to_numpy(dtype=float)
+    per_step = rec["meta_spec_num_proposed_drafts"].to_numpy(dtype=float) / np.where(steps > 0, steps, np.nan)
+    details, checked = [], 0
+    for r in np.flatnonzero(~np.isnan(declared)):
+        mine = sel.used & (run == r)
+        seen = sorted({int(round(p)) for p in per_step[mine] if np.isfinite(p)})
+        if not seen:
+            continue
+        checked += 1
+        if seen != [int(declared[r])]:
+            row = data.runs.iloc[r]
+            details.append(
+                f"{row['campaign']}/{row['run_id']} (arm {row['arm']}): its command declares {int(declared[r])} draft "
+                f"token(s) per verify step, its records show {', '.join(map(str, seen))} (the server ignored the flag?)"
+            )
+    summary = f"{checked} run(s) checked; {len(details)} drafted another length than declared"
+    return Check(name, FAIL if details else (OK if checked else INFO), summary, tuple(details))
+
+
 def _rows(data: Loaded, mask: np.ndarray, say: Callable[[int], str], limit: int = 200) -> list[str]:
     """One line per flagged record (the first `limit`), naming its run, its line of records.jsonl and its item."""
     runs, rec = data.runs, data.records
@@ -720,14 +751,22 @@ def check_chunks(data: Loaded, sel: Selection) -> Check:
 
 
 # ---------------------------------------------------------------------------------------------
-# a server's own counters (manifest server_counters: llama-server's /metrics over the measured window)
+# a server's own counters (manifest server_counters: its /metrics over the measured window, harness/backends/counters.py)
 
-# (record column, /metrics counter): the per-request counts of a run's measured requests must add up to its delta
+# (record column, the harness' counter): the per-request counts of a run's measured requests must add up to its delta
 COUNTER_SUMS = (
-    ("completion_tokens", "tokens_predicted_total"),
-    ("meta_spec_num_proposed_drafts", "spec_decode_num_draft_tokens_total"),
-    ("spec_num_correct_drafts", "spec_decode_num_accepted_tokens_total"),
+    ("completion_tokens", "output_tokens"),
+    ("meta_spec_num_proposed_drafts", "draft_tokens"),
+    ("spec_num_correct_drafts", "accepted_tokens"),
+    ("spec_verify_ct", "verify_steps"),
 )
+# manifests before server_counters.names (2026-12-06) were llama-server's, under these names
+LEGACY_COUNTER_NAMES = {
+    "output_tokens": "tokens_predicted_total",
+    "draft_tokens": "spec_decode_num_draft_tokens_total",
+    "accepted_tokens": "spec_decode_num_accepted_tokens_total",
+    "decode_calls": "n_decode_total",
+}
 LLAMA_DRAFT_MODEL_FLAGS = ("--spec-draft-model", "-md", "--model-draft")
 
 
@@ -739,6 +778,30 @@ def _counted_runs(data: Loaded) -> list[tuple[int, str, dict[str, Any]]]:
         man = manifests.get(r.campaign, {}).get(r.run_id) or {}
         if isinstance(man.get("server_counters"), dict):
             out.append((int(r.run), f"{r.campaign}/{r.run_id} ({r.arm})", man))
+    return out
+
+
+def counter_deltas(man: dict[str, Any]) -> dict[str, tuple[str, float]]:
+    """The harness' counter -> (the engine's name, its delta over the measured window) of one run's manifest."""
+    counters = man["server_counters"]
+    names = counters.get("names") or LEGACY_COUNTER_NAMES
+    delta = counters.get("delta") or {}
+    return {ours: (native, delta[native]) for ours, native in names.items() if native in delta}
+
+
+def counter_acceptance(data: Loaded, sel: Selection) -> dict[str, float]:
+    """Each counted run's acceptance length from its server's own counters alone: every request's first token comes
+    from its prompt's forward and each verify step emits its accepted drafts plus one token, so verify steps = output
+    tokens - requests - accepted tokens, and AL = output tokens / verify steps (the records' definition,
+    analysis/metrics.py). Runs without output_tokens and accepted_tokens counters are left out."""
+    out = {}
+    run_of = data.records["_run"].to_numpy()
+    for run, label, man in _counted_runs(data):
+        deltas = counter_deltas(man)
+        if "output_tokens" in deltas and "accepted_tokens" in deltas:
+            tokens, accepted = deltas["output_tokens"][1], deltas["accepted_tokens"][1]
+            steps = tokens - int((sel.measured & (run_of == run)).sum()) - accepted
+            out[label] = tokens / steps if steps > 0 else float("nan")
     return out
 
 
@@ -754,17 +817,21 @@ def check_counter_sums(data: Loaded, sel: Selection) -> Check:
     details = []
     for run, label, man in runs:
         mine = sel.measured & (run_of == run)
-        delta = man["server_counters"].get("delta") or {}
-        sums = [(col, counter, float(np.nansum(rec[col].to_numpy(float)[mine]))) for col, counter in COUNTER_SUMS]
-        if man.get("concurrency") == 1:
+        deltas = counter_deltas(man)
+        given = [(col, ours) for col, ours in COUNTER_SUMS if not np.isnan(rec[col].to_numpy(float)[mine]).all()]
+        sums = [(col, ours, float(np.nansum(rec[col].to_numpy(float)[mine]))) for col, ours in given]
+        if man.get("concurrency") == 1 and not np.isnan(rec["spec_verify_ct"].to_numpy(float)[mine]).all():
             steps = float(np.nansum(rec["spec_verify_ct"].to_numpy(float)[mine])) + int(mine.sum())
-            sums.append(("spec_verify_ct + 1 per request", "n_decode_total", steps))
+            sums.append(("spec_verify_ct + 1 per request", "decode_calls", steps))
         details += [
-            f"{label}: records sum {col} to {got:g}, the server's {counter} grew by {delta.get(counter)}"
-            for col, counter, got in sums
-            if delta.get(counter) != got
+            f"{label}: records sum {col} to {got:g}, the server's {deltas[ours][0]} grew by {deltas[ours][1]:g}"
+            for col, ours, got in sums
+            if ours in deltas and deltas[ours][1] != got
         ]
     summary = f"{len(runs)} run(s) checked against their /metrics deltas; {len(details)} mismatch(es)"
+    lengths = counter_acceptance(data, sel)
+    if lengths:
+        summary += "; acceptance length from the counters: " + ", ".join(f"{k} {v:.3f}" for k, v in lengths.items())
     return Check(name, FAIL if details else OK, summary, tuple(details))
 
 
@@ -786,8 +853,9 @@ def check_drafting(data: Loaded, sel: Selection) -> Check:
     run_of = rec["_run"].to_numpy()
     proposed = rec["meta_spec_num_proposed_drafts"].to_numpy(float)
     details, asking = [], 0
+    runs = [r for r in runs if isinstance(r[2].get("server_slots"), list)]  # (llama-server's: its /slots say)
     for run, label, man in runs:
-        drafted = (man["server_counters"].get("delta") or {}).get("spec_decode_num_draft_tokens_total") or 0
+        drafted = counter_deltas(man).get("draft_tokens", ("", 0.0))[1]
         slots = man.get("server_slots")
         speculates = isinstance(slots, list) and any(isinstance(s, dict) and s.get("speculative") for s in slots)
         in_records = float(np.nansum(proposed[sel.measured & (run_of == run)]))

@@ -37,6 +37,7 @@ class RunCode:
     may_differ: frozenset[str]
     dirty_declared: bool
     binary: dict[str, Any] | None = None  # the manifest's server_binary (a native server: llama-server)
+    url: str | None = None  # the manifest's server_url (a server the run did not launch)
 
 
 def run_codes(data: Loaded) -> list[RunCode]:
@@ -61,6 +62,7 @@ def run_codes(data: Loaded) -> list[RunCode]:
                 frozenset(norm(p) for p in exp.get("packages_may_differ") or []),
                 bool(exp.get("dirty_declared")),
                 binary if isinstance(binary, dict) else None,
+                man.get("server_url") if isinstance(man.get("server_url"), str) else None,
             )
         )
     return out
@@ -143,6 +145,16 @@ def check_code(data: Loaded) -> tuple[Status, str, tuple[str, ...]]:
     """(status, summary, details) of the check named CHECK_NAME."""
     codes = run_codes(data)
     recorded = [r for r in codes if r.code]
+    attached = sorted({str(r.url) for r in codes if r.url})
+    if not recorded and attached:
+        return (
+            WARN,
+            (
+                f"the servers were already running ({', '.join(attached)}): the campaign did not launch them and "
+                "cannot pin their code"
+            ),
+            (),
+        )
     if not recorded and any(r.binary for r in codes):
         return check_binaries(codes)
     if not recorded:

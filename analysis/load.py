@@ -42,6 +42,7 @@ from harness.contract import (
     CampaignDoc,
     Manifest,
     PlannedRun,
+    flag_value,
     json_types,
     nested,
 )
@@ -471,6 +472,7 @@ _RUN_COLUMNS = (
     "manifest_gpu",
     "gpu_env",
     "spec_algorithm",
+    "declared_draft_length",
     "window_start",
     "window_end",
 )
@@ -524,6 +526,7 @@ def _run_row(camp: CampaignDir, run_id: str, plan: dict[str, Any] | None) -> dic
         "manifest_gpu": man.get("gpu"),
         "gpu_env": (man.get("env") or {}).get("CUDA_VISIBLE_DEVICES"),
         "spec_algorithm": flag_value(man.get("command"), "--speculative-algorithm"),
+        "declared_draft_length": man.get("declared_draft_length") if man else None,
         **_window(man),
     }
 
@@ -540,19 +543,6 @@ def _number(x: Any) -> float:
     """x as a finite float, else NaN."""
     ok = isinstance(x, int | float) and not isinstance(x, bool) and math.isfinite(x)
     return float(x) if ok else math.nan
-
-
-def flag_value(argv: Any, flag: str) -> str | None:
-    """The value of `flag` in a server's argv (`--flag VALUE` or `--flag=VALUE`; the last one wins, as in
-    argparse), or None."""
-    value = None
-    tokens = [str(t) for t in argv] if isinstance(argv, list) else []
-    for i, token in enumerate(tokens):
-        if token == flag and i + 1 < len(tokens):
-            value = tokens[i + 1]
-        elif token.startswith(flag + "="):
-            value = token[len(flag) + 1 :]
-    return value
 
 
 def node_type(man: dict[str, Any]) -> str | None:

@@ -179,13 +179,13 @@ class CheckoutState:
     diff_sha256: str | None  # SHA-256 of `git diff HEAD --binary` (tracked changes); None when there are none
     untracked: list[str]  # untracked files git does not ignore (the first 50)
     # a snapshot: SHA-256 of its files as the server's interpreter found them just before the server started
-    # (harness/runner/server/provenance_probe.py snapshot_files; bytecode folders left out); None for a git checkout
+    # (harness/server/provenance_probe.py snapshot_files; bytecode folders left out); None for a git checkout
     content_sha256: str | None = None
 
 
 @dataclass(frozen=True)
 class ServerCode:
-    """The code a run's server ran, read by harness/runner/server/provenance_probe.py in the server's own interpreter,
+    """The code a run's server ran, read by harness/server/provenance_probe.py in the server's own interpreter,
     environment and working directory, just before the server started. None for what is not installed."""
 
     python: str
@@ -249,12 +249,15 @@ def seal_file(path: Path) -> FileSeal | None:
 
 @dataclass(frozen=True)
 class ServerCounters:
-    """The server's own cumulative counters (llama-server's /metrics) at both ends of the measured window."""
+    """The server's own cumulative counters (its Prometheus /metrics) at both ends of the measured window."""
 
     source: str  # the endpoint read
     before: dict[str, float]  # after the warmup, just before the first measured request
     after: dict[str, float]  # after the last measured request
     delta: dict[str, float]  # after - before, per counter
+    # the harness' counter (output_tokens, drafts, draft_tokens, accepted_tokens, verify_steps, decode_calls) -> the
+    # engine's metric holding it (harness/backends/counters.py); {} in manifests before 2026-12-06: llama-server's names
+    names: dict[str, str] = field(default_factory=dict)
 
 
 @dataclass(frozen=True)
@@ -413,6 +416,10 @@ class Manifest:
     server_binary: ServerBinary | None = None
     server_slots: list[dict[str, Any]] | None = None  # its /slots after readiness (each slot: n_ctx, speculative)
     server_counters: ServerCounters | None = None  # its /metrics counters over the measured window
+    server_url: str | None = None  # a server already running there, not launched by the run: its code is unknown
+    # the draft tokens per verify step its command declares (read by its backend from the argv), or null; the audit
+    # holds the records' draft positions to it
+    declared_draft_length: int | None = None
     # schema 4: each file sealed when it became final (null: not written, or a schema before 4)
     records_seal: FileSeal | None = None
     scores_seal: FileSeal | None = None
@@ -558,6 +565,19 @@ class CampaignDoc:
 
 
 # ---------------------------------------------------------------------- JSON
+
+
+def flag_value(argv: Any, flag: str) -> str | None:
+    """The value of `flag` in a server's argv (`--flag VALUE` or `--flag=VALUE`; the last one wins, as in argparse),
+    or None: how the runner's backends and the analysis read a command, one way."""
+    value = None
+    tokens = [str(t) for t in argv] if isinstance(argv, list) else []
+    for i, token in enumerate(tokens):
+        if token == flag and i + 1 < len(tokens):
+            value = tokens[i + 1]
+        elif token.startswith(flag + "="):
+            value = token[len(flag) + 1 :]
+    return value
 
 
 def to_json(obj: Any) -> dict[str, Any]:

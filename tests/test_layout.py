@@ -7,6 +7,7 @@ on the audit, and the embedded server and the microbenchmark load no library the
 from __future__ import annotations
 
 import ast
+import re
 import subprocess
 import sys
 from pathlib import Path
@@ -118,10 +119,22 @@ def test_only_the_runners_report_step_imports_the_analysis():
     assert importers == {"harness.runner.report_step"}
 
 
-UNITS = ("harness.runner", "harness.engine", "harness.micro", "harness.verify", "harness.host", "harness.models")
-# the three programs (README "Layout"): the runner is harness/bench.py with harness/runner/
+UNITS = (
+    "harness.runner",
+    "harness.backends",
+    "harness.server",
+    "harness.client",
+    "harness.engine",
+    "harness.micro",
+    "harness.verify",
+    "harness.host",
+    "harness.models",
+)
+
+# the three programs (README "Layout"): the runner is harness/bench.py with harness/runner/ and the parts only it
+# uses (the backends, launching servers, sending requests)
 PROGRAMS = {
-    "the runner": ("harness.bench", "harness.runner"),
+    "the runner": ("harness.bench", "harness.runner", "harness.backends", "harness.server", "harness.client"),
     "the embedded server": ("harness.engine",),
     "the microbenchmark": ("harness.micro",),
 }
@@ -187,10 +200,42 @@ def test_the_parts_import_each_other_without_a_loop():
     assert cycles(packages) == [["analysis", "harness"]]
 
 
+# a comparison against an engine's name (the team's pre-stop hook greps the same)
+BACKEND_BRANCH = re.compile(r"(==|!=) *[\"'](llamacpp|sglang|embedded|openai)[\"']")
+
+
+def test_no_code_asks_which_engine_it_is_outside_the_backends():
+    """Every fact about an engine lives in its module of harness/backends/ (harness.backends.get(name)); elsewhere no
+    code compares a name against an engine's."""
+    found = [
+        f"{path.relative_to(ROOT)}:{n}: {line.strip()}"
+        for package in ("harness", "analysis")
+        for path in sorted((ROOT / package).rglob("*.py"))
+        if "backends" not in path.parts
+        for n, line in enumerate(path.read_text().splitlines(), 1)
+        if BACKEND_BRANCH.search(line)
+    ]
+    assert found == []
+    assert BACKEND_BRANCH.search('if server.backend == "llamacpp":')  # (the pattern finds what it is for)
+
+
+def test_the_backends_import_no_runner_and_the_shared_parts_no_backend():
+    """The backends stand on the shared parts (server, client, contract, validation, host); the runner calls them;
+    the server and client packages know no engine; analysis reads the manifests they fill, not their code."""
+    graph = import_graph()
+
+    def reached(prefix: str) -> set[str]:
+        return {unit(t) for name, targets in graph.items() if unit(name) == prefix for t in targets} - {prefix}
+
+    assert "harness.runner" not in reached("harness.backends")
+    assert "harness.backends" not in reached("harness.server") | reached("harness.client")
+    assert "harness.runner" not in reached("harness.server") | reached("harness.client")
+
+
 def test_the_layout_answers_where_things_are():
     """The four questions, answered by names (README "Where things are")."""
-    assert (ROOT / "harness" / "runner" / "server" / "process.py").is_file()  # where the server is launched
-    assert (ROOT / "harness" / "runner" / "client" / "drive.py").is_file()  # where requests are sent
+    assert (ROOT / "harness" / "server" / "process.py").is_file()  # where the server is launched
+    assert (ROOT / "harness" / "client" / "drive.py").is_file()  # where requests are sent
     assert "acceptance length" in (ROOT / "analysis" / "metrics.py").read_text()  # where it is computed
     assert "def write_report" in (ROOT / "analysis" / "report.py").read_text()  # where the report is written
 

@@ -1,7 +1,7 @@
 """Check embedded-server argvs with the embedded server's own parser, INSIDE the interpreter, environment and
 working directory that will run it (a source arm's snapshot puts its own `harness.engine` first).
 
-`harness.runner.server.preflight` runs `PYTHON argv_probe.py` (this file, by its path: the runner
+`harness.backends.python_preflight` runs `PYTHON argv_probe.py` (this file, by its path: the runner
 never imports the engine) with `{"argvs": [[...], ...]}` on stdin (each
 argv is what follows `-m harness.engine`) and reads one line `SPECBENCH_PREFLIGHT {json}` from stdout. One stage
 per argv, `parse`: `harness.engine.args.parse_args`, the first thing `python -m harness.engine` does (argparse:

@@ -76,8 +76,11 @@ class TreeTimes:
     times: dict[tuple[int, float], tuple[float, float]]
 
 
-def tree_times(pid: int) -> TreeTimes | None:
-    """The CPU times of process `pid` and its descendants now; None when `pid` cannot be read."""
+def tree_times(pid: int | None) -> TreeTimes | None:
+    """The CPU times of process `pid` and its descendants now; None when `pid` cannot be read (or is None: a server
+    the run did not start)."""
+    if pid is None:
+        return None
     try:
         root = psutil.Process(pid)
         procs = [root, *root.children(recursive=True)]

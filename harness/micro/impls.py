@@ -184,11 +184,11 @@ def _installed_version(dist: str) -> str | None:
 
 def load_sglang_builder() -> tuple[Callable | None, str]:
     """SGLang's verify-probability builder and its qualified name, or (None, why it is skipped)."""
-    version = _installed_version("sglang")
+    version, sglang_module = _installed_version("sglang"), "sglang"
     try:
-        sglang = importlib.import_module("sglang")
+        sglang = importlib.import_module(sglang_module)
     except ImportError as exc:
-        if version is None or isinstance(exc, ModuleNotFoundError) and exc.name == "sglang":
+        if version is None or isinstance(exc, ModuleNotFoundError) and exc.name == sglang_module:
             return None, "sglang not installed: skipped"
         return None, f"sglang {version} installed but {_import_failure('sglang', exc)}: skipped"
     except Exception as exc:  # noqa: BLE001  (SGLang's import probes the device: any failure means skipped)

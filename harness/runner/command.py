@@ -22,6 +22,7 @@ from omegaconf import DictConfig, OmegaConf
 from omegaconf.errors import MissingMandatoryValue, OmegaConfBaseException
 from rich.console import Console
 
+from harness.backends import get as get_backend
 from harness.hydra_setup import CONFIG_DIR, HYDRA_VERSION_BASE
 from harness.models.check import ModelFileError, PresetError, check_launches
 from harness.runner.cmdline import CommandLine
@@ -34,15 +35,13 @@ from harness.runner.plan import check_request_seeds, planned_launches
 from harness.runner.report_step import report_campaign
 from harness.runner.required import check_required
 from harness.runner.runs import run_campaign, summary
-from harness.runner.server import llamacpp_preflight
-from harness.runner.server.preflight import preflight_before_launch
-from harness.runner.server.redact import Secrets, redact_override
-from harness.runner.server.spec import PlannedLaunch
 from harness.runner.sources import resolve_sources
 from harness.runner.stopping import DONE, REPORT, STARTING, Stopped, StopSignals, hold_sync
 from harness.runner.storage import StorageError
 from harness.runner.sweep import SweepJob
 from harness.runner.unread import check_unread
+from harness.server.launch import PlannedLaunch
+from harness.server.redact import Secrets, redact_override
 from harness.validation import ConfigError
 from workloads import load_workload
 from workloads.base import WorkloadError
@@ -62,9 +61,18 @@ def check_model_paths(launches: list[PlannedLaunch]) -> None:
     """ConfigError naming the model path (and what is wrong with it) that an embedded server could not load:
     checked here, where a server would otherwise start and exit before it was ready."""
     try:
-        check_launches((launch.spec.argv, launch.spec.cwd, launch.spec.module) for launch in launches)
+        check_launches((launch.launch.argv, launch.launch.cwd, launch.launch.module) for launch in launches)
     except (ModelFileError, PresetError) as exc:
         raise ConfigError(f"server.model_path (or an arm's --model-path): {exc}; nothing was launched") from None
+
+
+def preflight_before_launch(cfg: BenchConfig, launches: list[PlannedLaunch], console: Console) -> int:
+    """A real run's fail-fast check of every planned command by the backend's own parser: 0 to go on."""
+    preflight = get_backend(cfg.server.backend).preflight(cfg.server, launches, console)
+    code = preflight.verdict(console) if preflight is not None else 0
+    if code:
+        console.print("no server was launched", highlight=False)
+    return code
 
 
 def campaign_complete(campaign: Campaign) -> bool:
@@ -94,10 +102,7 @@ def run(
         workload = load_workload(cfg.workload)
         check_request_seeds(cfg, workload)
         return print_dry_run(cfg, console, sources, workload), None
-    if cfg.server.backend == "llamacpp":  # each argv parsed by the binary itself
-        code = llamacpp_preflight.preflight_before_launch(cfg.server, launches, console)
-    else:
-        code = preflight_before_launch(cfg.server, launches, console)  # before anything is loaded
+    code = preflight_before_launch(cfg, launches, console)  # each argv by the engine's parser, before anything loads
     if code:
         return code, None
     config_dict = cast(dict[str, Any], OmegaConf.to_container(cfg_node, resolve=True))  # of a DictConfig
@@ -110,7 +115,7 @@ def run(
     )
     campaign.open()
     hold_sync("plan")
-    secrets = campaign.secrets + Secrets.of({}, [launch.spec.argv for launch in launches])  # the arms' env too
+    secrets = campaign.secrets + Secrets.of({}, [launch.launch.argv for launch in launches])  # the arms' env too
     resume = secrets.scrub(resume_hint(line, campaign.root.name, cfg.shard, sweep is not None))  # (--api-key X)
     try:
         statuses = stops.run(run_campaign(campaign))

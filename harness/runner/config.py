@@ -15,9 +15,10 @@ from dataclasses import dataclass, field
 from omegaconf import MISSING
 
 from harness import contract
+from harness.backends import get as get_backend
+from harness.client.config import ClientConfig, SamplingConfig
 from harness.contract import parse_gate_rule
-from harness.runner.client.config import ClientConfig, SamplingConfig
-from harness.runner.server.config import ArmConfig, ServerConfig
+from harness.server.config import ArmConfig, ServerConfig
 from harness.validation import ConfigError, check_choice, check_name, check_range
 from workloads.config import WorkloadConfig
 
@@ -164,24 +165,8 @@ class BenchConfig:
 
 
 def check_backend_client(cfg: BenchConfig) -> None:
-    """The routes each backend serves, and llama-server's lack of /flush_cache, refused before anything runs."""
-    backend, route = cfg.server.backend, cfg.client.route
-    if backend == "llamacpp" and route == "generate":
-        raise ConfigError(
-            "client.route=generate is SGLang's /generate, which llama-server does not serve: use "
-            "client.route=chat (/v1/chat/completions) or client.route=completions (/v1/completions)"
-        )
-    if backend != "llamacpp" and route == "completions":
-        raise ConfigError(
-            f"client.route=completions is read for server.backend=llamacpp only (backend {backend}: "
-            "use client.route=generate or chat)"
-        )
-    if backend == "llamacpp" and cfg.experiment.warmup.flush_cache:
-        raise ConfigError(
-            "experiment.warmup.flush_cache=true: llama-server has no /flush_cache (its slot erase needs "
-            "--slot-save-path); the client sends every request with cache_prompt=false, so no prompt "
-            "cache is reused: set experiment.warmup.flush_cache=false"
-        )
+    """The backend exists (ConfigError listing the valid names), and serves the client's route and settings."""
+    get_backend(cfg.server.backend).check_config(cfg.server, cfg.client, cfg.experiment.warmup.flush_cache)
 
 
 def register_configs() -> None:

@@ -24,13 +24,13 @@ from pathlib import Path
 
 from harness.contract import ServerCode, SourceDoc
 from harness.runner.config import BenchConfig
-from harness.runner.server.config import ArmConfig
-from harness.runner.server.provenance import ProvenanceError, probe_server_code
-from harness.runner.server.spec import LaunchSpec, PlannedLaunch
 from harness.runner.sources import git
+from harness.server.config import ArmConfig
+from harness.server.launch import Launch, PlannedLaunch
+from harness.server.provenance import ProvenanceError, probe_server_code
 from harness.validation import ConfigError
 
-Probe = Callable[[LaunchSpec], ServerCode]
+Probe = Callable[[Launch], ServerCode]
 NUMBER = re.compile(r"-\d[\d.eE+-]*")  # a negative number is a value, not a flag
 Options = tuple[tuple[tuple[str, str | None], ...], tuple[str, ...]]
 
@@ -65,7 +65,7 @@ class ArmLaunch:
     env: tuple[tuple[str, str], ...]
     python: str
     code: str  # `tree <sha> (package_dir)` of its source, or `installed`
-    spec: LaunchSpec
+    launch: Launch
 
 
 def tree_of(src: SourceDoc) -> str:
@@ -82,7 +82,7 @@ def arm_launch(cfg: BenchConfig, arm: ArmConfig, launch: PlannedLaunch, sources:
         tuple(sorted((k, str(v)) for k, v in arm.env.items())),
         arm.python or cfg.server.python or sys.executable,
         tree_of(src) if src else "installed",
-        launch.spec,
+        launch.launch,
     )
 
 
@@ -110,7 +110,7 @@ def same_interpreter(a: ArmLaunch, b: ArmLaunch, probe: Probe) -> bool:
     if os.path.realpath(a.python) == os.path.realpath(b.python):
         return True
     try:
-        ca, cb = probe(a.spec), probe(b.spec)
+        ca, cb = probe(a.launch), probe(b.launch)
     except ProvenanceError as exc:
         raise ConfigError(
             f"arms {a.name} and {b.name} differ only in their interpreters ({a.python} vs {b.python}), and one "

@@ -1,6 +1,6 @@
 """`dry_run=true`: print every planned run's exact argv, environment and placement, and what differs
 between the arms, without launching anything. For backend sglang each argv is also checked by the
-SGLang of the interpreter that will run it (`harness.runner.server.preflight`, `server.preflight`).
+SGLang of the interpreter that will run it (`harness.backends.python_preflight`, `server.preflight`).
 Both read the same planned launches (`harness.runner.plan.planned_launches`), walked once."""
 
 from __future__ import annotations
@@ -12,14 +12,13 @@ from rich.console import Console
 from rich.markup import escape
 from rich.table import Table
 
-from harness.contract import PlannedRun, ServerCode, SourceDoc
+from harness.backends import get as get_backend
+from harness.backends.python_preflight import EXIT_CODE
+from harness.contract import PlannedRun, ServerBinary, ServerCode, SourceDoc
 from harness.runner.config import BenchConfig
 from harness.runner.plan import check_shard, planned_launches, slots
-from harness.runner.server import llamacpp_preflight
-from harness.runner.server.llamacpp import describe_binary
-from harness.runner.server.preflight import EXIT_CODE, print_verdict, run_preflight
-from harness.runner.server.provenance import ProvenanceError, probe_server_code
-from harness.runner.server.spec import PlannedLaunch
+from harness.server.launch import PlannedLaunch
+from harness.server.provenance import ProvenanceError, probe_server_code
 from workloads.base import Workload
 
 
@@ -87,8 +86,16 @@ def print_server_code(launches: list[PlannedLaunch], sources: dict[str, SourceDo
     failed = []
     for launch in firsts.values():
         arm = launch.run.arm
-        if launch.spec.native:
-            binary = describe_binary(launch.spec.argv[0])
+        if launch.launch.native or not launch.launch.launched:
+            binary = get_backend(launch.launch.backend).describe_code(launch.launch)
+            if not isinstance(binary, ServerBinary):
+                console.print(
+                    f"  {arm}: unknown: the server at {launch.launch.base_url} is not launched by the run (its code "
+                    "cannot be pinned)",
+                    highlight=False,
+                    soft_wrap=True,
+                )
+                continue
             built = f"built from {binary.package} {binary.package_version}" if binary.package else "build unknown"
             console.print(
                 f"  {arm}: {binary.path} (sha256 {binary.sha256[:16]}, {built}): "
@@ -105,7 +112,7 @@ def print_server_code(launches: list[PlannedLaunch], sources: dict[str, SourceDo
             )
         try:
             console.print(
-                f"  {arm}: {escape(code_line(probe_server_code(launch.spec)))}", highlight=False, soft_wrap=True
+                f"  {arm}: {escape(code_line(probe_server_code(launch.launch)))}", highlight=False, soft_wrap=True
             )
         except ProvenanceError as exc:
             failed.append(arm)
@@ -126,8 +133,8 @@ def print_dry_run(
     sources = sources or {}
     launches = planned_launches(cfg, sources)
     plan = [launch.run for launch in launches]
-    report = run_preflight(cfg.server, launches, console)
-    llama = llamacpp_preflight.run_check(cfg.server, launches, console) if cfg.server.backend == "llamacpp" else None
+    backend = get_backend(cfg.server.backend)
+    preflight = backend.preflight(cfg.server, launches, console)
     console.print(
         f"[bold]dry run[/] of experiment [bold]{exp.name}[/]: {len(plan)} runs, "
         f"order={exp.order}, placement={exp.placement}, baseline={exp.baseline}"
@@ -158,7 +165,7 @@ def print_dry_run(
         soft_wrap=True,
     )
     for launch in launches:
-        run, spec = launch.run, launch.spec
+        run, planned = launch.run, launch.launch
         if cfg.shard is not None and run.slot != cfg.shard:
             continue
         where = f"CUDA_VISIBLE_DEVICES={run.gpu}" if run.gpu is not None else "sequential"
@@ -169,21 +176,17 @@ def print_dry_run(
             soft_wrap=True,
         )
         console.print("  argv: " + shlex.join(launch.shown_argv()), highlight=False, soft_wrap=True)
-        env = " ".join(f"{k}={v}" for k, v in sorted(spec.env_overrides.items())) or "(none)"
+        env = " ".join(f"{k}={v}" for k, v in sorted(planned.env_overrides.items())) or "(none)"
         console.print(f"  env:  {env}", highlight=False, soft_wrap=True)
         console.print(f"  request seeds: {seeds_line(cfg, run)}", highlight=False, soft_wrap=True)
-        if report is not None:
-            console.print(
-                f"  preflight: {escape(report.outcome_of(run.run_id).line())}", highlight=False, soft_wrap=True
-            )
-        if llama is not None:
-            console.print(f"  preflight: {escape(llama.line(run.run_id))}", highlight=False, soft_wrap=True)
+        if preflight is not None:
+            console.print(f"  preflight: {escape(preflight.line(run.run_id))}", highlight=False, soft_wrap=True)
     console.print()
     console.print(difference_table(cfg, [launch for launch in launches if launch.run.slot == 0]))
     unreadable = print_server_code([launch for launch in launches if launch.run.slot == 0], sources, console)
-    code = print_verdict(report, console, cfg.server.backend) if report is not None else 0
-    if llama is not None:
-        code = llamacpp_preflight.print_verdict(llama, console) or code
+    code = preflight.verdict(console) if preflight is not None else 0
+    for limit in backend.cannot_measure:
+        console.print(f"not measured on backend {backend.name}: {limit}", highlight=False, soft_wrap=True)
     if unreadable and cfg.server.preflight == "skip":  # made where the servers' installs are not: said, not counted
         console.print(
             f"[bold yellow]code under test unknown for arm(s) {', '.join(unreadable)}[/] (server.preflight=skip: "
@@ -205,17 +208,17 @@ def print_dry_run(
 def difference_table(cfg: BenchConfig, first_slot: list[PlannedLaunch]) -> Table:
     """What each arm's command, environment (placement aside) and seeds change against the baseline's."""
     exp = cfg.experiment
-    base = next(launch.spec for launch in first_slot if launch.run.arm == exp.baseline)
+    base = next(launch.launch for launch in first_slot if launch.run.arm == exp.baseline)
     table = Table(title=f"What differs from the baseline arm '{exp.baseline}' (declared: {exp.declared_difference!r})")
     for col in ("arm", "argv", "env", "seeds"):
         table.add_column(col, overflow="fold")
     env_base = {k: v for k, v in base.env_overrides.items() if k != "CUDA_VISIBLE_DEVICES"}
     for launch in first_slot:
         if launch.run.arm != exp.baseline:
-            env_other = {k: v for k, v in launch.spec.env_overrides.items() if k != "CUDA_VISIBLE_DEVICES"}
+            env_other = {k: v for k, v in launch.launch.env_overrides.items() if k != "CUDA_VISIBLE_DEVICES"}
             table.add_row(
                 launch.run.arm,
-                argv_diff(base.argv, launch.spec.argv),
+                argv_diff(base.argv, launch.launch.argv),
                 env_diff(env_base, env_other),
                 stream_diff(cfg, launch.run.arm),
             )

@@ -41,10 +41,10 @@ from harness.contract import (
 from harness.host.machine import CpuPin
 from harness.runner.config import BenchConfig
 from harness.runner.plan import check_request_seeds, check_shard, make_plan
-from harness.runner.server.redact import Secrets, redact, redact_argv
 from harness.runner.sources import diff_stats, moved_refs
 from harness.runner.stopping import StopSignals
 from harness.runner.storage import writing
+from harness.server.redact import Secrets, redact, redact_argv
 from harness.validation import ConfigError
 from workloads.base import Workload
 

@@ -9,11 +9,12 @@ import json
 import os
 import time
 
+from harness.backends import get as get_backend
 from harness.contract import SCHEMA_VERSION, ClientInfo, DatasetRef, Manifest, PlannedRun, ScorerInfo
 from harness.host import envinfo
 from harness.runner.folder import Campaign
-from harness.runner.server.redact import redact, redact_argv
-from harness.runner.server.spec import LaunchSpec
+from harness.server.launch import Launch
+from harness.server.redact import redact, redact_argv
 
 
 def server_env(env_overrides: dict[str, str]) -> dict[str, str]:
@@ -26,7 +27,7 @@ def env_sha256(env_overrides: dict[str, str]) -> str:
     return hashlib.sha256(json.dumps(server_env(env_overrides), sort_keys=True).encode()).hexdigest()
 
 
-def start_manifest(c: Campaign, run: PlannedRun, spec: LaunchSpec) -> Manifest:
+def start_manifest(c: Campaign, run: PlannedRun, spec: Launch) -> Manifest:
     cfg = c.cfg
     mono, unix = time.monotonic(), time.time()
     return Manifest(
@@ -58,5 +59,7 @@ def start_manifest(c: Campaign, run: PlannedRun, spec: LaunchSpec) -> Manifest:
             cpus=list(cfg.client.cpus) or None,
         ),
         server_cpus=list(spec.cpus) or None,
+        server_url=None if spec.launched else spec.base_url,
+        declared_draft_length=get_backend(spec.backend).declared_draft_length(spec.argv),
         scorer=ScorerInfo(name=c.workload.scorer.name, version=c.workload.scorer.version),
     )

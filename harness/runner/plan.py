@@ -9,11 +9,12 @@ from __future__ import annotations
 
 from pathlib import Path
 
+from harness.backends import get as get_backend
+from harness.backends.launch import build_launch, flag_keys
+from harness.client.requests import RequestSpec
 from harness.contract import PlannedRun, SourceDoc
-from harness.runner.client.requests import RequestSpec
 from harness.runner.config import BenchConfig, ExperimentConfig, request_seed
-from harness.runner.server import llamacpp
-from harness.runner.server.spec import PORT_PLACEHOLDER, PlannedLaunch, build_spec, token_sources
+from harness.server.launch import PORT_PLACEHOLDER, PlannedLaunch
 from harness.validation import ConfigError
 from workloads.base import Workload
 
@@ -69,7 +70,7 @@ def planned_launches(cfg: BenchConfig, sources: dict[str, SourceDoc] | None = No
     out = []
     for run in make_plan(cfg.experiment):
         index = next(i for i, a in enumerate(arms) if a.name == run.arm)
-        spec = build_spec(
+        launch = build_launch(
             cfg.server,
             arms[index],
             port=cfg.server.port or PORT_PLACEHOLDER,
@@ -79,7 +80,7 @@ def planned_launches(cfg: BenchConfig, sources: dict[str, SourceDoc] | None = No
             source=(sources or {}).get(run.arm),
             slots=cfg.client.concurrency,
         )
-        out.append(PlannedLaunch(run, spec, token_sources(cfg.server, arms[index], index)))
+        out.append(PlannedLaunch(run, launch, flag_keys(cfg.server, arms[index], index)))
     return out
 
 
@@ -109,7 +110,8 @@ def check_request_seeds(cfg: BenchConfig, workload: Workload) -> None:
     seeds)."""
     if not cfg.experiment.seeded_requests:
         return
-    limit = llamacpp.SEED_MAX if cfg.server.backend == "llamacpp" else None
+    backend = get_backend(cfg.server.backend)
+    limit = backend.seed_max
     for arm in cfg.experiment.arms:
         for base_seed in cfg.experiment.base_seeds:
             for item in workload.items:
@@ -117,7 +119,7 @@ def check_request_seeds(cfg: BenchConfig, workload: Workload) -> None:
                 if limit is not None and not 0 <= seed <= limit:
                     raise ConfigError(
                         f"request seed {base_seed} + {item.seed_offset} + {arm.seed_stream} * 2**32 = {seed} (arm "
-                        f"{arm.name}, item {item.item_id}) does not fit llama-server's 32-bit seed (0 to {limit}; "
+                        f"{arm.name}, item {item.item_id}) does not fit {backend.title}'s {limit.bit_length()}-bit seed (0 to {limit}; "
                         f"{limit + 1} means 'random'): it would be truncated. Use experiment.base_seeds below "
                         f"{limit + 1 - max(i.seed_offset for i in workload.items)} and seed_stream 0 for every arm"
                     )

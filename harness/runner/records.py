@@ -9,8 +9,8 @@ import os
 from pathlib import Path
 from typing import Any
 
+from harness.client.requests import Outcome, RequestSpec
 from harness.contract import SCHEMA_VERSION, FinishReason, Record, ScoreLine, to_json
-from harness.runner.client.requests import Outcome, RequestSpec
 from harness.runner.storage import writing
 from workloads.scoring import Score, Scorer
 
@@ -58,7 +58,7 @@ def finish_reason(out: Outcome) -> FinishReason:
 
 def count(meta: dict[str, Any], key: str) -> int | None:
     """A meta_info count as the record's typed field holds it: the integer, or None when it is absent or
-    malformed (the request then carries an error naming it, harness.runner.client.requests.meta_problem; the
+    malformed (the request then carries an error naming it, harness.client.requests.meta_problem; the
     record's meta_info keeps what the server sent)."""
     value = meta.get(key)
     return value if isinstance(value, int) and not isinstance(value, bool) and value >= 0 else None

@@ -9,7 +9,6 @@ run's server is stopped (scores.jsonl), and the machine's load is sampled before
 from __future__ import annotations
 
 import asyncio
-import dataclasses
 import time
 from collections.abc import Coroutine
 from dataclasses import dataclass, field
@@ -20,11 +19,18 @@ import aiohttp
 from rich.panel import Panel
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 
+from harness.backends import get as get_backend
+from harness.backends.base import Backend
+from harness.backends.launch import build_launch
+from harness.client.config import ClientConfig
+from harness.client.drive import drive
+from harness.client.requests import Outcome, RequestSpec
 from harness.contract import (
     LogCheckReport,
     Manifest,
     PlannedRun,
     Scoring,
+    ServerBinary,
     ServerCode,
     ServerCounters,
     SourceDoc,
@@ -32,24 +38,19 @@ from harness.contract import (
     to_json,
 )
 from harness.host import machine
-from harness.runner.client.config import ClientConfig
-from harness.runner.client.drive import drive
-from harness.runner.client.requests import Outcome, RequestSpec
-from harness.runner.config import BenchConfig
 from harness.runner.folder import Campaign
 from harness.runner.manifest import start_manifest
 from harness.runner.plan import request_specs, slots
 from harness.runner.records import RecordWriter, finish_reason, make_record, make_score
-from harness.runner.server import llamacpp
-from harness.runner.server.control import flush_cache, get_json, get_text, responds
-from harness.runner.server.logs import check_log, describe_failed_checks
-from harness.runner.server.process import Server, ServerError, free_port
-from harness.runner.server.provenance import ProvenanceError, probe_server_code
-from harness.runner.server.redact import Secrets
-from harness.runner.server.spec import LaunchSpec, build_spec
 from harness.runner.sources import archive_files, snapshot_differences
 from harness.runner.stopping import hold
 from harness.runner.storage import StorageError, disk_error, save_json
+from harness.server.control import flush_cache, get_json, responds
+from harness.server.launch import Launch
+from harness.server.logs import check_log, describe_failed_checks
+from harness.server.process import Attached, Server, ServerError, free_port, server_for
+from harness.server.provenance import ProvenanceError
+from harness.server.redact import Secrets
 from harness.validation import ConfigError
 
 
@@ -72,16 +73,20 @@ class Response:
 class RunContext:
     campaign: Campaign
     planned: PlannedRun
-    spec: LaunchSpec
+    launch: Launch
     manifest: Manifest
     progress: Progress
     failures: list[str] = field(default_factory=list)  # "item: error" of each errored/aborted/timed-out request
     responses: list[Response] = field(default_factory=list)
 
     @property
+    def backend(self) -> Backend:
+        return get_backend(self.launch.backend)
+
+    @property
     def secrets(self) -> Secrets:
         """What is masked in everything of this run that the campaign writes or prints."""
-        return self.campaign.secrets + Secrets.of_server(self.spec.env_overrides, self.spec.argv)
+        return self.campaign.secrets + Secrets.of_server(self.launch.env_overrides, self.launch.argv)
 
     def save(self) -> None:
         """Write the manifest (atomically, secrets masked); a StorageError when it cannot be written."""
@@ -96,12 +101,7 @@ class RunContext:
         return self.manifest.error
 
 
-def incremental_stream(server_info: dict | None) -> bool:
-    """Whether the server streams only the new text in each chunk (SGLang --incremental-streaming-output)."""
-    return bool((server_info or {}).get("incremental_streaming_output"))
-
-
-def stream_mode(client: ClientConfig, server_info: dict | None) -> str:
+def stream_mode(client: ClientConfig, incremental: bool) -> str:
     """How the client reads the stream: none | chat | incremental | cumulative (manifest client.stream_mode)."""
     if not client.stream:
         return "none"
@@ -109,46 +109,18 @@ def stream_mode(client: ClientConfig, server_info: dict | None) -> str:
         return "chat"
     if client.route == "completions":
         return "incremental"
-    return "incremental" if incremental_stream(server_info) else "cumulative"
-
-
-def seeds_honoured(cfg: BenchConfig, server_info: dict | None) -> bool:
-    if not cfg.experiment.seeded_requests:
-        return True
-    return bool((server_info or {}).get("enable_deterministic_inference", False))
-
-
-async def read_llamacpp_facts(ctx: RunContext) -> None:
-    """llama-server after readiness: /props (server_info), /v1/models (model_info), /slots; RunFailed unless it
-    serves the model and the slots it was launched with. Its per-request `seed` is always honoured."""
-    base, man, argv = ctx.spec.base_url, ctx.manifest, ctx.spec.argv
-    man.server_info = await get_json(base, "/props")
-    man.model_info = await get_json(base, "/v1/models")
-    slots = await get_json(base, "/slots")
-    man.server_slots = slots if isinstance(slots, list) else None
-    man.seeds_honoured = True
-    props = man.server_info or {}
-    if man.server_binary is not None:
-        man.server_binary = dataclasses.replace(man.server_binary, build_info=props.get("build_info"))
-    model, parallel = argv[argv.index("--model") + 1], int(argv[argv.index("--parallel") + 1])
-    if props.get("model_path") != model or props.get("total_slots") != parallel:
-        raise RunFailed(
-            f"llama-server's /props says model_path {props.get('model_path')!r}, total_slots "
-            f"{props.get('total_slots')!r}; it was launched with --model {model} --parallel {parallel}"
-        )
+    return "incremental" if incremental else "cumulative"
 
 
 async def read_server_facts(ctx: RunContext) -> None:
-    """/server_info and /model_info after readiness, and what follows from them (seeds, stream mode)."""
-    c, run, cfg, base = ctx.campaign, ctx.planned, ctx.campaign.cfg, ctx.spec.base_url
+    """What the server says it runs, after readiness (the backend's routes), and what follows (seeds, stream mode)."""
+    c, run, cfg = ctx.campaign, ctx.planned, ctx.campaign.cfg
     man = ctx.manifest
-    if ctx.spec.backend == "llamacpp":
-        await read_llamacpp_facts(ctx)
-    else:
-        man.server_info = await get_json(base, "/server_info") or await get_json(base, "/get_server_info")
-        man.model_info = await get_json(base, "/model_info") or await get_json(base, "/get_model_info")
-        man.seeds_honoured = seeds_honoured(cfg, man.server_info)
-    man.client.stream_mode = stream_mode(cfg.client, man.server_info)
+    try:
+        await ctx.backend.read_facts(ctx.launch, man, cfg.experiment.seeded_requests)
+    except ServerError as exc:
+        raise RunFailed(str(exc)) from None
+    man.client.stream_mode = stream_mode(cfg.client, ctx.backend.incremental(man.server_info))
     if not man.seeds_honoured:
         c.console.print(
             Panel(
@@ -162,14 +134,14 @@ async def read_server_facts(ctx: RunContext) -> None:
     ctx.save()
 
 
-async def drive_run(ctx: RunContext, server_pid: int) -> None:
+async def drive_run(ctx: RunContext, server_pid: int | None) -> None:
     """Warm up, flush, send the measured requests, appending every record; the runner is pinned to
     client.cpus meanwhile, and the machine's CPU counters and the server's process tree's CPU times (process
     `server_pid`) are read at both ends of the measured window."""
     c, run, cfg = ctx.campaign, ctx.planned, ctx.campaign.cfg
-    base = ctx.spec.base_url
+    base, backend = ctx.launch.base_url, ctx.backend
     await read_server_facts(ctx)
-    incremental = incremental_stream(ctx.manifest.server_info)
+    incremental = backend.incremental(ctx.manifest.server_info)
     ids = {
         "campaign_id": c.campaign_id,
         "run_id": run.run_id,
@@ -195,8 +167,6 @@ async def drive_run(ctx: RunContext, server_pid: int) -> None:
             ctx.failures.append(f"{'warmup ' if spec.warmup else ''}item {spec.item.item_id}: {out.error or 'aborted'}")
         ctx.progress.advance(task)
 
-    dialect = "llamacpp" if ctx.spec.backend == "llamacpp" else "sglang"
-    counted = ctx.spec.backend == "llamacpp"  # the server's own counters around the window (/metrics)
     c.pin.acquire()
     try:
         if warm:
@@ -212,14 +182,14 @@ async def drive_run(ctx: RunContext, server_pid: int) -> None:
                     arrival_seed=run.base_seed,
                     on_done=on_done,
                     incremental=incremental,
-                    dialect=dialect,
+                    dialect=backend.dialect,
                 ),
                 hold("warmup"),
             )
         if cfg.experiment.warmup.flush_cache:
             await flush_cache(base)
         ctx.progress.update(task, total=len(measured), completed=0, description=f"{run.run_id}")
-        before = llamacpp.parse_metrics(await get_text(base, "/metrics")) if counted else {}
+        before = await backend.read_counters(cfg.server, base)  # the server's own counters around the window
         start, tree = machine.read_counters(), machine.tree_times(server_pid)
         await asyncio.gather(
             drive(
@@ -232,16 +202,16 @@ async def drive_run(ctx: RunContext, server_pid: int) -> None:
                 arrival_seed=run.base_seed,
                 on_done=on_done,
                 incremental=incremental,
-                dialect=dialect,
+                dialect=backend.dialect,
             ),
             hold("measure"),
         )
         ctx.manifest.server_cpu = machine.server_cpu(tree, machine.tree_times(server_pid))
         ctx.manifest.machine.during = machine.during(start, machine.read_counters())
-        if counted:
-            after = llamacpp.parse_metrics(await get_text(base, "/metrics"))
+        if before is not None and (counters := backend.counter_map(cfg.server)) is not None:
+            after = await backend.read_counters(cfg.server, base) or {}
             ctx.manifest.server_counters = ServerCounters(
-                "/metrics", before, after, llamacpp.counter_delta(before, after)
+                counters.path, before, after, counters.delta(before, after), dict(counters.names)
             )
     finally:
         c.pin.release()
@@ -306,17 +276,17 @@ def check_failed_requests(ctx: RunContext) -> None:
         )
 
 
-async def check_server_health(ctx: RunContext, server: Server) -> None:
+async def check_server_health(ctx: RunContext, server: Server | Attached) -> None:
     """The run's failure policy, part 2: RunFailed unless the server is alive and answers /health at the
     end (a dead or hung server, SIGSTOP or deadlock, fails the run even when every request came back)."""
     if not server.alive():
         raise RunFailed(
-            f"the server exited (code {server.started().returncode}) during the run; see {ctx.spec.log_path}"
+            f"the server exited (code {server.started().returncode}) during the run; see {ctx.launch.log_path}"
         )
-    if not await responds(ctx.spec.base_url, "/health", ctx.spec.health_timeout_s):
+    if not await responds(ctx.launch.base_url, "/health", ctx.launch.health_timeout_s):
         raise RunFailed(
-            f"the server did not answer /health within {ctx.spec.health_timeout_s:g} s "
-            f"(server.health_timeout_s) at the end of the run (hung or dying); see {ctx.spec.log_path}"
+            f"the server did not answer /health within {ctx.launch.health_timeout_s:g} s "
+            f"(server.health_timeout_s) at the end of the run (hung or dying); see {ctx.launch.log_path}"
         )
 
 
@@ -354,7 +324,7 @@ async def measure_and_score(c: Campaign, run: PlannedRun, progress: Progress, ga
     if (moved := c.set_aside(run.run_id)) is not None:
         c.console.print(f"[yellow]{run.run_id}: an unfinished earlier attempt was set aside in {moved}[/]")
     port = c.cfg.server.port or free_port(c.cfg.server.host)
-    spec = build_spec(
+    launch = build_launch(
         c.cfg.server,
         c.cfg.experiment.arm(run.arm),
         port=port,
@@ -364,32 +334,31 @@ async def measure_and_score(c: Campaign, run: PlannedRun, progress: Progress, ga
         source=c.sources.get(run.arm),
         slots=c.cfg.client.concurrency,
     )
-    ctx = RunContext(c, run, spec, start_manifest(c, run, spec), progress)
+    ctx = RunContext(c, run, launch, start_manifest(c, run, launch), progress)
     checks = LogCheckReport()
     storage: StorageError | None = None
     try:
         ctx.save()
         code: ServerCode | None = None
-        if spec.native:  # a binary: what it is, read from it (no interpreter to ask)
-            ctx.manifest.server_binary = await asyncio.to_thread(llamacpp.describe_binary, spec.argv[0])
+        described = await asyncio.to_thread(ctx.backend.describe_code, launch)  # (a binary: read from the file)
+        if isinstance(described, ServerBinary):
+            ctx.manifest.server_binary = described
         else:
-            code = ctx.manifest.server_code = await asyncio.to_thread(probe_server_code, spec)
+            code = ctx.manifest.server_code = described
         ctx.save()
         check_snapshot_unchanged(c.sources.get(run.arm), code)
         ctx.manifest.machine.before = await machine.sample(c.cfg.load_sample_s)
-        async with Server(spec) as server:
+        async with server_for(launch) as server:
             await hold("startup")
             await server.wait_ready()
-            checks.after_ready = check_log(spec.log_path, spec.log_checks)
+            checks.after_ready = check_log(launch.log_path, launch.log_checks)
             if not checks.after_ready.passed:
                 raise RunFailed(f"log check after readiness failed: {describe_failed_checks(checks.after_ready)}")
-            await drive_run(ctx, server.started().pid)
+            await drive_run(ctx, server.pid())
             ctx.manifest.machine.after = await machine.sample(c.cfg.load_sample_s)
             check_failed_requests(ctx)
-            ctx.manifest.server_info_end = await get_json(
-                spec.base_url, "/props" if spec.native else "/server_info", spec.health_timeout_s
-            )
-            checks.at_end = check_log(spec.log_path, spec.log_checks)
+            ctx.manifest.server_info_end = await get_json(launch.base_url, launch.info_path, launch.health_timeout_s)
+            checks.at_end = check_log(launch.log_path, launch.log_checks)
             await check_server_health(ctx, server)
             if not checks.at_end.passed:
                 raise RunFailed(f"log check at the end failed: {describe_failed_checks(checks.at_end)}")

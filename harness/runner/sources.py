@@ -1,7 +1,7 @@
 """Arms whose server code comes from a git ref (`experiment.arms[i].source`): each ref is resolved to a commit
 once per campaign, the commit is materialised once into a cache folder keyed by commit (`git archive`, never
 the user's checkout), and the arm's server runs with `<snapshot>/<package_dir>` first on its PYTHONPATH and
-the snapshot as its working directory (harness.runner.server.spec.build_spec).
+the snapshot as its working directory (harness.server.launch.build_spec).
 
 A snapshot is checked before every campaign that uses it: its files (bytecode folders aside) must be exactly
 the commit's, as `git archive` gives them, or the campaign is refused naming the files that differ; a new
@@ -28,8 +28,8 @@ from typing import IO
 
 from harness.contract import SourceDoc
 from harness.runner.config import BenchConfig
-from harness.runner.server.config import WORKTREE, SourceConfig
-from harness.runner.server.provenance_probe import SNAPSHOT_MARK, content_sha256, snapshot_files
+from harness.server.config import WORKTREE, SourceConfig
+from harness.server.provenance_probe import SNAPSHOT_MARK, content_sha256, snapshot_files
 from harness.validation import ConfigError
 
 # a WORKTREE commit's identity: fixed, so that equal files make an equal commit (a resume can tell)

@@ -27,16 +27,17 @@ from llamacpp_support import require_llama_server
 from analysis.audit import run_audit
 from analysis.load import load
 from analysis.selection import pick
+from harness.backends.launch import build_launch
+from harness.backends.llamacpp import COUNTERS
+from harness.backends.llamacpp_build import BuildError, find_binary
+from harness.backends.llamacpp_preflight import parse_run
+from harness.backends.llamacpp_stream import LlamaStream, meta_info, payload
+from harness.client.config import ClientConfig, SamplingConfig
+from harness.client.requests import Outcome, RequestSpec, StreamError
 from harness.hydra_setup import CONFIG_DIR
-from harness.runner.client.config import ClientConfig, SamplingConfig
-from harness.runner.client.llamacpp import LlamaStream, meta_info, payload
-from harness.runner.client.requests import Outcome, RequestSpec, StreamError
-from harness.runner.server.config import ArmConfig, ServerConfig
-from harness.runner.server.llamacpp import counter_delta, identity_problem, parse_metrics, parse_run
-from harness.runner.server.llamacpp_build import BuildError, find_binary
-from harness.runner.server.logs import check_log
-from harness.runner.server.process import Server, free_port
-from harness.runner.server.spec import build_spec
+from harness.server.config import ArmConfig, ServerConfig
+from harness.server.logs import check_log
+from harness.server.process import Server, free_port
 from workloads.base import Item
 
 EXPERIMENTS = ("llamacpp_spec_vs_none", "llamacpp_draft_max")
@@ -66,11 +67,11 @@ def item() -> Item:
 
 def test_payload_turns_off_the_prompt_cache_and_sends_the_seed():
     spec = RequestSpec(item(), 980413, False, 24)
-    chat = payload("chat", SamplingConfig(temperature=0.0), ClientConfig(route="chat"), spec)
+    chat = payload("chat", SamplingConfig(temperature=0.0), ClientConfig(route="chat"), spec, "m")
     assert chat["cache_prompt"] is False and chat["timings_per_token"] is True and chat["seed"] == 980413
     assert chat["messages"] == item().messages and "prompt" not in chat and chat["max_tokens"] == 24
     assert chat["stream_options"] == {"include_usage": True}
-    plain = payload("completions", SamplingConfig(), ClientConfig(route="completions", stream=False), spec)
+    plain = payload("completions", SamplingConfig(), ClientConfig(route="completions", stream=False), spec, "m")
     assert plain["prompt"] == "What is 2 + 2?" and "messages" not in plain and "stream_options" not in plain
 
 
@@ -124,9 +125,14 @@ def test_metrics_parser_and_deltas():
         "llamacpp:tokens_predicted_total 60\nllamacpp:spec_decode_num_accepted_tokens_per_pos_total"
         '{position="0"} 1\nllamacpp:predicted_tokens_seconds 44.6261\n'
     )
-    metrics = parse_metrics(text)
-    assert metrics == {"n_decode_total": 62.0, "tokens_predicted_total": 60.0, "predicted_tokens_seconds": 44.6261}
-    assert counter_delta(metrics, {**metrics, "n_decode_total": 70.0}) == {
+    metrics = COUNTERS.read(text)  # (prometheus_client's parser; a labelled metric summed over its labels)
+    assert metrics == {
+        "n_decode_total": 62.0,
+        "tokens_predicted_total": 60.0,
+        "spec_decode_num_accepted_tokens_per_pos_total": 1.0,
+        "predicted_tokens_seconds": 44.6261,
+    }
+    assert COUNTERS.delta(metrics, {**metrics, "n_decode_total": 70.0}) == {
         "n_decode_total": 8.0,
         "tokens_predicted_total": 0.0,
     }
@@ -229,7 +235,7 @@ async def started(args: list[str], tmp_path: Path, name: str) -> tuple[Path, lis
         ready_timeout_s=60,
         args=["--threads", "1", "--no-webui", *args],
     )
-    spec = build_spec(
+    spec = build_launch(
         server,
         ArmConfig(name=name),
         port=free_port(),
@@ -238,7 +244,7 @@ async def started(args: list[str], tmp_path: Path, name: str) -> tuple[Path, lis
         log_path=tmp_path / f"{name}.log",
         slots=1,
     )
-    from harness.runner.server.control import get_json  # noqa: PLC0415
+    from harness.server.control import get_json  # noqa: PLC0415
 
     async with Server(spec) as proc:
         await proc.wait_ready()
@@ -256,7 +262,7 @@ def test_log_lines_the_checks_expect_come_from_the_real_binary(tmp_path):
     bad_log, bad_slots = asyncio.run(started(["--spec-type", "draft-simple"], tmp_path, "bad"))
     model = require_llama_server()[1]
     silent_log, silent_slots = asyncio.run(started(["--spec-draft-model", model], tmp_path, "silent"))
-    from harness.runner.server.config import LogChecks  # noqa: PLC0415
+    from harness.server.config import LogChecks  # noqa: PLC0415
 
     checks = LogChecks(must=sorted(must), must_not=sorted(must_not))
     assert check_log(ok_log, checks).passed and all(s["speculative"] for s in ok_slots)
@@ -340,10 +346,10 @@ def test_audit_fails_tampered_counts(campaign, tmp_path):
 
 
 def test_make_target_prints_where_the_binary_is():
-    """`python -m harness.runner.server.llamacpp_build` (make llamacpp) finds the cached build without building again."""
+    """`python -m harness.backends.llamacpp_build` (make llamacpp) finds the cached build without building again."""
     binary, _ = require_llama_server()
     done = subprocess.run(
-        [sys.executable, "-m", "harness.runner.server.llamacpp_build"], capture_output=True, text=True, timeout=120
+        [sys.executable, "-m", "harness.backends.llamacpp_build"], capture_output=True, text=True, timeout=120
     )
     assert done.returncode == 0, done.stderr
     assert "nothing to build" in done.stdout or "nothing built" in done.stdout

@@ -16,19 +16,19 @@ from hydra import compose, initialize_config_dir
 from rich.console import Console
 from sglang_support import import_sglang, pinned_sglang_version
 
-from harness.hydra_setup import CONFIG_DIR
-from harness.runner.command import to_typed
-from harness.runner.config import BenchConfig, register_configs
-from harness.runner.dryrun import print_dry_run
-from harness.runner.overrides import group_options
-from harness.runner.plan import planned_launches
-from harness.runner.server.preflight import (
+from harness.backends.python_preflight import (
     EXIT_CODE,
     PlannedArgv,
     PreflightReport,
     check_planned,
     planned_argv,
 )
+from harness.hydra_setup import CONFIG_DIR
+from harness.runner.command import to_typed
+from harness.runner.config import BenchConfig, register_configs
+from harness.runner.dryrun import print_dry_run
+from harness.runner.overrides import group_options
+from harness.runner.plan import planned_launches
 
 pytestmark = pytest.mark.sglang
 

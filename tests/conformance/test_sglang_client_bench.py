@@ -8,7 +8,7 @@ import orjson
 import pytest
 from sglang_support import import_sglang
 
-from harness.runner.client import overhead as client_bench
+from harness.client import overhead as client_bench
 
 pytestmark = [pytest.mark.sglang, pytest.mark.slow]
 

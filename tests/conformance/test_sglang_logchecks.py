@@ -32,9 +32,9 @@ from harness.runner.command import to_typed
 from harness.runner.config import BenchConfig, register_configs
 from harness.runner.overrides import group_options
 from harness.runner.plan import planned_launches
-from harness.runner.server.config import LogChecks
-from harness.runner.server.logs import check_log
-from harness.runner.server.spec import merge_log_checks
+from harness.server.config import LogChecks
+from harness.server.launch import merge_log_checks
+from harness.server.logs import check_log
 
 pytestmark = pytest.mark.sglang
 
@@ -253,7 +253,7 @@ def startup_log(argv: list[str]) -> str:
 
 def embedded_arm_flags(cfg: BenchConfig, arm: str) -> list[str]:
     launch = next(launch for launch in planned_launches(cfg) if launch.run.arm == arm)
-    return launch.spec.argv[3:] + ["--model-path", EMBEDDED_MODEL]
+    return launch.launch.argv[3:] + ["--model-path", EMBEDDED_MODEL]
 
 
 def passes(checks: LogChecks, text: str, tmp_path: Path) -> bool:

@@ -28,9 +28,9 @@ from campaigns import (
 )
 from serverutil import engine_server, post_json, post_raw
 
-from harness.runner.server.config import LogChecks
-from harness.runner.server.process import Server, ServerError
-from harness.runner.server.spec import LaunchSpec
+from harness.server.config import LogChecks
+from harness.server.launch import Launch
+from harness.server.process import Server, ServerError
 
 pytestmark = pytest.mark.slow
 
@@ -77,7 +77,7 @@ def test_port_taken_by_another_server_fails_every_run(tmp_path):
 def test_a_server_answering_on_our_port_that_we_did_not_start_is_refused(tmp_path):
     """The readiness probe gets 200, but from a process outside the launched one's tree."""
     with engine_server(MINI) as other:
-        spec = LaunchSpec(
+        spec = Launch(
             argv=[sys.executable, "-c", "import time; time.sleep(60)"],
             env_overrides={},
             host="127.0.0.1",
@@ -157,7 +157,7 @@ def test_server_that_hangs_after_the_last_request_fails_the_run(tmp_path):
     from harness.runner.runs import check_server_health  # noqa: PLC0415
 
     with engine_server(MINI) as srv:
-        spec = LaunchSpec(
+        spec = Launch(
             argv=[],
             env_overrides={},
             host="127.0.0.1",

@@ -261,7 +261,7 @@ def test_open_loop_campaign_times_from_the_scheduled_arrival(tmp_path):
     """client.request_rate: t_scheduled is exactly run start + the seeded Poisson offsets (so the gaps
     between scheduled arrivals are the offsets' gaps), queueing = t_sent - t_scheduled >= 0 is recorded,
     and the report says latencies count from the scheduled arrival and shows the queueing time."""
-    from harness.runner.client.drive import poisson_offsets  # noqa: PLC0415
+    from harness.client.drive import poisson_offsets  # noqa: PLC0415
 
     rate = 40.0
     proc = bench(

@@ -17,9 +17,9 @@ from pathlib import Path
 import pytest
 from campaigns import SMALL
 
-from harness.runner.client.requests import StreamError
-from harness.runner.client.sse import parse_object
-from harness.runner.server.redact import (
+from harness.client.requests import StreamError
+from harness.client.sse import parse_object
+from harness.server.redact import (
     MASK,
     Secrets,
     clip,

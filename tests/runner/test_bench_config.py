@@ -15,12 +15,12 @@ from llamacpp_support import require_llama_server
 from rich.console import Console
 
 from configs import NEEDS, SGLANG_PATHS, SKIP, composed, dry_run, dry_run_text
+from harness.backends.python_preflight import EXIT_CODE, named_flag
 from harness.hydra_setup import CONFIG_DIR
 from harness.runner.command import GROUPS, after_runs
 from harness.runner.config import BenchConfig
 from harness.runner.overrides import OverrideError, check_overrides, group_options
 from harness.runner.plan import make_plan
-from harness.runner.server.preflight import EXIT_CODE, named_flag
 from harness.validation import ConfigError
 
 
@@ -153,7 +153,7 @@ def test_unwritable_results_dir_is_a_message_not_a_traceback(tmp_path):
         ("client.concurrency=null", "client.concurrency needs a value"),
         ("~client.concurrency", "the typed config cannot lose a key"),
         ("experiment=nope", "valid experiment configs: dflash_block_vs_token"),
-        ("server=vllm", "valid server configs: embedded, llamacpp, sglang"),
+        ("server=vllm", "valid server configs: embedded, llamacpp, openai, openai_vllm, sglang"),
     ],
 )
 def test_bad_overrides_list_the_valid_keys(override, message):
@@ -428,12 +428,11 @@ def test_bad_preflight_value_is_named():
 
 def test_manifest_client_stream_mode():
     """manifest client.stream_mode: how the client reads the server's stream (docs/records.md)."""
-    from harness.runner.client.config import ClientConfig  # noqa: PLC0415
+    from harness.client.config import ClientConfig  # noqa: PLC0415
     from harness.runner.runs import stream_mode  # noqa: PLC0415
 
-    incremental = {"incremental_streaming_output": True}
-    assert stream_mode(ClientConfig(), {"incremental_streaming_output": False}) == "cumulative"
-    assert stream_mode(ClientConfig(), None) == "cumulative"
+    incremental = True
+    assert stream_mode(ClientConfig(), False) == "cumulative"
     assert stream_mode(ClientConfig(), incremental) == "incremental"
     assert stream_mode(ClientConfig(route="chat"), incremental) == "chat"
     assert stream_mode(ClientConfig(stream=False), incremental) == "none"

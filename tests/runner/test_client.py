@@ -8,11 +8,11 @@ import json
 import orjson
 import pytest
 
-from harness.runner.client.config import ClientConfig, SamplingConfig
-from harness.runner.client.drive import poisson_offsets
-from harness.runner.client.requests import Outcome, RequestSpec, StreamError, chat_payload, generate_payload
-from harness.runner.client.sse import SseFramer, sse_events
-from harness.runner.client.streams import (
+from harness.client.config import ClientConfig, SamplingConfig
+from harness.client.drive import poisson_offsets
+from harness.client.requests import Outcome, RequestSpec, StreamError, chat_payload, generate_payload
+from harness.client.sse import SseFramer, sse_events
+from harness.client.streams import (
     NOT_CUMULATIVE,
     NOT_INCREMENTAL,
     ChatStream,

@@ -13,10 +13,10 @@ import pytest
 from mdtable import squash
 from serverutil import engine_server
 
-from harness.runner.client import overhead as client_bench
-from harness.runner.client.config import ClientConfig, SamplingConfig
-from harness.runner.client.drive import drive, poisson_offsets
-from harness.runner.client.requests import Outcome, RequestSpec
+from harness.client import overhead as client_bench
+from harness.client.config import ClientConfig, SamplingConfig
+from harness.client.drive import drive, poisson_offsets
+from harness.client.requests import Outcome, RequestSpec
 from workloads.base import Item
 
 pytestmark = pytest.mark.slow  # every test here starts a server (in this process or as a subprocess)
@@ -141,7 +141,7 @@ def test_connections_are_reused_and_chunk_tokens_add_up(monkeypatch):
     reading at [DONE] loses its connection (one per request)."""
     real_payload = client_bench.payload
     monkeypatch.setattr(
-        "harness.runner.client.drive.generate_payload",
+        "harness.client.drive.generate_payload",
         lambda sampling, client, spec: {
             **real_payload(client_bench.Case("c", 4, 40, 12, 1, 0.5), spec.item.prompt),
             "stub_done_apart": True,

@@ -22,10 +22,10 @@ from conftest import bench_process
 
 from analysis.code import CHECK_NAME
 from analysis.report import build_report
-from harness.runner.server.config import ArmConfig, ServerConfig
-from harness.runner.server.provenance import ProvenanceError, probe_server_code
-from harness.runner.server.spec import build_spec
+from harness.backends.launch import build_launch
 from harness.runner.sources import materialise, resolve, worktree_commit
+from harness.server.config import ArmConfig, ServerConfig
+from harness.server.provenance import ProvenanceError, probe_server_code
 from harness.validation import ConfigError
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -140,8 +140,8 @@ def test_the_probe_reads_the_servers_own_environment(tmp_path):
     extra.mkdir(parents=True)
     (extra / "METADATA").write_text("Metadata-Version: 2.1\nName: onlyinserver\nVersion: 1.2\n")
     server = ServerConfig(model_path="embedded:mini")
-    plain = build_spec(server, ArmConfig(name="a"), port=1, base_seed=None, gpu=None, log_path=tmp_path / "l")
-    other = build_spec(
+    plain = build_launch(server, ArmConfig(name="a"), port=1, base_seed=None, gpu=None, log_path=tmp_path / "l")
+    other = build_launch(
         server,
         ArmConfig(name="b", env={"PYTHONPATH": str(tmp_path / "extra")}),
         port=1,
@@ -154,7 +154,7 @@ def test_the_probe_reads_the_servers_own_environment(tmp_path):
     assert code.packages["onlyinserver"] == "1.2" and code.module_origin == str(ROOT / "harness")
     assert code.checkout is not None and code.checkout.kind == "git" and code.checkout.root == str(ROOT)
     assert code.distribution == "specbench"  # the editable install (or its egg-info in the checkout)
-    missing = build_spec(
+    missing = build_launch(
         ServerConfig(model_path="x", module="no_such_module.server"),
         ArmConfig(name="a"),
         port=1,
@@ -176,7 +176,7 @@ def test_the_probe_finds_a_servers_module_without_running_its_packages_init(tmp_
     (tmp_path / "nspkg" / "inner").mkdir(parents=True)  # no __init__.py anywhere: namespace packages
     (tmp_path / "nspkg" / "inner" / "server.py").write_text("")
     for module, file in (("pkg.sub.server", "pkg/sub/server.py"), ("nspkg.inner.server", "nspkg/inner/server.py")):
-        spec = build_spec(
+        spec = build_launch(
             ServerConfig(model_path="x", module=module),
             ArmConfig(name="a", env={"PYTHONPATH": str(tmp_path)}),
             port=1,
@@ -292,8 +292,8 @@ def test_sglang_source_arms_each_report_their_own_commit(tmp_path):
     from sglang_support import import_sglang  # noqa: PLC0415
 
     from configs import composed  # noqa: PLC0415
+    from harness.backends.python_preflight import check_planned, planned_argv  # noqa: PLC0415
     from harness.runner.plan import planned_launches  # noqa: PLC0415
-    from harness.runner.server.preflight import check_planned, planned_argv  # noqa: PLC0415
     from harness.runner.sources import resolve_sources  # noqa: PLC0415
 
     installed = Path(import_sglang().__file__).parent
@@ -329,7 +329,7 @@ def test_sglang_source_arms_each_report_their_own_commit(tmp_path):
     for launch in launches:
         src = sources[launch.run.arm]
         assert report.outcome_of(launch.run.run_id).version == ("0.5.23+change" if src.ref == "change" else "0.5.23")
-        code = probe_server_code(launch.spec)
+        code = probe_server_code(launch.launch)
         assert code.module == "sglang.launch_server" and code.checkout is not None
         assert code.checkout.kind == "snapshot" and code.checkout.commit == git(repo, "rev-parse", src.ref)
         assert code.module_origin == f"{src.snapshot}/python/sglang"

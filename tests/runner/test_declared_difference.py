@@ -25,10 +25,11 @@ from harness.runner.config import BenchConfig, register_configs
 from harness.runner.difference import check_arms_differ, parsed_options
 from harness.runner.overrides import OverrideError, check_overrides
 from harness.runner.plan import planned_launches
-from harness.runner.server.provenance import ProvenanceError
-from harness.runner.server.spec import LaunchSpec
+from harness.server.launch import Launch
+from harness.server.provenance import ProvenanceError
 from harness.runner.sources import resolve_sources
 from harness.runner.unread import check_unread
+from harness.server.launch import Launch
 from harness.validation import ConfigError
 
 SGLANG_PATHS = ["server.model_path=/models/target", "server.draft_model_path=/models/draft", "server.preflight=skip"]
@@ -148,10 +149,10 @@ def test_two_paths_of_one_interpreter_are_one_interpreter():
     )
     launches = planned_launches(cfg)
 
-    def same(spec: LaunchSpec) -> ServerCode:
+    def same(spec: Launch) -> ServerCode:
         return code("f" * 64)
 
-    def other(spec: LaunchSpec) -> ServerCode:
+    def other(spec: Launch) -> ServerCode:
         return code(("a" if spec.argv[0].endswith("python") else "b") * 64)
 
     with pytest.raises(ConfigError, match="arms token and block resolve to the same launch"):
@@ -195,7 +196,7 @@ def test_one_interpreter_written_two_ways_is_one_without_asking_it(tmp_path):
         "experiment.arms.1.args=[]", f"experiment.arms.0.python={sys.executable}", f"experiment.arms.1.python={link}"
     )
 
-    def unanswered(spec: LaunchSpec) -> ServerCode:
+    def unanswered(spec: Launch) -> ServerCode:
         raise ProvenanceError("the provenance probe did not answer")
 
     with pytest.raises(ConfigError, match="arms token and block resolve to the same launch"):
@@ -210,7 +211,7 @@ def test_two_installs_with_the_same_packages_are_one_interpreter():
         "experiment.arms.1.args=[]", "experiment.arms.0.python=/a/bin/python", "experiment.arms.1.python=/b/bin/python"
     )
 
-    def install(spec: LaunchSpec) -> ServerCode:  # the same packages and commit, in two places
+    def install(spec: Launch) -> ServerCode:  # the same packages and commit, in two places
         where = "/a" if spec.argv[0].startswith("/a") else "/b"
         checkout = CheckoutState("git", f"{where}/src", f"{where}/src", "c" * 40, "main", False, None, [])
         return dataclasses.replace(

@@ -13,7 +13,7 @@ import sysconfig
 import venv
 from pathlib import Path
 
-from harness.runner.server.preflight import PlannedArgv, check_planned
+from harness.backends.python_preflight import PlannedArgv, check_planned
 
 ROOT = Path(__file__).resolve().parents[2]
 

@@ -13,7 +13,7 @@ import pytest
 
 from analysis.report import main
 from harness.runner.command import resume_hint
-from harness.runner.server import llamacpp
+from harness.backends import llamacpp
 from harness.validation import ConfigError
 
 ROOT = Path(__file__).resolve().parents[2]

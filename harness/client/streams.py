@@ -19,8 +19,8 @@ from typing import Any, Protocol
 import aiohttp
 import orjson
 
-from harness.runner.client.requests import Outcome, StreamError, token_ids
-from harness.runner.client.sse import DONE, SseFramer, parse_object
+from harness.client.requests import Outcome, StreamError, token_ids
+from harness.client.sse import DONE, SseFramer, parse_object
 
 NOT_CUMULATIVE = (
     "the stream is not cumulative (an event's text does not extend the previous one); the server "

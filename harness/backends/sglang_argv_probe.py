@@ -1,7 +1,7 @@
 """Check SGLang server argvs with SGLang's own code, INSIDE the interpreter that will run the server.
 
 Self-contained on purpose (standard library + the installed `sglang`, nothing of the harness):
-`harness.runner.server.preflight` runs `PYTHON sglang_argv_probe.py` with `{"argvs": [[...], ...]}` on stdin
+`harness.backends.python_preflight` runs `PYTHON sglang_argv_probe.py` with `{"argvs": [[...], ...]}` on stdin
 (each argv is what follows `-m sglang.launch_server`) and reads one line `SPECBENCH_PREFLIGHT {json}`
 from stdout. SGLang's plugins are loaded first (stage `plugins`, as the launcher does), then each argv
 goes through three stages, each of them SGLang's code:
@@ -26,7 +26,7 @@ import os
 import sys
 
 _HERE = os.path.dirname(os.path.abspath(__file__))
-# Run as a script, this file's folder (harness/runner/server/) would shadow top-level modules of the same names.
+# Run as a script, this file's folder (harness/server/) would shadow top-level modules of the same names.
 sys.path[:] = [p for p in sys.path if os.path.abspath(p or os.curdir) != _HERE]
 
 import contextlib  # noqa: E402

@@ -7,7 +7,7 @@ import re
 from pathlib import Path
 
 from harness.contract import LogCheckResult
-from harness.runner.server.config import LogChecks
+from harness.server.config import LogChecks
 
 
 def log_tail(path: Path, lines: int = 40) -> str:

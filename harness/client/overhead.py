@@ -1,7 +1,7 @@
 """Client-overhead benchmark: the project's client and SGLang 0.5.23's `bench_serving` client, against
 the same stub SSE server in one run.
 
-    python -m harness.runner.client.overhead [--streams 64 512] [--short-tokens 512] [--long-tokens 32768] ...
+    python -m harness.client.overhead [--streams 64 512] [--short-tokens 512] [--long-tokens 32768] ...
     make client-bench
 
 The stub (its own process, pinned to another core than the clients when there are two or more) speaks
@@ -41,10 +41,10 @@ from rich.progress import Progress
 from rich.table import Table
 from tabulate import tabulate
 
+from harness.client.drive import new_session, send_one
+from harness.client.requests import Outcome
+from harness.client.streams import Parser
 from harness.host.machine import CpuPin
-from harness.runner.client.drive import new_session, send_one
-from harness.runner.client.requests import Outcome
-from harness.runner.client.streams import Parser
 
 HOST = "127.0.0.1"
 WORDS = [" the", " token", " value", " é", ' "quoted"', "\n", " x\\y", " 42", " λ", " end", "\t", " speculative"]
@@ -425,7 +425,7 @@ async def run_case(url: str, client: str, case: Case) -> Result:
     prompts = [f"{client}/{case.name}/{i}" for i in range(case.requests)]
     expected = Response.build(case.tokens).text
     before = (await get_stats(url))["connections"]
-    drive = drive_sglang if client == "sglang" else drive_ours
+    drive = {"sglang": drive_sglang, "ours": drive_ours}[client]
     seen = await drive(url, case, prompts, expected)
     stats = await get_stats(url)
     writes = {p: stats["last_write"][p] for p in prompts}
@@ -468,7 +468,7 @@ def placement() -> tuple[set[int], set[int]]:
 
 def start_stub(step_s: float, cpus: set[int]) -> tuple[subprocess.Popen, str]:
     proc = subprocess.Popen(
-        [sys.executable, "-m", "harness.runner.client.overhead", "--serve", "--step-ms", str(step_s * 1000)],
+        [sys.executable, "-m", "harness.client.overhead", "--serve", "--step-ms", str(step_s * 1000)],
         stdout=subprocess.PIPE,
         text=True,
     )
@@ -573,7 +573,7 @@ async def run_all(url: str, clients: list[str], all_cases: list[Case], progress:
 
 
 def main(argv: list[str] | None = None) -> int:
-    p = argparse.ArgumentParser(prog="python -m harness.runner.client.overhead", description=__doc__.split("\n\n")[0])
+    p = argparse.ArgumentParser(prog="python -m harness.client.overhead", description=__doc__.split("\n\n")[0])
     p.add_argument("--serve", action="store_true", help="run the stub server only (used internally)")
     p.add_argument("--streams", type=int, nargs="+", default=[64, 512], help="concurrent streams, short responses")
     p.add_argument("--waves", type=int, default=2, help="requests per stream slot (requests = streams x waves)")
@@ -627,7 +627,7 @@ def main(argv: list[str] | None = None) -> int:
         proc.wait(timeout=10)
     out_dir = args.out / datetime.now(UTC).strftime("%Y%m%d-%H%M%S")
     out_dir.mkdir(parents=True, exist_ok=True)
-    command = "python -m harness.runner.client.overhead " + " ".join(argv if argv is not None else sys.argv[1:])
+    command = "python -m harness.client.overhead " + " ".join(argv if argv is not None else sys.argv[1:])
     (out_dir / "client_bench.md").write_text(f"`{command}`\n\n" + table_md(results, note))
     (out_dir / "client_bench.json").write_bytes(
         orjson.dumps(

@@ -24,9 +24,9 @@ from typing import IO
 import aiohttp
 import psutil
 
-from harness.runner.server.logs import log_tail
-from harness.runner.server.redact import Secrets
-from harness.runner.server.spec import LaunchSpec
+from harness.server.launch import Launch
+from harness.server.logs import log_tail
+from harness.server.redact import Secrets
 
 PR_SET_PDEATHSIG = 1
 
@@ -101,7 +101,7 @@ def _prepare_child(cpus: list[int], runner: int) -> None:  # runs in the child b
 class Server:
     """A running server process (use as an async context manager)."""
 
-    spec: LaunchSpec
+    launch: Launch
     proc: subprocess.Popen | None = None
     _log: IO[bytes] | None = field(default=None, repr=False)
 
@@ -109,25 +109,25 @@ class Server:
     def secrets(self) -> Secrets:
         """The secret values of this launch (its environment, its argv): masked in the log tails its errors
         quote, and in its log once it has exited."""
-        return Secrets.of_server(self.spec.env_overrides, self.spec.argv)
+        return Secrets.of_server(self.launch.env_overrides, self.launch.argv)
 
     def log_tail(self) -> str:
-        return self.secrets.scrub(log_tail(self.spec.log_path))
+        return self.secrets.scrub(log_tail(self.launch.log_path))
 
     def start(self) -> None:
-        ensure_port_free(self.spec.host, self.spec.port)
-        self.spec.log_path.parent.mkdir(parents=True, exist_ok=True)
-        self._log = open(self.spec.log_path, "ab")  # noqa: SIM115  (closed in stop())
-        env = {**os.environ, **self.spec.env_overrides, "PYTHONUNBUFFERED": "1"}
+        ensure_port_free(self.launch.host, self.launch.port)
+        self.launch.log_path.parent.mkdir(parents=True, exist_ok=True)
+        self._log = open(self.launch.log_path, "ab")  # noqa: SIM115  (closed in stop())
+        env = {**os.environ, **self.launch.env_overrides, "PYTHONUNBUFFERED": "1"}
         self.proc = subprocess.Popen(
-            self.spec.argv,
+            self.launch.argv,
             stdout=self._log,
             stderr=subprocess.STDOUT,
             stdin=subprocess.DEVNULL,
             env=env,
-            cwd=self.spec.cwd,
+            cwd=self.launch.cwd,
             start_new_session=True,
-            preexec_fn=functools.partial(_prepare_child, list(self.spec.cpus), os.getpid()),
+            preexec_fn=functools.partial(_prepare_child, list(self.launch.cpus), os.getpid()),
         )
 
     def started(self) -> subprocess.Popen:
@@ -135,18 +135,22 @@ class Server:
         assert self.proc is not None, "Server.start() first"
         return self.proc
 
+    def pid(self) -> int | None:
+        """The server process's pid: the root of the tree whose CPU time a run measures."""
+        return self.started().pid
+
     async def wait_ready(self) -> None:
         """Poll the spec's ready path (/health_generate; llama-server's /health) until 200; fail with the log's
         tail on timeout or exit."""
         proc = self.started()
-        deadline = time.monotonic() + self.spec.ready_timeout_s
-        url = self.spec.base_url + self.spec.ready_path
+        deadline = time.monotonic() + self.launch.ready_timeout_s
+        url = self.launch.base_url + self.launch.ready_path
         async with aiohttp.ClientSession(timeout=aiohttp.ClientTimeout(total=10)) as session:
             while time.monotonic() < deadline:
                 if proc.poll() is not None:
                     raise ServerError(
                         f"server exited with code {proc.returncode} before it was ready; "
-                        f"log {self.spec.log_path}:\n{self.log_tail()}"
+                        f"log {self.launch.log_path}:\n{self.log_tail()}"
                     )
                 try:
                     async with session.get(url) as resp:
@@ -157,8 +161,8 @@ class Server:
                     pass
                 await asyncio.sleep(0.25)
         raise ServerError(
-            f"server not ready after {self.spec.ready_timeout_s:g} s (server.ready_timeout_s: a longer "
-            f"one resumes the campaign); log {self.spec.log_path}:\n{self.log_tail()}"
+            f"server not ready after {self.launch.ready_timeout_s:g} s (server.ready_timeout_s: a longer "
+            f"one resumes the campaign); log {self.launch.log_path}:\n{self.log_tail()}"
         )
 
     def alive(self) -> bool:
@@ -176,7 +180,7 @@ class Server:
                 conns = proc.net_connections(kind="tcp")
             except (psutil.NoSuchProcess, psutil.AccessDenied):
                 continue
-            if any(c.status == psutil.CONN_LISTEN and c.laddr and c.laddr.port == self.spec.port for c in conns):
+            if any(c.status == psutil.CONN_LISTEN and c.laddr and c.laddr.port == self.launch.port for c in conns):
                 return True
         return False
 
@@ -184,11 +188,11 @@ class Server:
         """ServerError unless the server answering on the port is the one this run started."""
         pid = self.started().pid
         if not self.owns_port():
-            others = [p for p in listeners(self.spec.port) if p.pid != pid]
+            others = [p for p in listeners(self.launch.port) if p.pid != pid]
             raise ServerError(
-                f"port {self.spec.port} answers, but not from the server this run started "
+                f"port {self.launch.port} answers, but not from the server this run started "
                 f"(pid {pid}); it is held by {describe_processes(others)}. "
-                f"Log of ours: {self.spec.log_path}"
+                f"Log of ours: {self.launch.log_path}"
             )
 
     def stop(self) -> None:
@@ -197,7 +201,7 @@ class Server:
             _signal_group(self.proc.pid, signal.SIGTERM)
             _signal_group(self.proc.pid, signal.SIGCONT)  # a stopped (SIGSTOP) server handles SIGTERM only then
             try:
-                self.proc.wait(timeout=self.spec.stop_timeout_s)
+                self.proc.wait(timeout=self.launch.stop_timeout_s)
             except subprocess.TimeoutExpired:
                 pass
         if self.proc is not None:
@@ -209,7 +213,7 @@ class Server:
         if self._log is not None:
             self._log.close()
             self._log = None
-            self.secrets.scrub_file(self.spec.log_path)  # the server is gone: nothing writes it any more
+            self.secrets.scrub_file(self.launch.log_path)  # the server is gone: nothing writes it any more
 
     async def __aenter__(self) -> Server:
         self.start()
@@ -224,3 +228,52 @@ def _signal_group(pid: int, sig: int) -> None:
         os.killpg(pid, sig)
     except (ProcessLookupError, PermissionError):
         pass
+
+
+@dataclass
+class Attached:
+    """A server already running at a URL (a launch with launched=False): nothing is started or stopped; readiness is
+    its ready path answering 200 within ready_timeout_s. Its log is not ours: the run's server.log says so."""
+
+    launch: Launch
+
+    async def wait_ready(self) -> None:
+        deadline = time.monotonic() + self.launch.ready_timeout_s
+        url = self.launch.base_url + self.launch.ready_path
+        async with aiohttp.ClientSession(timeout=aiohttp.ClientTimeout(total=10)) as session:
+            while time.monotonic() < deadline:
+                try:
+                    async with session.get(url) as resp:
+                        if resp.status == 200:
+                            return
+                except (TimeoutError, aiohttp.ClientError):
+                    pass
+                await asyncio.sleep(0.25)
+        raise ServerError(
+            f"the server at {self.launch.base_url} did not answer {url} with 200 within "
+            f"{self.launch.ready_timeout_s:g} s (server.ready_timeout_s); it was not launched by the run"
+        )
+
+    def alive(self) -> bool:
+        return True  # (not ours to watch: the /health check at the end of the run says whether it still serves)
+
+    def started(self) -> subprocess.Popen:
+        raise ServerError(f"the server at {self.launch.base_url} was not launched by the run")
+
+    def pid(self) -> int | None:
+        return None  # its processes are not ours to read (they may be on another machine)
+
+    async def __aenter__(self) -> Attached:
+        self.launch.log_path.parent.mkdir(parents=True, exist_ok=True)
+        self.launch.log_path.write_text(
+            f"(the server at {self.launch.base_url} was running before the run: not launched, its log not kept)\n"
+        )
+        return self
+
+    async def __aexit__(self, *exc) -> None:
+        pass
+
+
+def server_for(launch: Launch) -> Server | Attached:
+    """The server of a run: started by it, or (launched=False) one already running at its URL."""
+    return Server(launch) if launch.launched else Attached(launch)

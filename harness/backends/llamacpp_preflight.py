@@ -1,5 +1,5 @@
 """The argv conformance check of the llama.cpp backend: every planned llama-server command parsed by the binary
-that will run it (harness.runner.server.llamacpp.parse_run: its own parser, then `--version`), before a dry run says
+that will run it (harness.backends.llamacpp.parse_run: its own parser, then `--version`), before a dry run says
 "ok" and before a real run launches anything. A refused flag exits 2 naming the flag, llama-server's words and the
 config key it came from; `server.preflight=skip` goes on unchecked and says so.
 
@@ -9,20 +9,97 @@ as its parser does. Not checked: what needs the model (its vocabulary against a 
 
 from __future__ import annotations
 
+import re
+import subprocess
 from dataclasses import dataclass
 
 from rich.console import Console
 from rich.markup import escape
 
-from harness.runner.server.config import ServerConfig
-from harness.runner.server.llamacpp import ArgvCheck, check_argvs, identity_problem
-from harness.runner.server.spec import PlannedLaunch
+from harness.server.config import ServerConfig
+from harness.server.launch import PlannedLaunch
 
+PARSE_TIMEOUT_S = 30.0
 EXIT_CODE = 2
 WHAT_IS_CHECKED = (
     "llama-server's own argument parser (unknown and removed flags, choices, numbers), run with "
     "--version after the command's flags; not checked: what needs the model file"
 )
+
+
+def version_text(binary_path: str) -> str:
+    """`llama-server --version`, verbatim (stderr: llama.cpp prints it there)."""
+    done = subprocess.run(
+        [binary_path, "--version"],
+        capture_output=True,
+        text=True,
+        timeout=PARSE_TIMEOUT_S,
+        stdin=subprocess.DEVNULL,
+        check=False,
+    )
+    return (done.stdout + done.stderr).strip()
+
+
+# llama.cpp's `--version` (common/build-info.cpp.in, llama_print_build_info): "version: ..." then "built with ..."
+VERSION_LINES = re.compile(r"^version: \S.*\n(?:.*\n)*?built with \S", re.MULTILINE)
+
+
+def identity_problem(binary_path: str) -> str | None:
+    """None when `binary_path --version` answers as llama.cpp's builds do; else why it is not llama-server."""
+    try:
+        text = version_text(binary_path)
+    except (OSError, subprocess.TimeoutExpired) as exc:
+        return f"{binary_path} cannot be run ({exc})"
+    if VERSION_LINES.search(text):
+        return None
+    said = repr(text[:200]) if text else "nothing"
+    return (
+        f"{binary_path} is not llama-server: its `--version` printed {said}, not llama.cpp's "
+        "'version: ...' and 'built with ...' lines (server.binary: the path of a llama-server build)"
+    )
+
+
+@dataclass(frozen=True)
+class ArgvCheck:
+    """What the binary said of one argv (everything after argv[0])."""
+
+    args: tuple[str, ...]
+    ok: bool
+    message: str  # llama-server's own words when refused
+    flag: str | None  # the flag it names
+
+
+FLAG_IN_ERROR = re.compile(r'(?:invalid argument: |handling argument ")(-[^\s"]+)')
+
+
+def parse_run(binary_path: str, args: tuple[str, ...], timeout_s: float = PARSE_TIMEOUT_S) -> ArgvCheck:
+    """llama-server's own parser over `args`, then `--version` (which exits 0 before any model is loaded)."""
+    try:
+        done = subprocess.run(
+            [binary_path, *args, "--version"],
+            capture_output=True,
+            text=True,
+            timeout=timeout_s,
+            stdin=subprocess.DEVNULL,
+            check=False,
+        )
+    except (OSError, subprocess.TimeoutExpired) as exc:
+        return ArgvCheck(args, False, f"could not run {binary_path}: {exc}", None)
+    if done.returncode == 0:
+        return ArgvCheck(args, True, "", None)
+    text = (done.stderr + done.stdout).strip()
+    first = next((line for line in text.splitlines() if line.startswith("error")), text.splitlines()[0] if text else "")
+    found = FLAG_IN_ERROR.search(text)
+    return ArgvCheck(args, False, first or f"exit {done.returncode}", found.group(1) if found else None)
+
+
+def check_argvs(binary_path: str, argvs: list[tuple[str, ...]]) -> list[ArgvCheck]:
+    """Each distinct argv checked once, in order."""
+    seen: dict[tuple[str, ...], ArgvCheck] = {}
+    for args in argvs:
+        if args not in seen:
+            seen[args] = parse_run(binary_path, args)
+    return [seen[a] for a in argvs]
 
 
 @dataclass(frozen=True)
@@ -52,6 +129,9 @@ class LlamaPreflight:
         named = f"{check.flag} (from {launch.source_of(check.flag)})" if check.flag else "(llama-server names no flag)"
         return f"{named}: {check.message}"
 
+    def verdict(self, console: Console) -> int:
+        return print_verdict(self, console)
+
     def problems(self) -> list[str]:
         if self.not_llama_server:
             return [self.not_llama_server]
@@ -71,8 +151,8 @@ def run_check(server: ServerConfig, launches: list[PlannedLaunch], console: Cons
             highlight=False,
         )
         return None
-    binary = launches[0].spec.argv[0]
-    argvs = [tuple(launch.spec.argv[1:]) for launch in launches]
+    binary = launches[0].launch.argv[0]
+    argvs = [tuple(launch.launch.argv[1:]) for launch in launches]
     console.print(f"argv preflight: {len(set(argvs))} distinct command(s) parsed by {binary} ...", highlight=False)
     problem = identity_problem(binary)
     if problem:  # /bin/true "accepts" every argv: only llama-server's own parser counts
@@ -97,14 +177,3 @@ def print_verdict(report: LlamaPreflight, console: Console) -> int:
         highlight=False,
     )
     return EXIT_CODE
-
-
-def preflight_before_launch(server: ServerConfig, launches: list[PlannedLaunch], console: Console) -> int:
-    """A real run's fail-fast check before anything is launched: 0 to go on."""
-    report = run_check(server, launches, console)
-    if report is None:
-        return 0
-    code = print_verdict(report, console)
-    if code:
-        console.print("no server was launched", highlight=False)
-    return code

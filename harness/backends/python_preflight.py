@@ -25,10 +25,10 @@ from typing import Literal
 from rich.console import Console
 from rich.markup import escape
 
-from harness.runner.server.ask import AskError, Question, ask_all
-from harness.runner.server.config import ServerConfig
-from harness.runner.server.redact import Secrets
-from harness.runner.server.spec import PlannedLaunch
+from harness.server.ask import AskError, Question, ask_all
+from harness.server.config import ServerConfig
+from harness.server.launch import PlannedLaunch
+from harness.server.redact import Secrets
 
 PROBES = {
     "sglang": Path(__file__).with_name("sglang_argv_probe.py"),
@@ -73,7 +73,7 @@ class PlannedArgv:
     sources: tuple[tuple[str, str], ...] = ()  # (token, config key)
 
     def source_of(self, flag: str) -> str:
-        return dict(self.sources).get(flag, "the launch command (harness/runner/server/spec.py build_spec)")
+        return dict(self.sources).get(flag, "the launch command (harness/backends/launch.py build_launch)")
 
 
 @dataclass(frozen=True)
@@ -191,15 +191,15 @@ def named_flag(message: str, args: Sequence[str]) -> str | None:
 def planned_argv(launch: PlannedLaunch) -> PlannedArgv:
     """A planned launch as the probe checks it: the interpreter, what follows `-m MODULE` (any port parses
     the same as the real one), the environment without its placement."""
-    argv = launch.spec.argv
-    env = tuple(sorted((k, v) for k, v in launch.spec.env_overrides.items() if k not in PLACEMENT_ENV))
+    argv = launch.launch.argv
+    env = tuple(sorted((k, v) for k, v in launch.launch.env_overrides.items() if k not in PLACEMENT_ENV))
     return PlannedArgv(
         label=launch.run.run_id,
         arm=launch.run.arm,
         python=argv[0],
         args=tuple(argv[3:]),
         env=env,
-        sources=launch.sources,
+        sources=launch.flag_keys,
     )
 
 
@@ -273,19 +273,8 @@ def _for(outcome: Outcome, item: PlannedArgv) -> Outcome:
 
 
 def run_preflight(server: ServerConfig, launches: list[PlannedLaunch], console: Console) -> PreflightReport | None:
-    """The report for these planned launches, or None when the preflight does not apply (say why)."""
-    if server.backend not in PROBES:
-        if server.backend != "llamacpp":  # (llama.cpp's argv is checked by its binary: llamacpp_preflight)
-            console.print(f"argv preflight: not applicable to backend {server.backend}", highlight=False)
-        return None
+    """The report for these planned launches (the backend's probe: PROBES), or None when skipped (said so)."""
     owner = OWNERS[server.backend]
-    if server.backend == "embedded" and server.module != ENGINE_MODULE:
-        console.print(
-            f"argv preflight: not applicable to server.module={server.module} (it checks the embedded "
-            f"server's own flags, {ENGINE_MODULE})",
-            highlight=False,
-        )
-        return None
     if server.preflight == "skip":
         console.print(
             "[bold yellow]argv preflight SKIPPED (server.preflight=skip)[/]: the commands were NOT "
@@ -297,15 +286,14 @@ def run_preflight(server: ServerConfig, launches: list[PlannedLaunch], console: 
     pythons = sorted({i.python for i in items})
     console.print(
         f"argv preflight: checking {len({(i.python, i.env, i.args) for i in items})} distinct command(s) "
-        f"with the {'SGLang' if server.backend == 'sglang' else 'embedded server'} of {', '.join(pythons)} "
-        "...",
+        f"with {owner} of {', '.join(pythons)} ...",
         highlight=False,
     )
     return check_planned(
         items,
         timeout_s=min(PROBE_TIMEOUT_S, server.ready_timeout_s),  # a server that must start within it, asked
         backend=server.backend,
-        cwds={p.run.arm: p.spec.cwd for p in launches},
+        cwds={p.run.arm: p.launch.cwd for p in launches},
     )
 
 
@@ -338,15 +326,20 @@ def print_verdict(report: PreflightReport, console: Console, backend: str = "sgl
     return EXIT_CODE
 
 
-def preflight_before_launch(server: ServerConfig, launches: list[PlannedLaunch], console: Console) -> int:
-    """A real run's fail-fast check, before any workload is loaded or server launched: 0 to go on.
-    Silent for a backend it does not apply to (the dry run says so)."""
-    if server.backend not in PROBES:
-        return 0
+@dataclass(frozen=True)
+class PythonPreflight:
+    """The preflight of a Python server (the backends' Preflight): each run's line, the verdict."""
+
+    report: PreflightReport
+    backend: str
+
+    def line(self, run_id: str) -> str:
+        return self.report.outcome_of(run_id).line()
+
+    def verdict(self, console: Console) -> int:
+        return print_verdict(self.report, console, self.backend)
+
+
+def python_preflight(server: ServerConfig, launches: list[PlannedLaunch], console: Console) -> PythonPreflight | None:
     report = run_preflight(server, launches, console)
-    if report is None:
-        return 0
-    code = print_verdict(report, console, server.backend)
-    if code:
-        console.print("no server was launched", highlight=False)
-    return code
+    return PythonPreflight(report, server.backend) if report is not None else None

@@ -6,8 +6,8 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Any
 
-from harness.runner.client.config import ClientConfig, SamplingConfig
-from harness.runner.server.redact import clip
+from harness.client.config import ClientConfig, SamplingConfig
+from harness.server.redact import clip
 from workloads.base import Item
 
 

@@ -1,5 +1,5 @@
 """Says what code a server will run: executed by the server's own interpreter, with the server's environment
-and working directory, just before the server starts (harness.runner.server.provenance runs it).
+and working directory, just before the server starts (harness.server.provenance runs it).
 
 Standard library only, and nothing of the served module or its packages is executed (the `__init__` of a
 package only where its `__path__` is not where the files are): the interpreter may be another install than

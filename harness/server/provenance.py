@@ -7,9 +7,9 @@ from __future__ import annotations
 from pathlib import Path
 
 from harness.contract import CheckoutState, ServerCode
-from harness.runner.server.ask import AskError, ask
-from harness.runner.server.provenance_probe import RESULT_MARK
-from harness.runner.server.spec import LaunchSpec
+from harness.server.ask import AskError, ask
+from harness.server.launch import Launch
+from harness.server.provenance_probe import RESULT_MARK
 
 PROBE = Path(__file__).with_name("provenance_probe.py")
 PROBE_TIMEOUT_S = 120.0
@@ -19,7 +19,7 @@ class ProvenanceError(RuntimeError):
     """The server's interpreter could not say what code it would run."""
 
 
-def probe_server_code(spec: LaunchSpec, timeout_s: float = PROBE_TIMEOUT_S) -> ServerCode:
+def probe_server_code(spec: Launch, timeout_s: float = PROBE_TIMEOUT_S) -> ServerCode:
     """ServerCode of the server `spec` starts; ProvenanceError naming the interpreter and why not. The wait is
     bounded by `timeout_s` and by the server's own start limit (server.ready_timeout_s), whichever is shorter."""
     python = spec.argv[0]

@@ -5,7 +5,7 @@ Every request is sent with `cache_prompt: false` (llama.cpp's prompt cache can c
 run must not depend on what an earlier request left in a slot), a 32-bit `seed` (checked before launch,
 harness.runner.plan.check_request_seeds), and `timings_per_token: true`: then every streamed chunk carries the
 cumulative `predicted_n`, which gives each chunk's tokens. llama-server closes the connection after each
-response, so the client opens one connection per request (harness.runner.client.drive).
+response, so the client opens one connection per request (harness.client.drive).
 
 The record's counts (docs/backends.md):
 - completion_tokens = `usage.completion_tokens` (which must equal `timings.predicted_n`),
@@ -20,16 +20,22 @@ from __future__ import annotations
 
 from typing import Any
 
-from harness.runner.client.config import ClientConfig, SamplingConfig
-from harness.runner.client.requests import Outcome, RequestSpec, StreamError
-from harness.runner.client.sse import parse_object
-from harness.runner.client.streams import Chunks, joined_response
-from harness.runner.server.redact import clip
+import aiohttp
+
+from harness.client.config import ClientConfig, SamplingConfig
+from harness.client.dialect import Dialect, Route
+from harness.client.drive import read_body, single_chunk
+from harness.client.requests import Outcome, RequestSpec, StreamError
+from harness.client.sse import parse_object
+from harness.client.streams import Chunks, Parser, completion_count, joined_response, read_stream
+from harness.server.redact import clip
 
 PATHS = {"chat": "/v1/chat/completions", "completions": "/v1/completions"}
 
 
-def payload(route: str, sampling: SamplingConfig, client: ClientConfig, spec: RequestSpec) -> dict[str, Any]:
+def payload(
+    route: str, sampling: SamplingConfig, client: ClientConfig, spec: RequestSpec, model: str
+) -> dict[str, Any]:
     """The body of one request on `route` (chat: the item's messages through the model's chat template;
     completions: its raw prompt)."""
     body: dict[str, Any] = {
@@ -139,3 +145,25 @@ class LlamaStream:
             elif carried:
                 chunks.add(t, True, None)
         chunks.store(out)
+
+
+async def read_response(
+    resp: aiohttp.ClientResponse, stream: bool, incremental: bool, out: Outcome, parser: Parser | None
+) -> None:
+    """llama-server's chat or completions route, streamed or not (its streams are always incremental)."""
+    if stream:
+        await read_stream(resp, LlamaStream(), out, parser)
+        return
+    body = await read_body(resp)
+    try:
+        choice = body["choices"][0]
+    except (KeyError, IndexError, TypeError) as e:
+        raise StreamError(f"the response has no choices[0] ({e!r}): {clip(str(body), 200)}") from None
+    content, thought = choice_text(choice)
+    out.text = joined_response(thought, content)
+    out.meta_info = meta_info(choice.get("finish_reason"), body.get("usage"), body.get("timings"))
+    single_chunk(out, completion_count(out.meta_info))
+
+
+# llama-server's protocol: its OpenAI-compatible routes with its own `timings`; it closes each connection
+DIALECT = Dialect("llamacpp", {route: Route(path, read_response) for route, path in PATHS.items()}, payload, True)

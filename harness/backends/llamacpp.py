@@ -15,30 +15,30 @@ parses every argument in order (unknown flags, removed flags, bad choices and nu
 
 from __future__ import annotations
 
-import re
+import dataclasses
 import subprocess
-from dataclasses import dataclass
 from pathlib import Path
 
-from harness.contract import ServerBinary
+from rich.console import Console
+
+from harness.backends.base import Backend, Preflight
+from harness.backends.counters import CounterMap
+from harness.backends.llamacpp_build import BuildError, find_binary, read_build_info, sha256_file
+from harness.backends.llamacpp_preflight import run_check, version_text
+from harness.backends.llamacpp_stream import DIALECT
+from harness.client.dialect import Dialect
+from harness.contract import Manifest, ServerBinary
 from harness.models.check import check_gguf
 from harness.models.files import MODELS, ModelFileError, dist_file
-from harness.runner.server.llamacpp_build import BuildError, find_binary, read_build_info, sha256_file
+from harness.server.config import ArmConfig, ServerConfig
+from harness.server.control import get_json
+from harness.server.launch import Launch, PlannedLaunch
+from harness.server.process import ServerError
 from harness.validation import ConfigError
 
 READY_PATH = "/health"
 SEED_MAX = 2**32 - 2  # llama.cpp's seeds are uint32; 2**32 - 1 (LLAMA_DEFAULT_SEED) means "a random seed"
 SHIPPED = {"hf:smollm2-135m-instruct": "smollm2"}  # the model names the embedded server also takes
-# the cumulative counters of /metrics a run records (`llamacpp:` prefix dropped)
-COUNTERS = (
-    "prompt_tokens_total",
-    "tokens_predicted_total",
-    "n_decode_total",
-    "spec_decode_num_drafts_total",
-    "spec_decode_num_draft_tokens_total",
-    "spec_decode_num_accepted_tokens_total",
-)
-METRIC_LINE = re.compile(r"^llamacpp:(\w+) ([-+0-9.eE]+|nan|inf)$", re.MULTILINE)
 PARSE_TIMEOUT_S = 30.0
 
 
@@ -87,90 +87,12 @@ LAUNCH_SOURCES = (
     ("--host", "server.host"),
     ("--port", "server.port"),
     ("--spec-draft-model", "server.draft_model_path"),
-    ("--metrics", "the launch command (harness/runner/server/llamacpp.py: the run's counters)"),
+    ("--metrics", "the launch command (harness/backends/llamacpp.py: the run's counters)"),
     ("--parallel", "client.concurrency"),
 )
 
 
-# ---------------------------------------------------------------------- conformance
-
-
-@dataclass(frozen=True)
-class ArgvCheck:
-    """What the binary said of one argv (everything after argv[0])."""
-
-    args: tuple[str, ...]
-    ok: bool
-    message: str  # llama-server's own words when refused
-    flag: str | None  # the flag it names
-
-
-FLAG_IN_ERROR = re.compile(r'(?:invalid argument: |handling argument ")(-[^\s"]+)')
-
-
-def parse_run(binary_path: str, args: tuple[str, ...], timeout_s: float = PARSE_TIMEOUT_S) -> ArgvCheck:
-    """llama-server's own parser over `args`, then `--version` (which exits 0 before any model is loaded)."""
-    try:
-        done = subprocess.run(
-            [binary_path, *args, "--version"],
-            capture_output=True,
-            text=True,
-            timeout=timeout_s,
-            stdin=subprocess.DEVNULL,
-            check=False,
-        )
-    except (OSError, subprocess.TimeoutExpired) as exc:
-        return ArgvCheck(args, False, f"could not run {binary_path}: {exc}", None)
-    if done.returncode == 0:
-        return ArgvCheck(args, True, "", None)
-    text = (done.stderr + done.stdout).strip()
-    first = next((line for line in text.splitlines() if line.startswith("error")), text.splitlines()[0] if text else "")
-    found = FLAG_IN_ERROR.search(text)
-    return ArgvCheck(args, False, first or f"exit {done.returncode}", found.group(1) if found else None)
-
-
-def check_argvs(binary_path: str, argvs: list[tuple[str, ...]]) -> list[ArgvCheck]:
-    """Each distinct argv checked once, in order."""
-    seen: dict[tuple[str, ...], ArgvCheck] = {}
-    for args in argvs:
-        if args not in seen:
-            seen[args] = parse_run(binary_path, args)
-    return [seen[a] for a in argvs]
-
-
 # ---------------------------------------------------------------------- identity, counters
-
-
-def version_text(binary_path: str) -> str:
-    """`llama-server --version`, verbatim (stderr: llama.cpp prints it there)."""
-    done = subprocess.run(
-        [binary_path, "--version"],
-        capture_output=True,
-        text=True,
-        timeout=PARSE_TIMEOUT_S,
-        stdin=subprocess.DEVNULL,
-        check=False,
-    )
-    return (done.stdout + done.stderr).strip()
-
-
-# llama.cpp's `--version` (common/build-info.cpp.in, llama_print_build_info): "version: ..." then "built with ..."
-VERSION_LINES = re.compile(r"^version: \S.*\n(?:.*\n)*?built with \S", re.MULTILINE)
-
-
-def identity_problem(binary_path: str) -> str | None:
-    """None when `binary_path --version` answers as llama.cpp's builds do; else why it is not llama-server."""
-    try:
-        text = version_text(binary_path)
-    except (OSError, subprocess.TimeoutExpired) as exc:
-        return f"{binary_path} cannot be run ({exc})"
-    if VERSION_LINES.search(text):
-        return None
-    said = repr(text[:200]) if text else "nothing"
-    return (
-        f"{binary_path} is not llama-server: its `--version` printed {said}, not llama.cpp's "
-        "'version: ...' and 'built with ...' lines (server.binary: the path of a llama-server build)"
-    )
 
 
 def describe_binary(binary_path: str) -> ServerBinary:
@@ -192,11 +114,74 @@ def describe_binary(binary_path: str) -> ServerBinary:
     )
 
 
-def parse_metrics(text: str) -> dict[str, float]:
-    """The `llamacpp:` counters and gauges of a /metrics reply (unlabelled ones), prefix dropped."""
-    return {m.group(1): float(m.group(2)) for m in METRIC_LINE.finditer(text)}
+# llama-server's counters (`llamacpp:` dropped) for the harness' (harness/backends/counters.py); prompt_tokens_total
+# is recorded too
+COUNTERS = CounterMap(
+    {
+        "output_tokens": "tokens_predicted_total",
+        "decode_calls": "n_decode_total",
+        "drafts": "spec_decode_num_drafts_total",
+        "draft_tokens": "spec_decode_num_draft_tokens_total",
+        "accepted_tokens": "spec_decode_num_accepted_tokens_total",
+    },
+    prefix="llamacpp:",
+    also=("prompt_tokens_total",),
+)
 
 
-def counter_delta(before: dict[str, float], after: dict[str, float]) -> dict[str, float]:
-    """after - before of each recorded counter present in both."""
-    return {k: after[k] - before[k] for k in COUNTERS if k in before and k in after}
+class LlamaCpp(Backend):
+    name = "llamacpp"
+    title = "llama-server"
+    native = True
+    ready_path = READY_PATH
+    info_path = "/props"
+    routes = ("chat", "completions")
+    flushes_cache = False  # (its slot erase needs --slot-save-path; every request is sent with cache_prompt=false)
+    seed_max = SEED_MAX
+    counters = COUNTERS
+    cannot_measure = (
+        "per-request output token ids (llama-server streams text; output identity compares text)",
+        "the code of the build beyond its binary's SHA-256, --version and the sdist it was built from",
+    )
+
+    def launch_argv(self, server: ServerConfig, arm: ArmConfig, port: int, slots: int) -> list[str]:
+        draft = model_file(server.draft_model_path) if server.draft_model_path else None
+        return launch_argv(binary(server.binary), model_file(server.model_path), server.host, port, slots, draft)
+
+    def flag_keys(self) -> list[tuple[str, str]]:
+        return list(LAUNCH_SOURCES)
+
+    def preflight(self, server: ServerConfig, launches: list[PlannedLaunch], console: Console) -> Preflight | None:
+        return run_check(server, launches, console)
+
+    def describe_code(self, launch: Launch) -> ServerBinary:
+        return describe_binary(launch.argv[0])
+
+    async def read_facts(self, launch: Launch, manifest: Manifest, seeded: bool) -> None:
+        """/props (server_info), /v1/models (model_info), /slots; ServerError unless it serves the model and the slots
+        it was launched with. Its per-request `seed` is always honoured."""
+        base, argv = launch.base_url, launch.argv
+        manifest.server_info = await get_json(base, "/props")
+        manifest.model_info = await get_json(base, "/v1/models")
+        slots = await get_json(base, "/slots")
+        manifest.server_slots = slots if isinstance(slots, list) else None
+        manifest.seeds_honoured = True
+        props = manifest.server_info or {}
+        if manifest.server_binary is not None:
+            manifest.server_binary = dataclasses.replace(manifest.server_binary, build_info=props.get("build_info"))
+        model, parallel = argv[argv.index("--model") + 1], int(argv[argv.index("--parallel") + 1])
+        if props.get("model_path") != model or props.get("total_slots") != parallel:
+            raise ServerError(
+                f"llama-server's /props says model_path {props.get('model_path')!r}, total_slots "
+                f"{props.get('total_slots')!r}; it was launched with --model {model} --parallel {parallel}"
+            )
+
+    def incremental(self, server_info: dict | None) -> bool:
+        return True
+
+    @property
+    def dialect(self) -> Dialect:
+        return DIALECT
+
+
+BACKEND = LlamaCpp()

@@ -9,8 +9,8 @@ import time
 
 import aiohttp
 
-from harness.runner.server.process import ServerError
-from harness.runner.server.redact import clip
+from harness.server.process import ServerError
+from harness.server.redact import clip
 
 
 async def get_json(base_url: str, path: str, timeout_s: float = 30.0) -> dict | None:

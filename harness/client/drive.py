@@ -16,9 +16,9 @@ from collections.abc import Callable
 import aiohttp
 import orjson
 
-from harness.runner.client import llamacpp
-from harness.runner.client.config import ClientConfig, SamplingConfig
-from harness.runner.client.requests import (
+from harness.client.config import ClientConfig, SamplingConfig
+from harness.client.dialect import Dialect, Route
+from harness.client.requests import (
     Outcome,
     RequestSpec,
     StreamError,
@@ -27,8 +27,8 @@ from harness.runner.client.requests import (
     meta_problem,
     token_ids,
 )
-from harness.runner.client.sse import parse_object
-from harness.runner.client.streams import (
+from harness.client.sse import parse_object
+from harness.client.streams import (
     ChatStream,
     CumulativeGenerate,
     IncrementalGenerate,
@@ -38,7 +38,7 @@ from harness.runner.client.streams import (
     joined_response,
     read_stream,
 )
-from harness.runner.server.redact import clip
+from harness.server.redact import clip
 
 READ_BUFSIZE = 4 * 1024 * 1024  # a cumulative event of a 32k-token response is a few hundred KB
 
@@ -86,28 +86,19 @@ def single_chunk(out: Outcome, completion: int | None) -> None:
     out.chunk_tokens = None if completion is None else [completion]
 
 
-async def _read_llama(
-    resp: aiohttp.ClientResponse, stream: bool, incremental: bool, out: Outcome, parser: Parser | None
-) -> None:
-    """llama-server's chat or completions route, streamed or not (its streams are always incremental)."""
-    if stream:
-        await read_stream(resp, llamacpp.LlamaStream(), out, parser)
-        return
-    body = await read_body(resp)
-    try:
-        choice = body["choices"][0]
-    except (KeyError, IndexError, TypeError) as e:
-        raise StreamError(f"the response has no choices[0] ({e!r}): {clip(str(body), 200)}") from None
-    content, thought = llamacpp.choice_text(choice)
-    out.text = joined_response(thought, content)
-    out.meta_info = llamacpp.meta_info(choice.get("finish_reason"), body.get("usage"), body.get("timings"))
-    single_chunk(out, completion_count(out.meta_info))
+def sglang_payload(route: str, sampling: SamplingConfig, client: ClientConfig, spec: RequestSpec, model: str) -> dict:
+    """SGLang's bodies: native /generate, or the OpenAI chat route with SGLang's extensions."""
+    if route == "generate":
+        return generate_payload(sampling, client, spec)
+    return chat_payload(sampling, client, spec, model)
 
 
-ROUTES = {"generate": ("/generate", _read_generate), "chat": ("/v1/chat/completions", _read_chat)}
-# llama-server's dialect: its OpenAI-compatible routes with its own `timings` (harness.runner.client.llamacpp)
-LLAMA_ROUTES = {route: (path, _read_llama) for route, path in llamacpp.PATHS.items()}
-DIALECTS = ("sglang", "llamacpp")  # sglang: SGLang's protocol (SGLang, the embedded server); llamacpp
+# SGLang's protocol (SGLang, and the embedded server, which speaks it)
+SGLANG = Dialect(
+    "sglang",
+    {"generate": Route("/generate", _read_generate), "chat": Route("/v1/chat/completions", _read_chat)},
+    sglang_payload,
+)
 
 
 async def send_one(
@@ -119,12 +110,12 @@ async def send_one(
     out: Outcome,
     incremental: bool = False,
     parser: Parser | None = None,
-    dialect: str = "sglang",
+    dialect: Dialect = SGLANG,
 ) -> Outcome:
     """Send one request; any failure becomes `out.error` (no retry). `incremental`: the server streams
     /generate with --incremental-streaming-output. `parser`: parse the stream there (see Parser). `dialect`:
-    whose protocol the server speaks (DIALECTS)."""
-    path, read = (LLAMA_ROUTES if dialect == "llamacpp" else ROUTES)[route]
+    the server's protocol (its backend's)."""
+    path, read = dialect.route(route).path, dialect.route(route).read
     body = orjson.dumps(payload)
     out.t_sent = time.monotonic()
     try:
@@ -180,7 +171,7 @@ async def drive(
     arrival_seed: int,
     on_done: Callable[[RequestSpec, Outcome], None],
     incremental: bool = False,
-    dialect: str = "sglang",
+    dialect: Dialect = SGLANG,
 ) -> None:
     """Send every spec (at most `concurrency` in flight; Poisson arrivals when client.request_rate is set),
     calling `on_done` as each finishes (the runner appends its record there). An exception of `on_done`
@@ -188,26 +179,21 @@ async def drive(
 
     `t_scheduled`: open loop, exactly the scheduled arrival (start + offset); closed loop, the start of the
     drive (when the request was queued). `incremental`: the server's /generate stream is incremental. `dialect`:
-    the server's protocol (DIALECTS): llamacpp sends llama-server's bodies, one connection per request."""
+    the server's protocol (its backend's): the bodies, the readers, whether each request has its own connection."""
     semaphore = asyncio.Semaphore(concurrency)
     rate = client.request_rate
     open_loop = bool(rate)
     offsets = poisson_offsets(len(specs), rate, arrival_seed) if rate else [0.0] * len(specs)
     parser = Parser()
     parsing = asyncio.get_running_loop().create_task(parser.run())
-    async with new_session(force_close=dialect == "llamacpp") as session:
+    async with new_session(force_close=dialect.force_close) as session:
         start = time.monotonic()
 
         async def one(spec: RequestSpec, offset: float) -> None:
             scheduled = start + offset
             await asyncio.sleep(max(0.0, scheduled - time.monotonic()))
             out = Outcome(t_scheduled=scheduled if open_loop else start)
-            if dialect == "llamacpp":
-                payload = llamacpp.payload(client.route, sampling, client, spec)
-            elif client.route == "generate":
-                payload = generate_payload(sampling, client, spec)
-            else:
-                payload = chat_payload(sampling, client, spec, model)
+            payload = dialect.payload(client.route, sampling, client, spec, model)
             async with semaphore:
                 await send_one(
                     session, base_url, client.route, payload, client.timeout_s, out, incremental, parser, dialect

@@ -10,9 +10,6 @@ from omegaconf import MISSING
 
 from harness.validation import ConfigError, check_choice, check_cpus, check_range
 
-BACKENDS = ("embedded", "sglang", "llamacpp")
-NATIVE_BACKENDS = ("llamacpp",)  # a binary, not `python -m MODULE`
-
 
 @dataclass
 class LogChecks:
@@ -37,7 +34,7 @@ class LogChecks:
 class ServerConfig:
     """A server backend and the flags every arm shares."""
 
-    backend: str = "embedded"  # embedded | sglang | llamacpp
+    backend: str = "embedded"  # a name of harness.backends.NAMES (embedded | sglang | llamacpp | openai)
     python: str | None = None  # interpreter; None = the one running the harness
     module: str = "harness.engine"  # run as `python -m MODULE`
     # backend llamacpp: the llama-server binary; None = $LLAMA_SERVER, else the one `make llamacpp` built
@@ -58,10 +55,18 @@ class ServerConfig:
     # be checked (no SGLang in that interpreter), fails the command; skip = do not check (said so).
     # backend llamacpp: the same, each argv parsed by the binary itself
     preflight: str = "require"
+    # a server already running, at this base URL (http://HOST:PORT): not launched, stopped or pinned by the campaign
+    # (backends that can attach: openai); null = a fresh server per run
+    url: str | None = None
+    # the command that starts the server, for backends launched by a command the user gives (openai); {host}, {port}
+    # and {model} (server.model_path) are filled in
+    command: list[str] = field(default_factory=list)
+    # the harness' counter (harness/backends/counters.py COUNTERS) -> the server's Prometheus metric, for backends whose
+    # counters the config names (openai; e.g. server=openai_vllm)
+    counters: dict[str, str] = field(default_factory=dict)
     cpus: list[int] = field(default_factory=list)  # pin the server (and its children) to these CPUs; [] = no pinning
 
     def __post_init__(self) -> None:
-        check_choice("server.backend", self.backend, BACKENDS)
         check_cpus("server.cpus", self.cpus)
         check_choice("server.preflight", self.preflight, ("require", "skip"))
         if not 0 <= self.port < 65536:
@@ -69,6 +74,10 @@ class ServerConfig:
         check_range("server.ready_timeout_s", self.ready_timeout_s, 0, low_open=True)
         check_range("server.stop_timeout_s", self.stop_timeout_s, 0, low_open=True)
         check_range("server.health_timeout_s", self.health_timeout_s, 0, low_open=True)
+        if self.url is not None and not re.fullmatch(r"https?://[^/\s]+/?", self.url):
+            raise ConfigError(
+                f"server.url={self.url!r} is not a server's base URL: give http://HOST:PORT (the routes are added)"
+            )
 
 
 WORKTREE = "WORKTREE"  # a source ref: the repository's checkout as it is now, uncommitted changes included
