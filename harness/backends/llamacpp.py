@@ -16,7 +16,6 @@ parses every argument in order (unknown flags, removed flags, bad choices and nu
 from __future__ import annotations
 
 import dataclasses
-import subprocess
 from pathlib import Path
 
 from rich.console import Console

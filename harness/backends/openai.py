@@ -27,10 +27,10 @@ from harness.client.requests import Outcome, RequestSpec, StreamError
 from harness.client.sse import parse_object
 from harness.client.streams import Chunks, Parser, completion_count, joined_response, read_stream
 from harness.contract import Manifest, ServerBinary, ServerCode
-from harness.server.redact import clip
 from harness.server.config import ArmConfig, ServerConfig
 from harness.server.control import get_json
 from harness.server.launch import Launch, PlannedLaunch
+from harness.server.redact import clip
 from harness.validation import ConfigError
 
 PATHS = {"completions": "/v1/completions", "chat": "/v1/chat/completions"}
