@@ -252,7 +252,7 @@ def test_metrics_use_the_first_copy_of_a_duplicate_and_skip_errors(holes):
 def test_markdown_is_loud_about_a_failed_audit(holes):
     md = squash(holes.markdown)
     assert md.startswith("# A/B report: golden")
-    assert "## Audit: FAILED (1 of 24 checks)" in md
+    assert "## Audit: FAILED (1 of 25 checks)" in md
     assert "> **AUDIT FAILED.**" in md
     assert "- missing: arm block, seed 200, repeat 0, item q2 (golden/golden-c1/r2-block-200)" in md
     assert "- duplicated (2 records): arm token, seed 100, repeat 0, item q1" in md

@@ -354,8 +354,8 @@ def aa_campaign(tmp_path_factory: pytest.TempPathFactory) -> Path:
 @pytest.mark.slow
 def test_a_declared_aa_is_titled_so_and_an_undeclared_one_fails_the_audit(aa_campaign, tmp_path):
     report = build_report([aa_campaign], n_boot=50)
-    assert report.audit.passed and report.markdown.startswith("# A/A report: embedded_aa")
-    assert report.pr.startswith("## embedded_aa: A/A of `b` and `a` (the noise floor: ")
+    assert report.audit.passed and report.markdown.startswith("# A/A report: embedded\\_aa")
+    assert report.pr.startswith("## embedded\\_aa: A/A of `b` and `a` (the noise floor: ")
     copy = Path(shutil.copytree(aa_campaign, tmp_path / "embedded_aa" / aa_campaign.name))
     doc = json.loads((copy / "campaign.json").read_text())
     doc["config"]["experiment"]["aa"] = False  # as if the A/A had been run as an A/B
