@@ -413,12 +413,23 @@ def load(paths: list[str | Path], force_slow: bool = False) -> Loaded:
 
 
 BATCH_FILES = 100  # records files read by one DuckDB query (each query costs about 20 ms of CPU time)
+BATCH_BYTES = 32 << 20  # and at most this much JSON, unless one file is more: large files are read one a query
 
 
 def _batches(paths: list[Path], workers: int) -> list[list[Path]]:
-    """`paths` in order, in batches of at most BATCH_FILES, at least one a worker where there are enough files."""
-    size = max(1, min(BATCH_FILES, -(-len(paths) // workers)))
-    return [paths[i : i + size] for i in range(0, len(paths), size)]
+    """`paths` in order, in batches of at most BATCH_FILES files and BATCH_BYTES (a larger file alone), at least
+    one batch a worker where there are enough files."""
+    most = max(1, min(BATCH_FILES, -(-len(paths) // workers)))
+    batches: list[list[Path]] = []
+    size = 0
+    for path in paths:
+        nbytes = path.stat().st_size if path.is_file() else 0
+        if not batches or len(batches[-1]) >= most or size + nbytes > BATCH_BYTES:
+            batches.append([])
+            size = 0
+        batches[-1].append(path)
+        size += nbytes
+    return batches
 
 
 def _read_batch(paths: list[Path], reader: duck_records.Reader | None) -> list[tuple[pa.Table, list[BadLine], bool]]:

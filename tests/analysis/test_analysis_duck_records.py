@@ -12,6 +12,7 @@ import pyarrow as pa
 import pytest
 
 from analysis import duck_records
+from analysis import load as load_mod
 from analysis.read_records import DUCK_FIELDS, read_records_file, read_records_files, read_scores_file
 
 BASE = {
@@ -331,3 +332,22 @@ def test_many_files_read_as_each_alone(tmp_path: Path, reader: duck_records.Read
     assert slow_by_name["nan"] and slow_by_name["unknown_key"] and slow_by_name["doubted"] and slow_by_name["truncated"]
     assert batch[1][1] and [b.line for b in batch[1][1]] == [4]
     assert batch[-2][0].num_rows == 5
+
+
+def test_batches_keep_order_and_caps(tmp_path: Path, monkeypatch: pytest.MonkeyPatch):
+    """load's batches of records files: in order, at most BATCH_FILES files and BATCH_BYTES each (a larger file
+    alone), one a worker where there are few files."""
+    monkeypatch.setattr(load_mod, "BATCH_BYTES", 100)
+    sizes = [10, 10, 200, 30, 30, 30, 30, 0]
+    paths = []
+    for i, size in enumerate(sizes):
+        path = tmp_path / f"{i}.jsonl"
+        path.write_bytes(b"x" * size)
+        paths.append(path)
+    paths.append(tmp_path / "missing.jsonl")
+    batches = load_mod._batches(paths, 1)
+    assert [p for batch in batches for p in batch] == paths
+    assert [len(batch) for batch in batches] == [2, 1, 3, 3]
+    assert [len(batch) for batch in load_mod._batches(paths[:2], 2)] == [1, 1]
+    monkeypatch.setattr(load_mod, "BATCH_FILES", 2)
+    assert max(len(batch) for batch in load_mod._batches(paths, 1)) == 2
