@@ -35,6 +35,7 @@ from analysis.read_records import (
     STR_FIELDS,
     BadLine,
     read_records_file,
+    read_records_files,
     read_scores_file,
 )
 from harness.contract import (
@@ -384,10 +385,13 @@ def load(paths: list[str | Path], force_slow: bool = False) -> Loaded:
     fast: contextlib.AbstractContextManager[duck_records.Reader | None] = (
         contextlib.nullcontext() if force_slow else duck_records.Reader(DUCK_FIELDS)
     )
-    with fast as reader, ThreadPoolExecutor(max_workers=os.cpu_count() or 1) as pool:
-        record_jobs = [pool.submit(read_records_file, path, force_slow, reader, False) for _, path in todo]
+    workers = os.cpu_count() or 1
+    with fast as reader, ThreadPoolExecutor(max_workers=workers) as pool:
+        paths = [path for _, path in todo]
+        batches = [[path] for path in paths] if reader is None else _batches(paths, workers)
+        record_jobs = [pool.submit(_read_batch, batch, reader) for batch in batches]
         score_jobs = [pool.submit(read_scores_file, Path(runs["scores_path"].iat[r])) for r in scored]
-        results = [job.result() for job in record_jobs]
+        results = [result for job in record_jobs for result in job.result()]
         scores = {r: job.result() for r, job in zip(scored, score_jobs, strict=True)}
     tables = [_tag(table, run) for (run, _), (table, _, _) in zip(todo, results, strict=True)] or [
         _tag(RECORD_SCHEMA.empty_table(), 0)
@@ -407,6 +411,34 @@ def load(paths: list[str | Path], force_slow: bool = False) -> Loaded:
         histograms = _histograms(table)
         chunks = Chunks(*us.result(), *tok.result())
     return Loaded(campaigns, runs, items, records, histograms, chunks, bad, slow)
+
+
+BATCH_FILES = 100  # records files read by one DuckDB query (each query costs about 20 ms of CPU time)
+BATCH_BYTES = 32 << 20  # and at most this much JSON, unless one file is more: large files are read one a query
+
+
+def _batches(paths: list[Path], workers: int) -> list[list[Path]]:
+    """`paths` in order, in batches of at most BATCH_FILES files and BATCH_BYTES (a larger file alone), at least
+    one batch a worker where there are enough files."""
+    most = max(1, min(BATCH_FILES, -(-len(paths) // workers)))
+    batches: list[list[Path]] = []
+    size = 0
+    for path in paths:
+        nbytes = path.stat().st_size if path.is_file() else 0
+        if not batches or len(batches[-1]) >= most or size + nbytes > BATCH_BYTES:
+            batches.append([])
+            size = 0
+        batches[-1].append(path)
+        size += nbytes
+    return batches
+
+
+def _read_batch(paths: list[Path], reader: duck_records.Reader | None) -> list[tuple[pa.Table, list[BadLine], bool]]:
+    """read_records_file of each path (lists left as the fast reader gives them); line by line where `reader` is
+    None (force_slow)."""
+    if reader is None:
+        return [read_records_file(path, True, None, False) for path in paths]
+    return read_records_files(paths, reader, False)
 
 
 def _tag(table: pa.Table, run: int) -> pa.Table:

@@ -157,20 +157,39 @@ def read_records_file(
     """One records.jsonl as a table of RECORD_SCHEMA; returns (table, bad lines, used the slow path). `reader`: the
     fast reader to use (one is opened for the call when None). `int_lists` False: the fast reader's LIST_FIELDS
     stay list<double> (integers below 2^53, checked: exact), for _list_parts to convert as it flattens them."""
+    if force_slow:
+        return _read_file(path, None, False, int_lists)
+    if reader is None:
+        with duck_records.Reader(DUCK_FIELDS) as own:
+            return read_records_files([path], own, int_lists)[0]
+    return read_records_files([path], reader, int_lists)[0]
+
+
+def read_records_files(
+    paths: list[Path], reader: duck_records.Reader, int_lists: bool = True
+) -> list[tuple[pa.Table, list[BadLine], bool]]:
+    """read_records_file of each of `paths`, the fast reader's queries made once for them all (DuckDB's cost per
+    query, not per byte, was most of a load of many small runs)."""
+    sized = [p for p in paths if p.is_file() and p.stat().st_size > 0]
+    fast = dict(zip(sized, reader.read_many(sized), strict=True))
+    candidates = [p for p in sized if fast[p] is not None and not _has_nonfinite_words(p)]
+    odd = duck_records.files_with_other_keys(candidates, RECORD_KEYS, reader)
+    return [_read_file(p, fast.get(p), p not in candidates or p in odd, int_lists) for p in paths]
+
+
+def _read_file(
+    path: Path, fast: pa.Table | None, line_checks: bool, int_lists: bool
+) -> tuple[pa.Table, list[BadLine], bool]:
+    """The file's result from the fast reader's table `fast` unless it is None or the file needs `line_checks`:
+    then read line by line."""
     if not path.is_file() or path.stat().st_size == 0:
         return RECORD_SCHEMA.empty_table(), [], False
-    if not force_slow:
-        if reader is None:
-            with duck_records.Reader(DUCK_FIELDS) as own:
-                fast = own.read(path)
-        else:
-            fast = reader.read(path)
-        if fast is not None and not _needs_line_checks(path, reader):
-            if int_lists:
-                fast = duck_records.int_lists(fast, LIST_FIELDS)
-            schema = RECORD_SCHEMA if int_lists else _DOUBLE_LISTS_SCHEMA
-            table, bad = _null_nonfinite(fast.select(schema.names).cast(schema), path)
-            return table, bad, False
+    if fast is not None and not line_checks:
+        if int_lists:
+            fast = duck_records.int_lists(fast, LIST_FIELDS)
+        schema = RECORD_SCHEMA if int_lists else _DOUBLE_LISTS_SCHEMA
+        table, bad = _null_nonfinite(fast.select(schema.names).cast(schema), path)
+        return table, bad, False
     table, bad = _read_slow(path)
     return table, bad, True
 
@@ -242,13 +261,12 @@ def _read_slow(path: Path) -> tuple[pa.Table, list[BadLine]]:
     return pa.Table.from_pylist(rows, schema=RECORD_SCHEMA), bad
 
 
-def _needs_line_checks(path: Path, reader: duck_records.Reader | None) -> bool:
-    """Whether the file has what only the line-by-line reader reports: a NaN or Infinity (by the bytes: a text
-    holding the word is read line by line too, and passes), or a key that is not a record's."""
+def _has_nonfinite_words(path: Path) -> bool:
+    """Whether the file has a NaN or Infinity, which only the line-by-line reader reports (by the bytes: a text
+    holding the word is read line by line too, and passes). A key that is not a record's is the other thing only
+    it reports (duck_records.files_with_other_keys)."""
     data = path.read_bytes()
-    if any(word in data for word in NONFINITE_WORDS):
-        return True
-    return duck_records.has_other_keys(path, RECORD_KEYS, reader)
+    return any(word in data for word in NONFINITE_WORDS)
 
 
 def _nonfinite(value: Any, where: str) -> Iterator[tuple[str, float]]:

@@ -12,7 +12,8 @@ import pyarrow as pa
 import pytest
 
 from analysis import duck_records
-from analysis.read_records import DUCK_FIELDS, read_records_file, read_scores_file
+from analysis import load as load_mod
+from analysis.read_records import DUCK_FIELDS, read_records_file, read_records_files, read_scores_file
 
 BASE = {
     "schema_version": 2,
@@ -291,3 +292,62 @@ def test_one_array_keeps_a_single_chunk_and_combines_several():
     assert one.buffers()[-1].address == lists.buffers()[-1].address
     two = duck_records.one_array(pa.chunked_array([lists, pa.array([[4.0]])]))
     assert two.to_pylist() == [[1.0, 2.0], None, [3.0], [4.0]]
+
+
+def test_many_files_read_as_each_alone(tmp_path: Path, reader: duck_records.Reader):
+    """read_records_files reads many files in one query and splits the rows by file: each file gets what
+    read_records_file gives it alone (rows, bad lines by its own physical line, fast or line by line), whatever is
+    wrong with the files beside it."""
+
+    def line(i: int, **change) -> str:
+        return json.dumps({**BASE, "request_index": i, **change}) + "\n"
+
+    files = {
+        "good": [line(0), line(1, completion_tokens=7)],
+        # read fast: the t_sent of 1e400 is named by its physical line, 4
+        "blank_then_huge": ["\n", line(0), "\n", line(1).replace('"t_sent": 100.0', '"t_sent": 1e400')],
+        "nan": [line(0), line(1, t_end=float("nan"))],
+        "unknown_key": [line(0, extra=1)],
+        "doubted": [line(0, run_id=5)],
+        "truncated": [line(0), line(1)[:30]],
+        "blank_only": ["\n", "\n"],
+        "empty": [],
+        "good_again": [line(i, item_id=f"q{i}") for i in range(5)],
+    }
+    paths = []
+    for name, lines in files.items():
+        path = tmp_path / name / "records.jsonl"
+        path.parent.mkdir()
+        path.write_text("".join(lines))
+        paths.append(path)
+    paths.append(tmp_path / "missing" / "records.jsonl")
+    batch = read_records_files(paths, reader)
+    assert len(batch) == len(paths)
+    for path, (table, bad, slow) in zip(paths, batch, strict=True):
+        alone_table, alone_bad, alone_slow = read_records_file(path, reader=reader)
+        assert table.equals(alone_table), path
+        assert (bad, slow) == (alone_bad, alone_slow), path
+    slow_by_name = {path.parent.name: slow for path, (_, _, slow) in zip(paths, batch, strict=True)}
+    assert not slow_by_name["good"] and not slow_by_name["good_again"] and not slow_by_name["blank_then_huge"]
+    assert slow_by_name["nan"] and slow_by_name["unknown_key"] and slow_by_name["doubted"] and slow_by_name["truncated"]
+    assert batch[1][1] and [b.line for b in batch[1][1]] == [4]
+    assert batch[-2][0].num_rows == 5
+
+
+def test_batches_keep_order_and_caps(tmp_path: Path, monkeypatch: pytest.MonkeyPatch):
+    """load's batches of records files: in order, at most BATCH_FILES files and BATCH_BYTES each (a larger file
+    alone), one a worker where there are few files."""
+    monkeypatch.setattr(load_mod, "BATCH_BYTES", 100)
+    sizes = [10, 10, 200, 30, 30, 30, 30, 0]
+    paths = []
+    for i, size in enumerate(sizes):
+        path = tmp_path / f"{i}.jsonl"
+        path.write_bytes(b"x" * size)
+        paths.append(path)
+    paths.append(tmp_path / "missing.jsonl")
+    batches = load_mod._batches(paths, 1)
+    assert [p for batch in batches for p in batch] == paths
+    assert [len(batch) for batch in batches] == [2, 1, 3, 3]
+    assert [len(batch) for batch in load_mod._batches(paths[:2], 2)] == [1, 1]
+    monkeypatch.setattr(load_mod, "BATCH_FILES", 2)
+    assert max(len(batch) for batch in load_mod._batches(paths, 1)) == 2
