@@ -75,7 +75,7 @@ class Reader:
                 table = None
         spans = None if table is None else _file_spans(table.column("_file"), [str(p) for p in paths])
         whole = None if table is None or spans is None else self._finish(table)
-        if whole is None:
+        if whole is None or spans is None:
             return [None] if len(paths) == 1 else [self.read(p) for p in paths]
         return [whole.slice(start, stop - start) for start, stop in spans]
 

@@ -387,8 +387,8 @@ def load(paths: list[str | Path], force_slow: bool = False) -> Loaded:
     )
     workers = os.cpu_count() or 1
     with fast as reader, ThreadPoolExecutor(max_workers=workers) as pool:
-        paths = [path for _, path in todo]
-        batches = [[path] for path in paths] if reader is None else _batches(paths, workers)
+        files = [path for _, path in todo]
+        batches = [[path] for path in files] if reader is None else _batches(files, workers)
         record_jobs = [pool.submit(_read_batch, batch, reader) for batch in batches]
         score_jobs = [pool.submit(read_scores_file, Path(runs["scores_path"].iat[r])) for r in scored]
         results = [result for job in record_jobs for result in job.result()]

@@ -71,8 +71,14 @@ class _Reader:
     def unpack(self, fmt: str) -> object:
         return struct.unpack("<" + fmt, self.take(struct.calcsize(fmt)))[0]
 
+    def uint(self, fmt: str) -> int:
+        """An unsigned integer field (`I`: 32 bits, `Q`: 64 bits)."""
+        value = self.unpack(fmt)
+        assert isinstance(value, int)
+        return value
+
     def count(self, what: str) -> int:
-        n = int(self.unpack("Q"))  # type: ignore[arg-type]
+        n = self.uint("Q")
         if n > MAX_COUNT:
             raise GGUFError(f"{what} {n} is no real count (damaged header)")
         return n
@@ -86,7 +92,7 @@ class _Reader:
         if kind == STRING:
             return self.string()
         if kind == ARRAY:
-            item = int(self.unpack("I"))  # type: ignore[arg-type]
+            item = self.uint("I")
             n = self.count("an array length")
             if item in SCALARS:  # fixed size: skipped, not decoded
                 self.take(n * struct.calcsize(SCALARS[item]))
@@ -102,19 +108,19 @@ def read_header(f: BinaryIO) -> Header:
     r = _Reader(f)
     if r.take(len(MAGIC)) != MAGIC:
         raise GGUFError("not a GGUF file (no GGUF magic)")
-    version = int(r.unpack("I"))  # type: ignore[arg-type]
+    version = r.uint("I")
     if version not in (2, 3):
         raise GGUFError(f"GGUF version {version}: only versions 2 and 3 are read")
     n_tensors, n_kv = r.count("the tensor count"), r.count("the metadata count")
     metadata = {}
     for _ in range(n_kv):
         key = r.string()
-        metadata[key] = r.value(int(r.unpack("I")))  # type: ignore[arg-type]
+        metadata[key] = r.value(r.uint("I"))
     end = 0
     for _ in range(n_tensors):
         r.string()
-        dims = [int(r.unpack("Q")) for _ in range(int(r.unpack("I")))]  # type: ignore[arg-type]
-        kind, offset = int(r.unpack("I")), int(r.unpack("Q"))  # type: ignore[arg-type]
+        dims = [r.uint("Q") for _ in range(r.uint("I"))]
+        kind, offset = r.uint("I"), r.uint("Q")
         values = 1
         for d in dims:
             values *= d

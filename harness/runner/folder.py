@@ -158,7 +158,7 @@ class Campaign:
         fix = "put back the original, or start a new campaign (leave out campaign=)"
         then = (old.get("workload") or {}).get("sha256")  # (None: a campaign that recorded none)
         if then is not None and then != self.workload.sha256:
-            where = self.workload.source.removeprefix("file:") or self.workload.dataset_id
+            where = self.workload.origin.removeprefix("file:") or self.workload.dataset_id
             raise ConfigError(
                 f"campaign {self.root}: the workload {where} changed since the campaign was created (the SHA-256 of "
                 f"its rows was {then}, it is {self.workload.sha256} now); the runs done so far used the old rows: {fix}"
