@@ -30,7 +30,7 @@ from analysis.selection import pick
 from harness.backends.launch import build_launch
 from harness.backends.llamacpp import COUNTERS
 from harness.backends.llamacpp_build import BuildError, find_binary
-from harness.backends.llamacpp_preflight import parse_run
+from harness.backends.llamacpp_preflight import identity_problem, parse_run
 from harness.backends.llamacpp_stream import LlamaStream, meta_info, payload
 from harness.client.config import ClientConfig, SamplingConfig
 from harness.client.requests import Outcome, RequestSpec, StreamError

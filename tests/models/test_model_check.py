@@ -11,9 +11,9 @@ import numpy as np
 import pytest
 from gguf_files import tiny_gguf
 
+from harness.backends.llamacpp import model_file as llamacpp_model_file
 from harness.models.check import check_gguf, check_model_path, model_path_of
 from harness.models.files import ModelFileError
-from harness.backends.llamacpp import model_file as llamacpp_model_file
 from harness.validation import ConfigError
 
 

@@ -25,11 +25,10 @@ from harness.runner.config import BenchConfig, register_configs
 from harness.runner.difference import check_arms_differ, parsed_options
 from harness.runner.overrides import OverrideError, check_overrides
 from harness.runner.plan import planned_launches
-from harness.server.launch import Launch
-from harness.server.provenance import ProvenanceError
 from harness.runner.sources import resolve_sources
 from harness.runner.unread import check_unread
 from harness.server.launch import Launch
+from harness.server.provenance import ProvenanceError
 from harness.validation import ConfigError
 
 SGLANG_PATHS = ["server.model_path=/models/target", "server.draft_model_path=/models/draft", "server.preflight=skip"]

@@ -12,8 +12,8 @@ from pathlib import Path
 import pytest
 
 from analysis.report import main
-from harness.runner.command import resume_hint
 from harness.backends import llamacpp
+from harness.runner.command import resume_hint
 from harness.validation import ConfigError
 
 ROOT = Path(__file__).resolve().parents[2]
