@@ -27,10 +27,10 @@ from harness.client.requests import Outcome, RequestSpec, StreamError
 from harness.client.sse import parse_object
 from harness.client.streams import Chunks, Parser, completion_count, joined_response, read_stream
 from harness.contract import Manifest, ServerBinary, ServerCode
-from harness.server.redact import clip
 from harness.server.config import ArmConfig, ServerConfig
 from harness.server.control import get_json
 from harness.server.launch import Launch, PlannedLaunch
+from harness.server.redact import clip
 from harness.validation import ConfigError
 
 PATHS = {"completions": "/v1/completions", "chat": "/v1/chat/completions"}
@@ -164,7 +164,7 @@ class OpenAI(Backend):
             )
         self.counter_map(server)  # (a ConfigError naming an unknown counter)
 
-    def launch_argv(self, server: ServerConfig, arm: ArmConfig, port: int, slots: int) -> list[str]:
+    def launch_argv(self, server: ServerConfig, arm: ArmConfig, port: int | str, slots: int) -> list[str]:
         fill = {"host": server.host, "port": str(port), "model": server.model_path}
         try:
             return [str(token).format(**fill) for token in server.command]

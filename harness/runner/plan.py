@@ -1,8 +1,9 @@
 """The plan of a campaign: which runs (arm x base seed x repeat), in which order, on which GPU, the
 server command each of them will launch, and the requests each of them sends (seeded).
 
-`planned_launches` walks the plan once; the dry run prints what it yields and the SGLang preflight checks
-the same commands, so what is shown is what is checked is what the runner launches (but for the port).
+`planned_launches` builds the plan once (harness.runner.command); the dry run prints it, the argv preflights check it
+and the campaign's runs launch it (`PlannedLaunch.at`: the port filled in), so what is shown is what is checked is
+what the runner launches (but for the port and the log's folder).
 """
 
 from __future__ import annotations
@@ -10,7 +11,7 @@ from __future__ import annotations
 from pathlib import Path
 
 from harness.backends import get as get_backend
-from harness.backends.launch import build_launch, flag_keys
+from harness.backends.launch import flag_keys, launch_template
 from harness.client.requests import RequestSpec
 from harness.contract import PlannedRun, SourceDoc
 from harness.runner.config import BenchConfig, ExperimentConfig, request_seed
@@ -65,22 +66,23 @@ def check_shard(shard: int | None, plan: list[PlannedRun]) -> None:
 def planned_launches(cfg: BenchConfig, sources: dict[str, SourceDoc] | None = None) -> list[PlannedLaunch]:
     """Every planned run with the command that will start its server (port PORT_PLACEHOLDER unless
     server.port is fixed; log path relative) and the config key of each of its flags; `sources`: the
-    resolved source of each arm that has one (harness.runner.sources)."""
+    resolved source of each arm that has one (harness.runner.sources). Built once per command and handed on."""
     arms = cfg.experiment.arms
     out = []
     for run in make_plan(cfg.experiment):
         index = next(i for i, a in enumerate(arms) if a.name == run.arm)
-        launch = build_launch(
+        template = launch_template(
             cfg.server,
             arms[index],
-            port=cfg.server.port or PORT_PLACEHOLDER,
             base_seed=run.base_seed,
             gpu=run.gpu,
             log_path=Path("server.log"),
             source=(sources or {}).get(run.arm),
             slots=cfg.client.concurrency,
         )
-        out.append(PlannedLaunch(run, launch, flag_keys(cfg.server, arms[index], index)))
+        out.append(
+            PlannedLaunch(run, template, flag_keys(cfg.server, arms[index], index), cfg.server.port or PORT_PLACEHOLDER)
+        )
     return out
 
 

@@ -21,7 +21,6 @@ from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, T
 
 from harness.backends import get as get_backend
 from harness.backends.base import Backend
-from harness.backends.launch import build_launch
 from harness.client.config import ClientConfig
 from harness.client.drive import drive
 from harness.client.requests import Outcome, RequestSpec
@@ -323,17 +322,8 @@ async def measure_and_score(c: Campaign, run: PlannedRun, progress: Progress, ga
         return "finished"
     if (moved := c.set_aside(run.run_id)) is not None:
         c.console.print(f"[yellow]{run.run_id}: an unfinished earlier attempt was set aside in {moved}[/]")
-    port = c.cfg.server.port or free_port(c.cfg.server.host)
-    launch = build_launch(
-        c.cfg.server,
-        c.cfg.experiment.arm(run.arm),
-        port=port,
-        base_seed=run.base_seed,
-        gpu=run.gpu,
-        log_path=c.run_dir(run.run_id) / "server.log",
-        source=c.sources.get(run.arm),
-        slots=c.cfg.client.concurrency,
-    )
+    port = c.cfg.server.port or free_port(c.cfg.server.host)  # the planned command, at its port
+    launch = c.planned_launch(run.run_id).at(port, c.run_dir(run.run_id) / "server.log")
     ctx = RunContext(c, run, launch, start_manifest(c, run, launch), progress)
     checks = LogCheckReport()
     storage: StorageError | None = None

@@ -143,7 +143,7 @@ def test_what_sglang_refuses_fails_with_the_flag_named(report, label, expected_f
 
 def dry_run(cfg: BenchConfig) -> tuple[int, str]:
     buf = io.StringIO()
-    code = print_dry_run(cfg, Console(file=buf, width=400))
+    code = print_dry_run(cfg, Console(file=buf, width=400), planned_launches(cfg))
     return code, buf.getvalue()
 
 
