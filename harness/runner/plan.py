@@ -12,7 +12,7 @@ from pathlib import Path
 
 from harness.backends import get as get_backend
 from harness.backends.launch import flag_keys, launch_template
-from harness.client.requests import RequestSpec
+from harness.client.requests import RequestPlan
 from harness.contract import PlannedRun, SourceDoc
 from harness.runner.config import BenchConfig, ExperimentConfig, request_seed
 from harness.server.launch import PORT_PLACEHOLDER, PlannedLaunch
@@ -86,10 +86,10 @@ def planned_launches(cfg: BenchConfig, sources: dict[str, SourceDoc] | None = No
     return out
 
 
-def request_specs(
+def planned_requests(
     cfg: BenchConfig, workload: Workload, base_seed: int, seed_stream: int = 0
-) -> tuple[list[RequestSpec], list[RequestSpec]]:
-    """(warmup specs, measured specs) of one run. Request seed = base seed + the item's numeric id +
+) -> tuple[list[RequestPlan], list[RequestPlan]]:
+    """(warmup requests, measured requests) of one run. Request seed = base seed + the item's numeric id +
     the arm's seed_stream * 2**32."""
 
     def seed(offset: int) -> int | None:
@@ -97,12 +97,12 @@ def request_specs(
 
     items = workload.items
     warm = [
-        RequestSpec(
+        RequestPlan(
             items[i % len(items)], seed(items[i % len(items)].seed_offset), True, cfg.experiment.warmup.max_new_tokens
         )
         for i in range(cfg.experiment.warmup.requests)
     ]
-    measured = [RequestSpec(it, seed(it.seed_offset), False, cfg.sampling.max_new_tokens) for it in items]
+    measured = [RequestPlan(it, seed(it.seed_offset), False, cfg.sampling.max_new_tokens) for it in items]
     return warm, measured
 
 

@@ -82,7 +82,7 @@ def variant(
     """An arm's first planned argv with tokens replaced / added (a hand-made mistake)."""
     item = next(i for i in planned_argvs_of(cfg) if i.arm == arm)
     args = tuple((replace or {}).get(a, a) for a in item.args) + tuple(add or [])
-    return PlannedArgv(label=label, arm=arm, python=item.python, args=args, env=item.env, sources=item.sources)
+    return PlannedArgv(label=label, arm=arm, python=item.python, args=args, env=item.env, flag_keys=item.flag_keys)
 
 
 def mistakes(cfg: BenchConfig) -> list[PlannedArgv]:
