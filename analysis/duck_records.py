@@ -244,10 +244,10 @@ def _query(f: Fields) -> tuple[str, tuple[str, ...]]:
     select.append("meta_info IS NULL AS _m_null")
     # a line that is not an object reads as a row of nulls (as {} does: both left to the line-by-line reader)
     doubts.append("(" + " AND ".join(f"{_q(n)} IS NULL" for n in types) + ")")
-    spec = "{" + ", ".join(f"'{n}': '{t}'" for n, t in types.items()) + "}"
+    columns = "{" + ", ".join(f"'{n}': '{t}'" for n, t in types.items()) + "}"
     query = (
         f"SELECT {', '.join(select)}, ({' OR '.join(doubts)}) AS _doubt, filename AS _file FROM read_json(?, "
-        f"format='newline_delimited', records=true, columns={spec}, filename=true)"
+        f"format='newline_delimited', records=true, columns={columns}, filename=true)"
     )
     return query, tuple(n for n in types if n != "meta_info")
 

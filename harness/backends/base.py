@@ -78,9 +78,10 @@ class Backend(ABC):
     # ------------------------------------------------------------------ the command
 
     @abstractmethod
-    def launch_argv(self, server: ServerConfig, arm: ArmConfig, port: int, slots: int) -> list[str]:
-        """The command up to the seed flag (then server.args and the arm's follow). `slots`: the requests the
-        server must hold at once (client.concurrency)."""
+    def launch_argv(self, server: ServerConfig, arm: ArmConfig, port: int | str, slots: int) -> list[str]:
+        """The command up to the seed flag (then server.args and the arm's follow). `port`: harness.server.launch's
+        PORT_FIELD in a planned launch (filled in when the run starts: write it with str()). `slots`: the requests
+        the server must hold at once (client.concurrency)."""
 
     def flag_keys(self) -> list[tuple[str, str]]:
         """(flag, config key) of the flags launch_argv writes."""

@@ -49,7 +49,7 @@ class Embedded(Backend):
     def declared_draft_length(self, argv: list[str]) -> int | None:
         return declared_draft_length(argv, DEFAULT_WINDOW)
 
-    def launch_argv(self, server: ServerConfig, arm: ArmConfig, port: int, slots: int) -> list[str]:
+    def launch_argv(self, server: ServerConfig, arm: ArmConfig, port: int | str, slots: int) -> list[str]:
         argv = [self.python(server, arm), "-m", server.module, "--model-path", server.model_path]
         argv += ["--host", server.host, "--port", str(port)]
         if server.draft_model_path:

@@ -1,5 +1,6 @@
-"""The exact command and environment of one run of an arm, from its backend (`build_launch`), and the config key each
-of its flags comes from (`flag_keys`)."""
+"""The exact command and environment of one run of an arm, from its backend: planned once with its port left open
+(`launch_template`, a PORT_FIELD in the argv) and filled in when the run starts (`build_launch` does both at once);
+and the config key each of its flags comes from (`flag_keys`)."""
 
 from __future__ import annotations
 
@@ -9,7 +10,7 @@ from pathlib import Path
 from harness.backends import get
 from harness.contract import SourceDoc
 from harness.server.config import ArmConfig, ServerConfig
-from harness.server.launch import Launch, merge_log_checks
+from harness.server.launch import PORT_FIELD, PORT_PLACEHOLDER, Launch, fill_port, merge_log_checks
 
 
 def build_launch(
@@ -23,12 +24,27 @@ def build_launch(
     source: SourceDoc | None = None,
     slots: int = 1,
 ) -> Launch:
-    """The exact command and environment of one run of one arm: the backend's command, then the seed flag,
+    """The launch of one run of one arm at `port` (launch_template, its port filled in)."""
+    template = launch_template(server, arm, base_seed=base_seed, gpu=gpu, log_path=log_path, source=source, slots=slots)
+    return fill_port(template, port)
+
+
+def launch_template(
+    server: ServerConfig,
+    arm: ArmConfig,
+    *,
+    base_seed: int | None,
+    gpu: int | None,
+    log_path: Path,
+    source: SourceDoc | None = None,
+    slots: int = 1,
+) -> Launch:
+    """The exact command and environment of one run of one arm, its port a PORT_FIELD: the backend's command, then the seed flag,
     server.args and the arm's args; an arm with a source runs from its snapshot (first on PYTHONPATH, and the working
     directory, which `python -m` puts first on sys.path). `slots`: the requests the server must hold at once
     (client.concurrency)."""
     backend = get(server.backend)
-    argv = backend.launch_argv(server, arm, port, slots)
+    argv = backend.launch_argv(server, arm, PORT_FIELD, slots)
     if server.seed_arg and base_seed is not None:
         argv += [server.seed_arg, str(base_seed)]
     argv += [str(a) for a in server.args] + [str(a) for a in arm.args]
@@ -43,7 +59,7 @@ def build_launch(
         argv=argv,
         env_overrides=env,
         host=server.host,
-        port=port,
+        port=PORT_PLACEHOLDER,
         log_path=log_path,
         log_checks=merge_log_checks(server.log_checks, arm.log_checks),
         ready_timeout_s=server.ready_timeout_s,

@@ -73,7 +73,9 @@ def binary(configured: str | None) -> str:
         raise ConfigError(str(exc)) from None
 
 
-def launch_argv(binary_path: str, model: str, host: str, port: int, slots: int, draft_model: str | None) -> list[str]:
+def launch_argv(
+    binary_path: str, model: str, host: str, port: int | str, slots: int, draft_model: str | None
+) -> list[str]:
     """The flags the harness itself gives every llama-server (then the seed flag, server.args and the arm's)."""
     argv = [binary_path, "--model", model, "--host", host, "--port", str(port)]
     if draft_model:
@@ -143,7 +145,7 @@ class LlamaCpp(Backend):
         "the code of the build beyond its binary's SHA-256, --version and the sdist it was built from",
     )
 
-    def launch_argv(self, server: ServerConfig, arm: ArmConfig, port: int, slots: int) -> list[str]:
+    def launch_argv(self, server: ServerConfig, arm: ArmConfig, port: int | str, slots: int) -> list[str]:
         draft = model_file(server.draft_model_path) if server.draft_model_path else None
         return launch_argv(binary(server.binary), model_file(server.model_path), server.host, port, slots, draft)
 

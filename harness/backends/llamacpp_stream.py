@@ -25,7 +25,7 @@ import aiohttp
 from harness.client.config import ClientConfig, SamplingConfig
 from harness.client.dialect import Dialect, Route
 from harness.client.drive import read_body, single_chunk
-from harness.client.requests import Outcome, RequestSpec, StreamError
+from harness.client.requests import Outcome, RequestPlan, StreamError
 from harness.client.sse import parse_object
 from harness.client.streams import Chunks, Parser, completion_count, joined_response, read_stream
 from harness.server.redact import clip
@@ -34,12 +34,12 @@ PATHS = {"chat": "/v1/chat/completions", "completions": "/v1/completions"}
 
 
 def payload(
-    route: str, sampling: SamplingConfig, client: ClientConfig, spec: RequestSpec, model: str
+    route: str, sampling: SamplingConfig, client: ClientConfig, request: RequestPlan, model: str
 ) -> dict[str, Any]:
     """The body of one request on `route` (chat: the item's messages through the model's chat template;
     completions: its raw prompt)."""
     body: dict[str, Any] = {
-        "max_tokens": spec.max_new_tokens,
+        "max_tokens": request.max_new_tokens,
         "temperature": sampling.temperature,
         "top_p": sampling.top_p,
         "top_k": sampling.top_k,
@@ -50,17 +50,17 @@ def payload(
         "timings_per_token": True,
     }
     if route == "chat":
-        body["messages"] = spec.item.messages
+        body["messages"] = request.item.messages
         if client.chat_template_kwargs:
             body["chat_template_kwargs"] = dict(client.chat_template_kwargs)
     else:
-        body["prompt"] = spec.item.prompt
+        body["prompt"] = request.item.prompt
     if client.stream:
         body["stream_options"] = {"include_usage": True}
     if sampling.stop:
         body["stop"] = list(sampling.stop)
-    if spec.request_seed is not None:
-        body["seed"] = spec.request_seed
+    if request.request_seed is not None:
+        body["seed"] = request.request_seed
     return body
 
 
@@ -70,7 +70,7 @@ def _count(source: dict | None, key: str) -> int | None:
 
 
 def meta_info(reason: Any, usage: dict | None, timings: dict | None) -> dict[str, Any]:
-    """A `meta_info`-shaped dict of one response (the counts the record reads), its sources kept under `raw`.
+    """A `meta_info`-shaped dict of one response (the counts the record reads), the fields it came from kept under `raw`.
     StreamError when the response's own counts disagree or are missing."""
     if not isinstance(timings, dict):
         raise StreamError("the response carries no `timings` object (llama-server sends one with its last chunk)")

@@ -23,7 +23,7 @@ from harness.backends.counters import CounterMap
 from harness.client.config import ClientConfig, SamplingConfig
 from harness.client.dialect import Dialect, Route
 from harness.client.drive import read_body, single_chunk
-from harness.client.requests import Outcome, RequestSpec, StreamError
+from harness.client.requests import Outcome, RequestPlan, StreamError
 from harness.client.sse import parse_object
 from harness.client.streams import Chunks, Parser, completion_count, joined_response, read_stream
 from harness.contract import Manifest, ServerBinary, ServerCode
@@ -36,25 +36,25 @@ from harness.validation import ConfigError
 PATHS = {"completions": "/v1/completions", "chat": "/v1/chat/completions"}
 
 
-def payload(route: str, sampling: SamplingConfig, client: ClientConfig, spec: RequestSpec, model: str) -> dict:
+def payload(route: str, sampling: SamplingConfig, client: ClientConfig, request: RequestPlan, model: str) -> dict:
     """The body of one request: the OpenAI fields only (a server may refuse others), the seed when seeded."""
     body: dict[str, Any] = {
         "model": model,
-        "max_tokens": spec.max_new_tokens,
+        "max_tokens": request.max_new_tokens,
         "temperature": sampling.temperature,
         "top_p": sampling.top_p,
         "stream": client.stream,
     }
     if route == "chat":
-        body["messages"] = spec.item.messages
+        body["messages"] = request.item.messages
     else:
-        body["prompt"] = spec.item.prompt
+        body["prompt"] = request.item.prompt
     if client.stream:
         body["stream_options"] = {"include_usage": True}
     if sampling.stop:
         body["stop"] = list(sampling.stop)
-    if spec.request_seed is not None:
-        body["seed"] = spec.request_seed
+    if request.request_seed is not None:
+        body["seed"] = request.request_seed
     return body
 
 
@@ -164,7 +164,7 @@ class OpenAI(Backend):
             )
         self.counter_map(server)  # (a ConfigError naming an unknown counter)
 
-    def launch_argv(self, server: ServerConfig, arm: ArmConfig, port: int, slots: int) -> list[str]:
+    def launch_argv(self, server: ServerConfig, arm: ArmConfig, port: int | str, slots: int) -> list[str]:
         fill = {"host": server.host, "port": str(port), "model": server.model_path}
         try:
             return [str(token).format(**fill) for token in server.command]

@@ -70,10 +70,10 @@ class PlannedArgv:
     python: str
     args: tuple[str, ...]  # what follows `-m MODULE`
     env: tuple[tuple[str, str], ...]  # the run's environment overrides, placement left out
-    sources: tuple[tuple[str, str], ...] = ()  # (token, config key)
+    flag_keys: tuple[tuple[str, str], ...] = ()  # (flag, config key)
 
     def source_of(self, flag: str) -> str:
-        return dict(self.sources).get(flag, "the launch command (harness/backends/launch.py build_launch)")
+        return dict(self.flag_keys).get(flag, "the launch command (harness/backends/launch.py launch_template)")
 
 
 @dataclass(frozen=True)
@@ -199,7 +199,7 @@ def planned_argv(launch: PlannedLaunch) -> PlannedArgv:
         python=argv[0],
         args=tuple(argv[3:]),
         env=env,
-        sources=launch.flag_keys,
+        flag_keys=launch.flag_keys,
     )
 
 

@@ -13,13 +13,13 @@ from typing import Any
 import aiohttp
 
 from harness.client.config import ClientConfig, SamplingConfig
-from harness.client.requests import Outcome, RequestSpec
+from harness.client.requests import Outcome, RequestPlan
 from harness.client.streams import Parser
 
 # (response, streamed, incremental /generate stream, the outcome to fill, the stream parser)
 Reader = Callable[[aiohttp.ClientResponse, bool, bool, Outcome, Parser | None], Awaitable[None]]
 # (route, sampling, client config, the request, the served model's name) -> the JSON body
-Payload = Callable[[str, SamplingConfig, ClientConfig, RequestSpec, str], dict[str, Any]]
+Payload = Callable[[str, SamplingConfig, ClientConfig, RequestPlan, str], dict[str, Any]]
 
 
 @dataclass(frozen=True)

@@ -20,7 +20,7 @@ from harness.client.config import ClientConfig, SamplingConfig
 from harness.client.dialect import Dialect, Route
 from harness.client.requests import (
     Outcome,
-    RequestSpec,
+    RequestPlan,
     StreamError,
     chat_payload,
     generate_payload,
@@ -86,11 +86,13 @@ def single_chunk(out: Outcome, completion: int | None) -> None:
     out.chunk_tokens = None if completion is None else [completion]
 
 
-def sglang_payload(route: str, sampling: SamplingConfig, client: ClientConfig, spec: RequestSpec, model: str) -> dict:
+def sglang_payload(
+    route: str, sampling: SamplingConfig, client: ClientConfig, request: RequestPlan, model: str
+) -> dict:
     """SGLang's bodies: native /generate, or the OpenAI chat route with SGLang's extensions."""
     if route == "generate":
-        return generate_payload(sampling, client, spec)
-    return chat_payload(sampling, client, spec, model)
+        return generate_payload(sampling, client, request)
+    return chat_payload(sampling, client, request, model)
 
 
 # SGLang's protocol (SGLang, and the embedded server, which speaks it)
@@ -162,18 +164,18 @@ def new_session(limit: int = 0, force_close: bool = False) -> aiohttp.ClientSess
 
 async def drive(
     base_url: str,
-    specs: list[RequestSpec],
+    requests: list[RequestPlan],
     *,
     sampling: SamplingConfig,
     client: ClientConfig,
     model: str,
     concurrency: int,
     arrival_seed: int,
-    on_done: Callable[[RequestSpec, Outcome], None],
+    on_done: Callable[[RequestPlan, Outcome], None],
     incremental: bool = False,
     dialect: Dialect = SGLANG,
 ) -> None:
-    """Send every spec (at most `concurrency` in flight; Poisson arrivals when client.request_rate is set),
+    """Send every request (at most `concurrency` in flight; Poisson arrivals when client.request_rate is set),
     calling `on_done` as each finishes (the runner appends its record there). An exception of `on_done`
     cancels the requests still in flight and is raised here.
 
@@ -183,24 +185,24 @@ async def drive(
     semaphore = asyncio.Semaphore(concurrency)
     rate = client.request_rate
     open_loop = bool(rate)
-    offsets = poisson_offsets(len(specs), rate, arrival_seed) if rate else [0.0] * len(specs)
+    offsets = poisson_offsets(len(requests), rate, arrival_seed) if rate else [0.0] * len(requests)
     parser = Parser()
     parsing = asyncio.get_running_loop().create_task(parser.run())
     async with new_session(force_close=dialect.force_close) as session:
         start = time.monotonic()
 
-        async def one(spec: RequestSpec, offset: float) -> None:
+        async def one(request: RequestPlan, offset: float) -> None:
             scheduled = start + offset
             await asyncio.sleep(max(0.0, scheduled - time.monotonic()))
             out = Outcome(t_scheduled=scheduled if open_loop else start)
-            payload = dialect.payload(client.route, sampling, client, spec, model)
+            payload = dialect.payload(client.route, sampling, client, request, model)
             async with semaphore:
                 await send_one(
                     session, base_url, client.route, payload, client.timeout_s, out, incremental, parser, dialect
                 )
-            on_done(spec, out)
+            on_done(request, out)
 
-        tasks = [asyncio.ensure_future(one(s, o)) for s, o in zip(specs, offsets, strict=True)]
+        tasks = [asyncio.ensure_future(one(s, o)) for s, o in zip(requests, offsets, strict=True)]
         try:
             await asyncio.gather(*tasks)
         finally:  # one that raised (on_done could not write its record) ends the others before the session closes

@@ -1,4 +1,4 @@
-"""What the client sends and what it saw: one request of a run (RequestSpec), the JSON bodies of the two
+"""What the client sends and what it saw: one request of a run (RequestPlan), the JSON bodies of the two
 routes (SGLang's native `/generate`, the OpenAI chat route), and what came back of it (Outcome)."""
 
 from __future__ import annotations
@@ -12,7 +12,7 @@ from workloads.base import Item
 
 
 @dataclass
-class RequestSpec:
+class RequestPlan:
     """One request of a run: the item, its seed, whether it is a warmup, its token cap."""
 
     item: Item
@@ -71,10 +71,10 @@ def meta_problem(meta: Any) -> str | None:
     return None
 
 
-def sampling_params(sampling: SamplingConfig, spec: RequestSpec) -> dict[str, Any]:
+def sampling_params(sampling: SamplingConfig, request: RequestPlan) -> dict[str, Any]:
     """SGLang's `sampling_params` for one request."""
     params: dict[str, Any] = {
-        "max_new_tokens": spec.max_new_tokens,
+        "max_new_tokens": request.max_new_tokens,
         "temperature": sampling.temperature,
         "top_p": sampling.top_p,
         "top_k": sampling.top_k,
@@ -83,20 +83,20 @@ def sampling_params(sampling: SamplingConfig, spec: RequestSpec) -> dict[str, An
     }
     if sampling.stop:
         params["stop"] = list(sampling.stop)
-    if spec.request_seed is not None:
-        params["sampling_seed"] = spec.request_seed
+    if request.request_seed is not None:
+        params["sampling_seed"] = request.request_seed
     return params
 
 
-def generate_payload(sampling: SamplingConfig, client: ClientConfig, spec: RequestSpec) -> dict[str, Any]:
-    return {"text": spec.item.prompt, "sampling_params": sampling_params(sampling, spec), "stream": client.stream}
+def generate_payload(sampling: SamplingConfig, client: ClientConfig, request: RequestPlan) -> dict[str, Any]:
+    return {"text": request.item.prompt, "sampling_params": sampling_params(sampling, request), "stream": client.stream}
 
 
-def chat_payload(sampling: SamplingConfig, client: ClientConfig, spec: RequestSpec, model: str) -> dict[str, Any]:
+def chat_payload(sampling: SamplingConfig, client: ClientConfig, request: RequestPlan, model: str) -> dict[str, Any]:
     payload: dict[str, Any] = {
         "model": model,
-        "messages": spec.item.messages,
-        "max_tokens": spec.max_new_tokens,
+        "messages": request.item.messages,
+        "max_tokens": request.max_new_tokens,
         "temperature": sampling.temperature,
         "top_p": sampling.top_p,
         "top_k": sampling.top_k,
@@ -109,8 +109,8 @@ def chat_payload(sampling: SamplingConfig, client: ClientConfig, spec: RequestSp
         payload["stream_options"] = {"include_usage": True, "continuous_usage_stats": True}
     if sampling.stop:
         payload["stop"] = list(sampling.stop)
-    if spec.request_seed is not None:
-        payload["seed"] = spec.request_seed
+    if request.request_seed is not None:
+        payload["seed"] = request.request_seed
     if client.chat_template_kwargs:
         payload["chat_template_kwargs"] = dict(client.chat_template_kwargs)
     return payload

@@ -71,7 +71,7 @@ def continuation_logits(real: RealLM, prompt: str, steps: int, gen: torch.Genera
 
 def build_model_bank(name: str, out: Path, rows: int, seed: int, cache: Path) -> Path:
     """Run one model over PROMPTS and keep `rows` distinct rows in out/<name>/. Returns that folder."""
-    spec = MODELS[name]
+    shipped = MODELS[name]
     # the embedded server's real backend: the same files, conversion, tokenizer and forward as a served model
     real = RealLM.load(SHIPPED_AS[name], "float32", torch.device("cpu"), None, cache)
     gen = torch.Generator().manual_seed(seed)
@@ -84,10 +84,10 @@ def build_model_bank(name: str, out: Path, rows: int, seed: int, cache: Path) ->
             where.append({"prompt": p, "step": step})
     keep = np.linspace(0, len(kept) - 1, rows).round().astype(int)
     bank = torch.stack([kept[i] for i in keep]).to(torch.bfloat16)
-    if spec.sha256 and real.provenance["sha256"] != spec.sha256:
+    if shipped.sha256 and real.provenance["sha256"] != shipped.sha256:
         raise BankError(
             f"{name}'s file {real.provenance['file']} has SHA-256 {real.provenance['sha256']}, not the "
-            f"{spec.sha256} of the version pinned in requirements/ (harness.models.files)"
+            f"{shipped.sha256} of the version pinned in requirements/ (harness.models.files)"
         )
     folder = out / name
     folder.mkdir(parents=True, exist_ok=True)
@@ -95,10 +95,10 @@ def build_model_bank(name: str, out: Path, rows: int, seed: int, cache: Path) ->
     manifest = {
         "schema_version": BANK_SCHEMA_VERSION,
         "model": name,
-        "package": spec.package,
-        "file": spec.filename,
+        "package": shipped.package,
+        "file": shipped.filename,
         "file_sha256": real.provenance["sha256"],
-        "terms": spec.terms,
+        "terms": shipped.terms,
         "vocab": int(bank.shape[1]),
         "rows": int(bank.shape[0]),
         "dtype": "bfloat16",
@@ -127,22 +127,22 @@ def find_bank(given: str | None, root: Path = Path(".")) -> Path | None:
     return next((root / s for s in SEARCH if (root / s).is_dir()), None)
 
 
-def check_provenance(folder: Path, manifest: dict[str, Any], spec: ModelFile, rebuild: str) -> None:
-    """BankError when the manifest does not describe `spec`'s own file: its package, file name and SHA-256, and
+def check_provenance(folder: Path, manifest: dict[str, Any], shipped: ModelFile, rebuild: str) -> None:
+    """BankError when the manifest does not describe `shipped`'s own file: its package, file name and SHA-256, and
     its vocabulary (a manifest edited to name another model keeps the other model's rows and hash)."""
     wrong = [
         f"{key} {manifest.get(key)!r} (the model's: {want!r})"
         for key, want in (
-            ("package", spec.package),
-            ("file", spec.filename),
-            ("file_sha256", spec.sha256),
-            ("vocab", spec.vocab),
+            ("package", shipped.package),
+            ("file", shipped.filename),
+            ("file_sha256", shipped.sha256),
+            ("vocab", shipped.vocab),
         )
         if want and manifest.get(key) != want
     ]
     if wrong:
         raise BankError(
-            f"{folder / 'manifest.json'} names the model {spec.name!r}, but its rows are not that model's: "
+            f"{folder / 'manifest.json'} names the model {shipped.name!r}, but its rows are not that model's: "
             f"{'; '.join(wrong)}; {rebuild}"
         )
 

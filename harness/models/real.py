@@ -77,8 +77,8 @@ def resolve_source(model_path: str, cache: Path) -> RealSource:
                 f"--model-path {model_path!r} is not a shipped model; valid: {', '.join(SHIPPED)} "
                 "(or a .gguf file, or a Hugging Face model folder)"
             )
-        spec = MODELS[SHIPPED[model_path]]
-        return RealSource(model_path, "gguf", model_file(spec, cache), spec.terms)
+        shipped = MODELS[SHIPPED[model_path]]
+        return RealSource(model_path, "gguf", model_file(shipped, cache), shipped.terms)
     path = Path(model_path)
     if model_path.endswith(".gguf"):
         if not path.is_file():

@@ -95,19 +95,19 @@ def run(
     if cfg.campaign is None and sweep is not None:
         cfg.campaign = sweep.campaign_id(cfg.client.concurrency)
     sources = resolve_sources(cfg)  # each arm's git ref, once: a commit and its snapshot
-    launches = planned_launches(cfg, sources)
+    launches = planned_launches(cfg, sources)  # the plan, built once: the dry run prints it, the runs launch it
     check_arms_differ(cfg, launches, sources)  # a comparison needs a difference (or an A/A)
     check_model_paths(launches)  # an embedded server's model, before anything launches
     if cfg.dry_run:  # the workload read and its request seeds checked as a run would, before anything launches
         workload = load_workload(cfg.workload)
         check_request_seeds(cfg, workload)
-        return print_dry_run(cfg, console, sources, workload), None
+        return print_dry_run(cfg, console, launches, sources, workload), None
     code = preflight_before_launch(cfg, launches, console)  # each argv by the engine's parser, before anything loads
     if code:
         return code, None
     config_dict = cast(dict[str, Any], OmegaConf.to_container(cfg_node, resolve=True))  # of a DictConfig
     workload = load_workload(cfg.workload)
-    campaign = build_campaign(cfg, config_dict, workload, console, stops, sources)
+    campaign = build_campaign(cfg, config_dict, workload, launches, console, stops, sources)
     part = f" (shard {cfg.shard}: {len(campaign.todo)} of them)" if cfg.shard is not None else ""
     console.print(
         f"[bold]{cfg.experiment.name}[/]: {len(campaign.plan)} runs{part} x {len(workload.items)} requests "

@@ -1,7 +1,8 @@
 """`dry_run=true`: print every planned run's exact argv, environment and placement, and what differs
 between the arms, without launching anything. For backend sglang each argv is also checked by the
 SGLang of the interpreter that will run it (`harness.backends.python_preflight`, `server.preflight`).
-Both read the same planned launches (`harness.runner.plan.planned_launches`), walked once."""
+Both read the planned launches that the command built once (`harness.runner.plan.planned_launches`) and that its
+real run would launch."""
 
 from __future__ import annotations
 
@@ -16,7 +17,7 @@ from harness.backends import get as get_backend
 from harness.backends.python_preflight import EXIT_CODE
 from harness.contract import PlannedRun, ServerBinary, ServerCode, SourceDoc
 from harness.runner.config import BenchConfig
-from harness.runner.plan import check_shard, planned_launches, slots
+from harness.runner.plan import check_shard, slots
 from harness.server.launch import PlannedLaunch
 from harness.server.provenance import ProvenanceError, probe_server_code
 from workloads.base import Workload
@@ -125,13 +126,17 @@ def print_server_code(launches: list[PlannedLaunch], sources: dict[str, SourceDo
 
 
 def print_dry_run(
-    cfg: BenchConfig, console: Console, sources: dict[str, SourceDoc] | None = None, workload: Workload | None = None
+    cfg: BenchConfig,
+    console: Console,
+    launches: list[PlannedLaunch],
+    sources: dict[str, SourceDoc] | None = None,
+    workload: Workload | None = None,
 ) -> int:
-    """Print the plan; the exit code: non-zero when the argv preflight refused or could not check a command, or
-    (unless server.preflight=skip) an arm's interpreter could not say what code its server would run."""
+    """Print the plan (`launches`: harness.runner.plan.planned_launches, what a real run would launch); the exit
+    code: non-zero when the argv preflight refused or could not check a command, or (unless server.preflight=skip)
+    an arm's interpreter could not say what code its server would run."""
     exp = cfg.experiment
     sources = sources or {}
-    launches = planned_launches(cfg, sources)
     plan = [launch.run for launch in launches]
     backend = get_backend(cfg.server.backend)
     preflight = backend.preflight(cfg.server, launches, console)

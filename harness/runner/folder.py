@@ -40,10 +40,11 @@ from harness.contract import (
 )
 from harness.host.machine import CpuPin
 from harness.runner.config import BenchConfig
-from harness.runner.plan import check_request_seeds, check_shard, make_plan
+from harness.runner.plan import check_request_seeds, check_shard
 from harness.runner.sources import diff_stats, moved_refs
 from harness.runner.stopping import StopSignals
 from harness.runner.storage import writing
+from harness.server.launch import PlannedLaunch
 from harness.server.redact import Secrets, redact, redact_argv
 from harness.validation import ConfigError
 from workloads.base import Workload
@@ -66,6 +67,7 @@ class Campaign:
     )
     sources: dict[str, SourceDoc] = field(default_factory=dict)  # arm -> its resolved source (arms that have one)
     secrets: Secrets = field(default_factory=Secrets)  # masked in everything the campaign writes (campaign_secrets)
+    launches: list[PlannedLaunch] = field(default_factory=list)  # the plan's runs with their commands (plan.py)
     _locks: list[Any] = field(default_factory=list, repr=False)
 
     @property
@@ -74,6 +76,13 @@ class Campaign:
 
     def run_dir(self, run_id: str) -> Path:
         return self.root / "runs" / run_id
+
+    def planned_launch(self, run_id: str) -> PlannedLaunch:
+        """The planned command of a run of the plan (what the dry run shows): KeyError for a run not planned."""
+        found = [launch for launch in self.launches if launch.run.run_id == run_id]
+        if not found:
+            raise KeyError(f"run {run_id} has no planned launch in campaign {self.root}")
+        return found[0]
 
     def campaign_doc(self) -> CampaignDoc:
         exp, cfg = self.cfg.experiment, self.cfg
@@ -401,14 +410,16 @@ def build_campaign(
     cfg: BenchConfig,
     config_dict: dict,
     workload: Workload,
+    launches: list[PlannedLaunch],
     console: Console,
     stops: StopSignals | None = None,
     sources: dict[str, SourceDoc] | None = None,
 ) -> Campaign:
-    """The campaign of a config; ConfigError (nothing launched) when a planned request seed is out of range
-    or the shard does not exist."""
+    """The campaign of a config and its plan (`launches`: harness.runner.plan.planned_launches, built once by the
+    command); ConfigError (nothing launched) when a planned request seed is out of range or the shard does not
+    exist."""
     check_request_seeds(cfg, workload)
-    plan = make_plan(cfg.experiment)
+    plan = [launch.run for launch in launches]
     check_shard(cfg.shard, plan)
     return Campaign(
         cfg=cfg,
@@ -422,6 +433,7 @@ def build_campaign(
         stops=stops,
         sources=dict(sources or {}),
         secrets=campaign_secrets(cfg),
+        launches=list(launches),
     )
 
 

@@ -27,7 +27,7 @@ def env_sha256(env_overrides: dict[str, str]) -> str:
     return hashlib.sha256(json.dumps(server_env(env_overrides), sort_keys=True).encode()).hexdigest()
 
 
-def start_manifest(c: Campaign, run: PlannedRun, spec: Launch) -> Manifest:
+def start_manifest(c: Campaign, run: PlannedRun, launch: Launch) -> Manifest:
     cfg = c.cfg
     mono, unix = time.monotonic(), time.time()
     return Manifest(
@@ -38,10 +38,10 @@ def start_manifest(c: Campaign, run: PlannedRun, spec: Launch) -> Manifest:
         base_seed=run.base_seed,
         repeat=run.repeat,
         gpu=run.gpu,
-        command=redact_argv(spec.argv),
-        env=redact(spec.env_overrides),
-        env_full=server_env(spec.env_overrides),
-        env_full_sha256=env_sha256(spec.env_overrides),
+        command=redact_argv(launch.argv),
+        env=redact(launch.env_overrides),
+        env_full=server_env(launch.env_overrides),
+        env_full_sha256=env_sha256(launch.env_overrides),
         versions=envinfo.versions(),
         server_code=None,  # the runner asks the server's interpreter next
         gpu_info=envinfo.gpu_info(),
@@ -58,8 +58,8 @@ def start_manifest(c: Campaign, run: PlannedRun, spec: Launch) -> Manifest:
             arrival="open" if cfg.client.request_rate else "closed",
             cpus=list(cfg.client.cpus) or None,
         ),
-        server_cpus=list(spec.cpus) or None,
-        server_url=None if spec.launched else spec.base_url,
-        declared_draft_length=get_backend(spec.backend).declared_draft_length(spec.argv),
+        server_cpus=list(launch.cpus) or None,
+        server_url=None if launch.launched else launch.base_url,
+        declared_draft_length=get_backend(launch.backend).declared_draft_length(launch.argv),
         scorer=ScorerInfo(name=c.workload.scorer.name, version=c.workload.scorer.version),
     )

@@ -1,8 +1,9 @@
 """The plan of a campaign: which runs (arm x base seed x repeat), in which order, on which GPU, the
 server command each of them will launch, and the requests each of them sends (seeded).
 
-`planned_launches` walks the plan once; the dry run prints what it yields and the SGLang preflight checks
-the same commands, so what is shown is what is checked is what the runner launches (but for the port).
+`planned_launches` builds the plan once (harness.runner.command); the dry run prints it, the argv preflights check it
+and the campaign's runs launch it (`PlannedLaunch.at`: the port filled in), so what is shown is what is checked is
+what the runner launches (but for the port and the log's folder).
 """
 
 from __future__ import annotations
@@ -10,8 +11,8 @@ from __future__ import annotations
 from pathlib import Path
 
 from harness.backends import get as get_backend
-from harness.backends.launch import build_launch, flag_keys
-from harness.client.requests import RequestSpec
+from harness.backends.launch import flag_keys, launch_template
+from harness.client.requests import RequestPlan
 from harness.contract import PlannedRun, SourceDoc
 from harness.runner.config import BenchConfig, ExperimentConfig, request_seed
 from harness.server.launch import PORT_PLACEHOLDER, PlannedLaunch
@@ -65,29 +66,30 @@ def check_shard(shard: int | None, plan: list[PlannedRun]) -> None:
 def planned_launches(cfg: BenchConfig, sources: dict[str, SourceDoc] | None = None) -> list[PlannedLaunch]:
     """Every planned run with the command that will start its server (port PORT_PLACEHOLDER unless
     server.port is fixed; log path relative) and the config key of each of its flags; `sources`: the
-    resolved source of each arm that has one (harness.runner.sources)."""
+    resolved source of each arm that has one (harness.runner.sources). Built once per command and handed on."""
     arms = cfg.experiment.arms
     out = []
     for run in make_plan(cfg.experiment):
         index = next(i for i, a in enumerate(arms) if a.name == run.arm)
-        launch = build_launch(
+        template = launch_template(
             cfg.server,
             arms[index],
-            port=cfg.server.port or PORT_PLACEHOLDER,
             base_seed=run.base_seed,
             gpu=run.gpu,
             log_path=Path("server.log"),
             source=(sources or {}).get(run.arm),
             slots=cfg.client.concurrency,
         )
-        out.append(PlannedLaunch(run, launch, flag_keys(cfg.server, arms[index], index)))
+        out.append(
+            PlannedLaunch(run, template, flag_keys(cfg.server, arms[index], index), cfg.server.port or PORT_PLACEHOLDER)
+        )
     return out
 
 
-def request_specs(
+def planned_requests(
     cfg: BenchConfig, workload: Workload, base_seed: int, seed_stream: int = 0
-) -> tuple[list[RequestSpec], list[RequestSpec]]:
-    """(warmup specs, measured specs) of one run. Request seed = base seed + the item's numeric id +
+) -> tuple[list[RequestPlan], list[RequestPlan]]:
+    """(warmup requests, measured requests) of one run. Request seed = base seed + the item's numeric id +
     the arm's seed_stream * 2**32."""
 
     def seed(offset: int) -> int | None:
@@ -95,12 +97,12 @@ def request_specs(
 
     items = workload.items
     warm = [
-        RequestSpec(
+        RequestPlan(
             items[i % len(items)], seed(items[i % len(items)].seed_offset), True, cfg.experiment.warmup.max_new_tokens
         )
         for i in range(cfg.experiment.warmup.requests)
     ]
-    measured = [RequestSpec(it, seed(it.seed_offset), False, cfg.sampling.max_new_tokens) for it in items]
+    measured = [RequestPlan(it, seed(it.seed_offset), False, cfg.sampling.max_new_tokens) for it in items]
     return warm, measured
 
 

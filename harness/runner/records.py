@@ -9,7 +9,7 @@ import os
 from pathlib import Path
 from typing import Any
 
-from harness.client.requests import Outcome, RequestSpec
+from harness.client.requests import Outcome, RequestPlan
 from harness.contract import SCHEMA_VERSION, FinishReason, Record, ScoreLine, to_json
 from harness.runner.storage import writing
 from workloads.scoring import Score, Scorer
@@ -72,7 +72,7 @@ def chunk_us(out: Outcome) -> list[int]:
 
 
 def make_record(
-    ids: dict[str, Any], request_index: int, spec: RequestSpec, out: Outcome, store_text: bool, store_ids: bool
+    ids: dict[str, Any], request_index: int, request: RequestPlan, out: Outcome, store_text: bool, store_ids: bool
 ) -> Record:
     """One raw record (docs/records.md), unscored. `ids` holds campaign_id, run_id, arm, base_seed, repeat;
     `request_index` is the request's position in the run (warmup first, from 0)."""
@@ -83,18 +83,18 @@ def make_record(
         schema_version=SCHEMA_VERSION,
         **ids,
         request_index=request_index,
-        item_id=spec.item.item_id,
-        seed_offset=spec.item.seed_offset,
-        request_seed=spec.request_seed,
-        category=spec.item.category,
-        warmup=spec.warmup,
+        item_id=request.item.item_id,
+        seed_offset=request.item.seed_offset,
+        request_seed=request.request_seed,
+        category=request.item.category,
+        warmup=request.warmup,
         prompt_tokens=count(meta, "prompt_tokens"),
         completion_tokens=completion,
         spec_verify_ct=count(meta, "spec_verify_ct"),
         spec_num_correct_drafts=count(meta, "spec_num_correct_drafts"),
-        max_new_tokens=spec.max_new_tokens,
+        max_new_tokens=request.max_new_tokens,
         finish_reason=reason,
-        hit_cap=reason == "length" and completion is not None and completion >= spec.max_new_tokens,
+        hit_cap=reason == "length" and completion is not None and completion >= request.max_new_tokens,
         t_scheduled=out.t_scheduled,
         t_sent=out.t_sent,
         t_first_token=out.t_first_token,
@@ -105,19 +105,19 @@ def make_record(
         error=out.error,
         output_text=out.text if store_text else None,
         output_ids=out.output_ids if store_ids else None,
-        reference_answer=spec.item.answer,
+        reference_answer=request.item.answer,
         meta_info=out.meta_info,
     )
 
 
-def make_score(request_index: int, spec: RequestSpec, text: str, errored: bool, scorer: Scorer) -> ScoreLine:
+def make_score(request_index: int, request: RequestPlan, text: str, errored: bool, scorer: Scorer) -> ScoreLine:
     """One line of scores.jsonl (docs/records.md): the response scored after the run's measured window.
     An errored request gets no verdict (answer and correct null)."""
-    score = Score(answer=None, correct=None, fallback=False) if errored else scorer.score(text, spec.item.answer)
+    score = Score(answer=None, correct=None, fallback=False) if errored else scorer.score(text, request.item.answer)
     return ScoreLine(
         request_index=request_index,
-        item_id=spec.item.item_id,
-        warmup=spec.warmup,
+        item_id=request.item.item_id,
+        warmup=request.warmup,
         answer=score.answer,
         correct=score.correct,
         score_fallback=bool(score.fallback),

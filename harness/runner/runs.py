@@ -21,10 +21,9 @@ from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, T
 
 from harness.backends import get as get_backend
 from harness.backends.base import Backend
-from harness.backends.launch import build_launch
 from harness.client.config import ClientConfig
 from harness.client.drive import drive
-from harness.client.requests import Outcome, RequestSpec
+from harness.client.requests import Outcome, RequestPlan
 from harness.contract import (
     LogCheckReport,
     Manifest,
@@ -40,7 +39,7 @@ from harness.contract import (
 from harness.host import machine
 from harness.runner.folder import Campaign
 from harness.runner.manifest import start_manifest
-from harness.runner.plan import request_specs, slots
+from harness.runner.plan import planned_requests, slots
 from harness.runner.records import RecordWriter, finish_reason, make_record, make_score
 from harness.runner.sources import archive_files, snapshot_differences
 from harness.runner.stopping import hold
@@ -64,7 +63,7 @@ class Response:
     too, whether or not the record stores it)."""
 
     request_index: int
-    spec: RequestSpec
+    request: RequestPlan
     text: str
     errored: bool
 
@@ -149,22 +148,24 @@ async def drive_run(ctx: RunContext, server_pid: int | None) -> None:
         "base_seed": run.base_seed,
         "repeat": run.repeat,
     }
-    warm, measured = request_specs(cfg, c.workload, run.base_seed, cfg.experiment.arm(run.arm).seed_stream)
-    index_of = {id(spec): i for i, spec in enumerate([*warm, *measured])}
+    warm, measured = planned_requests(cfg, c.workload, run.base_seed, cfg.experiment.arm(run.arm).seed_stream)
+    index_of = {id(request): i for i, request in enumerate([*warm, *measured])}
     writer = RecordWriter(c.run_dir(run.run_id) / "records.jsonl")
     task = ctx.progress.add_task(f"{run.run_id}", total=None)
     model = (ctx.manifest.model_info or {}).get("model_path") or cfg.server.model_path
 
     secrets = ctx.secrets
 
-    def on_done(spec: RequestSpec, out: Outcome) -> None:
-        index = index_of[id(spec)]
+    def on_done(request: RequestPlan, out: Outcome) -> None:
+        index = index_of[id(request)]
         if out.error is not None:  # a server's error reply may quote what it was started with
             out.error = secrets.scrub(out.error)
-        writer.append(make_record(ids, index, spec, out, cfg.client.store_output_text, cfg.client.store_output_ids))
-        ctx.responses.append(Response(index, spec, out.text, out.error is not None))
+        writer.append(make_record(ids, index, request, out, cfg.client.store_output_text, cfg.client.store_output_ids))
+        ctx.responses.append(Response(index, request, out.text, out.error is not None))
         if out.error is not None or finish_reason(out) == "abort":
-            ctx.failures.append(f"{'warmup ' if spec.warmup else ''}item {spec.item.item_id}: {out.error or 'aborted'}")
+            ctx.failures.append(
+                f"{'warmup ' if request.warmup else ''}item {request.item.item_id}: {out.error or 'aborted'}"
+            )
         ctx.progress.advance(task)
 
     c.pin.acquire()
@@ -230,10 +231,10 @@ async def score_run(ctx: RunContext) -> None:
     try:
         for resp in sorted(ctx.responses, key=lambda r: r.request_index):
             try:
-                line = make_score(resp.request_index, resp.spec, resp.text, resp.errored, scorer)
+                line = make_score(resp.request_index, resp.request, resp.text, resp.errored, scorer)
             except Exception as exc:  # any failure of the scorer is the run's failure, loudly
                 raise RunFailed(
-                    f"scoring request_index {resp.request_index} (item {resp.spec.item.item_id}) with "
+                    f"scoring request_index {resp.request_index} (item {resp.request.item.item_id}) with "
                     f"{scorer.label} failed: {type(exc).__name__}: {exc}"
                 ) from exc
             writer.append(line)
@@ -323,17 +324,8 @@ async def measure_and_score(c: Campaign, run: PlannedRun, progress: Progress, ga
         return "finished"
     if (moved := c.set_aside(run.run_id)) is not None:
         c.console.print(f"[yellow]{run.run_id}: an unfinished earlier attempt was set aside in {moved}[/]")
-    port = c.cfg.server.port or free_port(c.cfg.server.host)
-    launch = build_launch(
-        c.cfg.server,
-        c.cfg.experiment.arm(run.arm),
-        port=port,
-        base_seed=run.base_seed,
-        gpu=run.gpu,
-        log_path=c.run_dir(run.run_id) / "server.log",
-        source=c.sources.get(run.arm),
-        slots=c.cfg.client.concurrency,
-    )
+    port = c.cfg.server.port or free_port(c.cfg.server.host)  # the planned command, at its port
+    launch = c.planned_launch(run.run_id).at(port, c.run_dir(run.run_id) / "server.log")
     ctx = RunContext(c, run, launch, start_manifest(c, run, launch), progress)
     checks = LogCheckReport()
     storage: StorageError | None = None

@@ -140,7 +140,7 @@ class Server:
         return self.started().pid
 
     async def wait_ready(self) -> None:
-        """Poll the spec's ready path (/health_generate; llama-server's /health) until 200; fail with the log's
+        """Poll the launch's ready path (/health_generate; llama-server's /health) until 200; fail with the log's
         tail on timeout or exit."""
         proc = self.started()
         deadline = time.monotonic() + self.launch.ready_timeout_s

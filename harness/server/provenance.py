@@ -19,25 +19,25 @@ class ProvenanceError(RuntimeError):
     """The server's interpreter could not say what code it would run."""
 
 
-def probe_server_code(spec: Launch, timeout_s: float = PROBE_TIMEOUT_S) -> ServerCode:
-    """ServerCode of the server `spec` starts; ProvenanceError naming the interpreter and why not. The wait is
+def probe_server_code(launch: Launch, timeout_s: float = PROBE_TIMEOUT_S) -> ServerCode:
+    """ServerCode of the server `launch` starts; ProvenanceError naming the interpreter and why not. The wait is
     bounded by `timeout_s` and by the server's own start limit (server.ready_timeout_s), whichever is shorter."""
-    python = spec.argv[0]
-    timeout_s = min(timeout_s, spec.ready_timeout_s)
+    python = launch.argv[0]
+    timeout_s = min(timeout_s, launch.ready_timeout_s)
     try:
         answer = ask(
             python,
             PROBE,
-            [spec.module],
+            [launch.module],
             mark=RESULT_MARK,
-            env=spec.env_overrides,
+            env=launch.env_overrides,
             timeout_s=timeout_s,
-            cwd=spec.cwd,
+            cwd=launch.cwd,
             what="the provenance probe",
         )
     except AskError as err:
         raise ProvenanceError(str(err)) from None
     if "error" in answer:
-        raise ProvenanceError(f"{python} cannot say where {spec.module} comes from: {answer['error']}")
+        raise ProvenanceError(f"{python} cannot say where {launch.module} comes from: {answer['error']}")
     checkout = answer.pop("checkout")
     return ServerCode(**answer, checkout=CheckoutState(**checkout) if checkout else None)

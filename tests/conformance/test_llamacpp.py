@@ -33,7 +33,7 @@ from harness.backends.llamacpp_build import BuildError, find_binary
 from harness.backends.llamacpp_preflight import identity_problem, parse_run
 from harness.backends.llamacpp_stream import LlamaStream, meta_info, payload
 from harness.client.config import ClientConfig, SamplingConfig
-from harness.client.requests import Outcome, RequestSpec, StreamError
+from harness.client.requests import Outcome, RequestPlan, StreamError
 from harness.hydra_setup import CONFIG_DIR
 from harness.server.config import ArmConfig, ServerConfig
 from harness.server.logs import check_log
@@ -66,7 +66,7 @@ def item() -> Item:
 
 
 def test_payload_turns_off_the_prompt_cache_and_sends_the_seed():
-    spec = RequestSpec(item(), 980413, False, 24)
+    spec = RequestPlan(item(), 980413, False, 24)
     chat = payload("chat", SamplingConfig(temperature=0.0), ClientConfig(route="chat"), spec, "m")
     assert chat["cache_prompt"] is False and chat["timings_per_token"] is True and chat["seed"] == 980413
     assert chat["messages"] == item().messages and "prompt" not in chat and chat["max_tokens"] == 24

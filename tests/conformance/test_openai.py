@@ -26,7 +26,7 @@ from harness.backends import get
 from harness.backends.counters import CounterMap
 from harness.backends.openai import OpenAIStream, payload
 from harness.client.config import ClientConfig, SamplingConfig
-from harness.client.requests import Outcome, RequestSpec, StreamError
+from harness.client.requests import Outcome, RequestPlan, StreamError
 from harness.server.config import ServerConfig
 from harness.validation import ConfigError
 from workloads.base import Item
@@ -48,9 +48,9 @@ LLAMA_COUNTERS = {
 }
 
 
-def spec() -> RequestSpec:
+def spec() -> RequestPlan:
     item = Item("7", 7, "What is 2 + 2?", [{"role": "user", "content": "2+2?"}], "4", None)
-    return RequestSpec(item, 987, False, 16)
+    return RequestPlan(item, 987, False, 16)
 
 
 def test_payload_is_plain_openai():

@@ -82,7 +82,7 @@ def variant(
     """An arm's first planned argv with tokens replaced / added (a hand-made mistake)."""
     item = next(i for i in planned_argvs_of(cfg) if i.arm == arm)
     args = tuple((replace or {}).get(a, a) for a in item.args) + tuple(add or [])
-    return PlannedArgv(label=label, arm=arm, python=item.python, args=args, env=item.env, sources=item.sources)
+    return PlannedArgv(label=label, arm=arm, python=item.python, args=args, env=item.env, flag_keys=item.flag_keys)
 
 
 def mistakes(cfg: BenchConfig) -> list[PlannedArgv]:
@@ -143,7 +143,7 @@ def test_what_sglang_refuses_fails_with_the_flag_named(report, label, expected_f
 
 def dry_run(cfg: BenchConfig) -> tuple[int, str]:
     buf = io.StringIO()
-    code = print_dry_run(cfg, Console(file=buf, width=400))
+    code = print_dry_run(cfg, Console(file=buf, width=400), planned_launches(cfg))
     return code, buf.getvalue()
 
 

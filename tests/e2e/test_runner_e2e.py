@@ -11,6 +11,7 @@ import hashlib
 import json
 import os
 import re
+import shlex
 import signal
 import subprocess
 import sys
@@ -286,3 +287,23 @@ def test_open_loop_campaign_times_from_the_scheduled_arrival(tmp_path):
     report = squash((root / "report.md").read_text())
     assert "Open loop (Poisson arrivals at client.request_rate, from a seeded generator)" in report
     assert "| Client queueing time, mean (ms) |" in report and "| Client queueing time p99 (ms) |" in report
+
+
+def test_the_dry_run_prints_the_argv_that_the_real_run_launches(tmp_path):
+    """The plan is built once and handed on: each run's manifest command is the dry run's argv, but for the port
+    (picked when the run starts; the dry run shows PORT)."""
+    overrides = [*SMALL, "experiment.base_seeds=[7]"]
+    dry = bench(tmp_path / "dry", *overrides, "dry_run=true")
+    assert dry.returncode == 0, dry.stdout + dry.stderr
+    shown = dict(re.findall(r"^\[\d+\] (\S+) .*\n  argv: (.*)$", dry.stdout, flags=re.MULTILINE))
+    assert len(shown) == 2 and "PORT" in next(iter(shown.values())), dry.stdout
+    proc = bench(tmp_path / "real", *overrides)
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    root = campaign_dir(tmp_path / "real")
+    launched = {}
+    for run_id in shown:
+        argv = json.loads((root / "runs" / run_id / "manifest.json").read_text())["command"]
+        port = argv.index("--port") + 1
+        assert argv[port].isdigit() and int(argv[port]) > 0
+        launched[run_id] = shlex.join([*argv[:port], "PORT", *argv[port + 1 :]])
+    assert launched == shown

@@ -10,7 +10,7 @@ import pytest
 
 from harness.client.config import ClientConfig, SamplingConfig
 from harness.client.drive import poisson_offsets
-from harness.client.requests import Outcome, RequestSpec, StreamError, chat_payload, generate_payload
+from harness.client.requests import Outcome, RequestPlan, StreamError, chat_payload, generate_payload
 from harness.client.sse import SseFramer, sse_events
 from harness.client.streams import (
     NOT_CUMULATIVE,
@@ -69,7 +69,7 @@ ITEM = Item(item_id="7", seed_offset=7, prompt="What is 1+1?", messages=[{"role"
 
 def test_payloads_carry_the_seed_and_sampling():
     sampling = SamplingConfig(temperature=1.0, top_p=0.95, top_k=20, max_new_tokens=99, stop=["</s>"])
-    spec = RequestSpec(ITEM, request_seed=980413, warmup=False, max_new_tokens=99)
+    spec = RequestPlan(ITEM, request_seed=980413, warmup=False, max_new_tokens=99)
     native = generate_payload(sampling, ClientConfig(), spec)
     assert native["text"] == ITEM.prompt and native["stream"] is True
     assert native["sampling_params"] == {
@@ -85,7 +85,7 @@ def test_payloads_carry_the_seed_and_sampling():
     chat = chat_payload(sampling, ClientConfig(route="chat", chat_template_kwargs={"enable_thinking": True}), spec, "m")
     assert chat["seed"] == 980413 and chat["max_tokens"] == 99 and chat["messages"] == ITEM.messages
     assert chat["return_spec_tokens_details"] is True and chat["chat_template_kwargs"] == {"enable_thinking": True}
-    unseeded = generate_payload(sampling, ClientConfig(), RequestSpec(ITEM, None, False, 99))
+    unseeded = generate_payload(sampling, ClientConfig(), RequestPlan(ITEM, None, False, 99))
     assert "sampling_seed" not in unseeded["sampling_params"]
 
 

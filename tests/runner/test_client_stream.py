@@ -16,7 +16,7 @@ from serverutil import engine_server
 from harness.client import overhead as client_bench
 from harness.client.config import ClientConfig, SamplingConfig
 from harness.client.drive import drive, poisson_offsets
-from harness.client.requests import Outcome, RequestSpec
+from harness.client.requests import Outcome, RequestPlan
 from workloads.base import Item
 
 pytestmark = pytest.mark.slow  # every test here starts a server (in this process or as a subprocess)
@@ -24,9 +24,9 @@ pytestmark = pytest.mark.slow  # every test here starts a server (in this proces
 SAMPLING = SamplingConfig(temperature=0.0, max_new_tokens=24, ignore_eos=True)
 
 
-def specs(prompts: list[str], max_new_tokens: int = 24) -> list[RequestSpec]:
+def specs(prompts: list[str], max_new_tokens: int = 24) -> list[RequestPlan]:
     return [
-        RequestSpec(
+        RequestPlan(
             Item(item_id=p, seed_offset=i, prompt=p, messages=[{"role": "user", "content": p}]),
             None,
             False,

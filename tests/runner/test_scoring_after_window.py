@@ -24,6 +24,7 @@ from harness.hydra_setup import CONFIG_DIR
 from harness.runner.command import to_typed
 from harness.runner.config import register_configs
 from harness.runner.folder import build_campaign
+from harness.runner.plan import planned_launches
 from harness.runner.runs import run_campaign
 from workloads import load_workload
 from workloads.scoring import Score, Scorer
@@ -63,7 +64,11 @@ def run_in_process(tmp: Path, scorer: Scorer, *overrides: str) -> tuple[Path, di
     workload = load_workload(cfg.workload)
     workload.scorer = scorer
     campaign = build_campaign(
-        cfg, OmegaConf.to_container(node, resolve=True), workload, Console(file=io.StringIO(), width=200)
+        cfg,
+        OmegaConf.to_container(node, resolve=True),
+        workload,
+        planned_launches(cfg),
+        Console(file=io.StringIO(), width=200),
     )
     campaign.open()
     try:

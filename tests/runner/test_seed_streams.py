@@ -17,7 +17,7 @@ from rich.console import Console
 from configs import composed, dry_run_text
 from harness.runner.config import request_seed
 from harness.runner.folder import Campaign
-from harness.runner.plan import check_request_seeds, make_plan, request_specs
+from harness.runner.plan import check_request_seeds, make_plan, planned_requests
 from harness.validation import ConfigError
 from workloads import load_workload
 from workloads.base import Item
@@ -30,11 +30,11 @@ def test_planned_seeds_follow_each_arms_stream():
     workload = load_workload(cfg.workload)
     assert [(a.name, a.seed_stream) for a in cfg.experiment.arms] == [("a", 0), ("b", 1)]
     for arm in cfg.experiment.arms:
-        warm, measured = request_specs(cfg, workload, 1000, arm.seed_stream)
+        warm, measured = planned_requests(cfg, workload, 1000, arm.seed_stream)
         for spec in warm + measured:
             assert spec.request_seed == 1000 + spec.item.seed_offset + arm.seed_stream * 2**32
     unseeded = composed("experiment=embedded_aa", *TINY, "experiment.seeded_requests=false")
-    warm, measured = request_specs(unseeded, workload, 1000, 1)
+    warm, measured = planned_requests(unseeded, workload, 1000, 1)
     assert {s.request_seed for s in warm + measured} == {None}
 
 

@@ -12,6 +12,7 @@ from harness.hydra_setup import CONFIG_DIR
 from harness.runner.command import to_typed
 from harness.runner.config import BenchConfig, register_configs
 from harness.runner.dryrun import print_dry_run
+from harness.runner.plan import planned_launches
 
 SGLANG_PATHS = ["server.model_path=/models/target", "server.draft_model_path=/models/draft"]
 
@@ -41,7 +42,7 @@ def composed(*overrides: str) -> BenchConfig:
 
 def dry_run(cfg: BenchConfig) -> tuple[int, str]:
     buf = io.StringIO()
-    code = print_dry_run(cfg, Console(file=buf, width=400))
+    code = print_dry_run(cfg, Console(file=buf, width=400), planned_launches(cfg))
     return code, buf.getvalue()
 
 
