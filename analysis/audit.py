@@ -814,7 +814,7 @@ def check_counter_sums(data: Loaded, sel: Selection) -> Check:
         return Check(name, INFO, "no run recorded its server's counters (llama-server runs do)")
     rec = data.records
     run_of = rec["_run"].to_numpy()
-    details = []
+    details, compared = [], {}
     for run, label, man in runs:
         mine = sel.measured & (run_of == run)
         deltas = counter_deltas(man)
@@ -823,12 +823,14 @@ def check_counter_sums(data: Loaded, sel: Selection) -> Check:
         if man.get("concurrency") == 1 and not np.isnan(rec["spec_verify_ct"].to_numpy(float)[mine]).all():
             steps = float(np.nansum(rec["spec_verify_ct"].to_numpy(float)[mine])) + int(mine.sum())
             sums.append(("spec_verify_ct + 1 per request", "decode_calls", steps))
+        compared.update({f"{col} against {ours}": None for col, ours, _ in sums if ours in deltas})
         details += [
             f"{label}: records sum {col} to {got:g}, the server's {deltas[ours][0]} grew by {deltas[ours][1]:g}"
             for col, ours, got in sums
             if ours in deltas and deltas[ours][1] != got
         ]
     summary = f"{len(runs)} run(s) checked against their /metrics deltas; {len(details)} mismatch(es)"
+    summary += f" (compared: {', '.join(compared) or 'nothing: no record field has a counter on these servers'})"
     lengths = counter_acceptance(data, sel)
     if lengths:
         summary += "; acceptance length from the counters: " + ", ".join(f"{k} {v:.3f}" for k, v in lengths.items())
