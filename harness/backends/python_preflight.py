@@ -32,7 +32,7 @@ from harness.server.redact import Secrets
 
 PROBES = {
     "sglang": Path(__file__).with_name("sglang_argv_probe.py"),
-    "embedded": Path(__file__).parents[2] / "engine" / "argv_probe.py",  # run by path, never imported
+    "embedded": Path(__file__).parents[1] / "engine" / "argv_probe.py",  # run by path, never imported
 }
 ENGINE_MODULE = "harness.engine"  # the embedded server's module: its parser is what the embedded probe runs
 OWNERS = {"sglang": "SGLang", "embedded": "the embedded server"}  # whose checks refused
