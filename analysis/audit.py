@@ -793,12 +793,15 @@ def counter_acceptance(data: Loaded, sel: Selection) -> dict[str, float]:
     """Each counted run's acceptance length from its server's own counters alone: every request's first token comes
     from its prompt's forward and each verify step emits its accepted drafts plus one token, so verify steps = output
     tokens - requests - accepted tokens, and AL = output tokens / verify steps (the records' definition,
-    analysis/metrics.py). Runs without output_tokens and accepted_tokens counters are left out."""
+    analysis/metrics.py); a server that counts its verify steps (the embedded server, SGLang) gives them directly.
+    Runs without output_tokens and either verify_steps or accepted_tokens counters are left out."""
     out = {}
     run_of = data.records["_run"].to_numpy()
     for run, label, man in _counted_runs(data):
         deltas = counter_deltas(man)
-        if "output_tokens" in deltas and "accepted_tokens" in deltas:
+        if "output_tokens" in deltas and deltas.get("verify_steps", ("", 0.0))[1] > 0:  # the server counts its steps
+            out[label] = deltas["output_tokens"][1] / deltas["verify_steps"][1]
+        elif "output_tokens" in deltas and "accepted_tokens" in deltas:
             tokens, accepted = deltas["output_tokens"][1], deltas["accepted_tokens"][1]
             steps = tokens - int((sel.measured & (run_of == run)).sum()) - accepted
             out[label] = tokens / steps if steps > 0 else float("nan")
@@ -811,7 +814,7 @@ def check_counter_sums(data: Loaded, sel: Selection) -> Check:
     name = "Per-request counts add up to the server's own counters (/metrics deltas)"
     runs = _counted_runs(data)
     if not runs:
-        return Check(name, INFO, "no run recorded its server's counters (llama-server runs do)")
+        return Check(name, INFO, "no run recorded its server's counters (llama-server and embedded runs do)")
     rec = data.records
     run_of = rec["_run"].to_numpy()
     details, compared = [], {}
@@ -856,6 +859,8 @@ def check_drafting(data: Loaded, sel: Selection) -> Check:
     proposed = rec["meta_spec_num_proposed_drafts"].to_numpy(float)
     details, asking = [], 0
     runs = [r for r in runs if isinstance(r[2].get("server_slots"), list)]  # (llama-server's: its /slots say)
+    if not runs:
+        return Check(name, INFO, "no run recorded its server's /slots (llama-server runs do)")
     for run, label, man in runs:
         drafted = counter_deltas(man).get("draft_tokens", ("", 0.0))[1]
         slots = man.get("server_slots")
