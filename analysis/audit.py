@@ -793,12 +793,15 @@ def counter_acceptance(data: Loaded, sel: Selection) -> dict[str, float]:
     """Each counted run's acceptance length from its server's own counters alone: every request's first token comes
     from its prompt's forward and each verify step emits its accepted drafts plus one token, so verify steps = output
     tokens - requests - accepted tokens, and AL = output tokens / verify steps (the records' definition,
-    analysis/metrics.py). Runs without output_tokens and accepted_tokens counters are left out."""
+    analysis/metrics.py); a server that counts its verify steps (the embedded server, SGLang) gives them directly.
+    Runs without output_tokens and either verify_steps or accepted_tokens counters are left out."""
     out = {}
     run_of = data.records["_run"].to_numpy()
     for run, label, man in _counted_runs(data):
         deltas = counter_deltas(man)
-        if "output_tokens" in deltas and "accepted_tokens" in deltas:
+        if "output_tokens" in deltas and deltas.get("verify_steps", ("", 0.0))[1] > 0:  # the server counts its steps
+            out[label] = deltas["output_tokens"][1] / deltas["verify_steps"][1]
+        elif "output_tokens" in deltas and "accepted_tokens" in deltas:
             tokens, accepted = deltas["output_tokens"][1], deltas["accepted_tokens"][1]
             steps = tokens - int((sel.measured & (run_of == run)).sum()) - accepted
             out[label] = tokens / steps if steps > 0 else float("nan")
@@ -811,10 +814,10 @@ def check_counter_sums(data: Loaded, sel: Selection) -> Check:
     name = "Per-request counts add up to the server's own counters (/metrics deltas)"
     runs = _counted_runs(data)
     if not runs:
-        return Check(name, INFO, "no run recorded its server's counters (llama-server runs do)")
+        return Check(name, INFO, "no run recorded its server's counters (llama-server and embedded runs do)")
     rec = data.records
     run_of = rec["_run"].to_numpy()
-    details = []
+    details, compared = [], {}
     for run, label, man in runs:
         mine = sel.measured & (run_of == run)
         deltas = counter_deltas(man)
@@ -823,12 +826,14 @@ def check_counter_sums(data: Loaded, sel: Selection) -> Check:
         if man.get("concurrency") == 1 and not np.isnan(rec["spec_verify_ct"].to_numpy(float)[mine]).all():
             steps = float(np.nansum(rec["spec_verify_ct"].to_numpy(float)[mine])) + int(mine.sum())
             sums.append(("spec_verify_ct + 1 per request", "decode_calls", steps))
+        compared.update({f"{col} against {ours}": None for col, ours, _ in sums if ours in deltas})
         details += [
             f"{label}: records sum {col} to {got:g}, the server's {deltas[ours][0]} grew by {deltas[ours][1]:g}"
             for col, ours, got in sums
             if ours in deltas and deltas[ours][1] != got
         ]
     summary = f"{len(runs)} run(s) checked against their /metrics deltas; {len(details)} mismatch(es)"
+    summary += f" (compared: {', '.join(compared) or 'nothing: no record field has a counter on these servers'})"
     lengths = counter_acceptance(data, sel)
     if lengths:
         summary += "; acceptance length from the counters: " + ", ".join(f"{k} {v:.3f}" for k, v in lengths.items())
@@ -854,6 +859,8 @@ def check_drafting(data: Loaded, sel: Selection) -> Check:
     proposed = rec["meta_spec_num_proposed_drafts"].to_numpy(float)
     details, asking = [], 0
     runs = [r for r in runs if isinstance(r[2].get("server_slots"), list)]  # (llama-server's: its /slots say)
+    if not runs:
+        return Check(name, INFO, "no run recorded its server's /slots (llama-server runs do)")
     for run, label, man in runs:
         drafted = counter_deltas(man).get("draft_tokens", ("", 0.0))[1]
         slots = man.get("server_slots")

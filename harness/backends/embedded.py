@@ -6,6 +6,7 @@ from __future__ import annotations
 from rich.console import Console
 
 from harness.backends.base import Backend, Preflight
+from harness.backends.counters import CounterMap
 from harness.backends.python_preflight import ENGINE_MODULE, python_preflight
 from harness.client.dialect import Dialect
 from harness.client.drive import SGLANG
@@ -42,9 +43,24 @@ def declared_draft_length(argv: list[str], default_window: int | None) -> int | 
     return default_window - 1 if default_window else None
 
 
+# the embedded server's /metrics (harness/engine/metrics.py, `embedded:` dropped) for the harness' counters
+COUNTERS = CounterMap(
+    {
+        "output_tokens": "output_tokens_total",
+        "drafts": "drafts_total",
+        "draft_tokens": "draft_tokens_total",
+        "accepted_tokens": "accepted_tokens_total",
+        "verify_steps": "verify_steps_total",
+    },
+    prefix="embedded:",
+    also=("requests_total",),
+)
+
+
 class Embedded(Backend):
     name = "embedded"
     title = "the embedded server"
+    counters = COUNTERS
 
     def declared_draft_length(self, argv: list[str]) -> int | None:
         return declared_draft_length(argv, DEFAULT_WINDOW)

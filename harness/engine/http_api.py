@@ -205,6 +205,14 @@ async def flush_cache(http: web.Request) -> web.Response:
     return web.Response(status=200, text="Cache flushed.")
 
 
+async def metrics(http: web.Request) -> web.Response:
+    """The server's cumulative counters in the Prometheus text format (harness/engine/metrics.py)."""
+    scheduler = http.app[SERVICE].scheduler
+    if scheduler is None:
+        return web.Response(status=503, text="the server is starting")
+    return web.Response(body=scheduler.metrics.text(), content_type="text/plain", charset="utf-8")
+
+
 async def server_info(http: web.Request) -> web.Response:
     return web.json_response(http.app[SERVICE].server_info())
 
@@ -220,6 +228,7 @@ async def models(http: web.Request) -> web.Response:
 def add_routes(app: web.Application) -> None:
     app.router.add_post("/generate", generate)
     app.router.add_get("/health", health)
+    app.router.add_get("/metrics", metrics)
     app.router.add_get("/health_generate", health_generate)
     app.router.add_route("*", "/flush_cache", flush_cache)
     for path in ("/server_info", "/get_server_info"):

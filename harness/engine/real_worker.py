@@ -97,7 +97,9 @@ class RealWorker(Worker):
             state.fed = len(seq) + n  # x_n and the accepted drafts; the bonus token is fed next step
             self.real.crop(state.cache, state.fed)
         tokens = out.tokens.tolist()
-        return StepOutput(tokens=[row[: n + 1] for row, n in zip(tokens, n_acc, strict=True)], num_accepted=n_acc)
+        drafted = [int(drafts.tokens.shape[1])] * len(n_acc)  # the draft tokens each row was verified with
+        rows = [row[: n + 1] for row, n in zip(tokens, n_acc, strict=True)]
+        return StepOutput(tokens=rows, num_accepted=n_acc, num_drafted=drafted)
 
     def _draft_rows(self, states: list[RealState], feeds: list[list[int]], knobs: Any, u: Tensor | None) -> _Drafts:
         """gamma draft tokens per row [B, G], one draft forward of every row per position through the first L

@@ -15,6 +15,7 @@ from collections import deque
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 
+from harness.engine.metrics import EngineMetrics
 from harness.engine.request import Request
 from harness.engine.worker import StepOutput, Worker
 
@@ -47,6 +48,7 @@ class Scheduler:
         self.waiting: deque[Request] = deque()
         self.running: list[Request] = []
         self.stats = LifetimeStats(window_start=time.monotonic())
+        self.metrics = EngineMetrics()  # cumulative, never reset: GET /metrics
         self.reported_accept_length = 0.0  # refreshed every decode_log_interval iterations, like SGLang
         self.last_gen_throughput = 0.0
         self.last_progress = time.monotonic()
@@ -154,10 +156,15 @@ class Scheduler:
                 r.spec.record(out.num_accepted[i])
                 self.stats.verify_steps += 1
                 self.stats.verify_tokens += len(tokens)
+                drafted = out.num_drafted[i] if out.num_drafted is not None else 0
+                self.metrics.verify_step(drafted, out.num_accepted[i])
             before = len(r.output_ids)
             r.extend(tokens)
             self.stats.generated_tokens += len(r.output_ids) - before
             self.stats.window_tokens += len(r.output_ids) - before
+            self.metrics.output_tokens.inc(len(r.output_ids) - before)
+            if r.finished:
+                self.metrics.requests.inc()
             r.publish()
         self.last_progress = time.monotonic()
 

@@ -58,10 +58,11 @@ class BatchInput:
 
 @dataclass
 class StepOutput:
-    """Per row: the emitted tokens, and for speculative steps the number of accepted drafts."""
+    """Per row: the emitted tokens, and for speculative steps the number of draft tokens proposed and accepted."""
 
     tokens: list[list[int]]
     num_accepted: list[int] | None
+    num_drafted: list[int] | None = None
 
 
 @dataclass
@@ -159,7 +160,9 @@ class Worker:
         out = self._verify(logits.view(bsz, gamma + 1, -1), ext[:, c:], draft_probs, knobs, batch.generators)
         n_acc = out.num_accepted.tolist()
         tokens = out.tokens.tolist()
-        return StepOutput(tokens=[row[: n + 1] for row, n in zip(tokens, n_acc, strict=True)], num_accepted=n_acc)
+        drafted = [int(ext.shape[1]) - c] * bsz  # the draft tokens each row was verified with
+        rows = [row[: n + 1] for row, n in zip(tokens, n_acc, strict=True)]
+        return StepOutput(tokens=rows, num_accepted=n_acc, num_drafted=drafted)
 
     def _draft(self, ext: Tensor, knobs: _Knobs, generators: list[torch.Generator]) -> Tensor | None:
         """Fill ext[:, C:] with gamma draft tokens; return their distributions [B, G, V] if sampled."""

@@ -69,14 +69,14 @@ def test_an_edited_accepted_draft_count_fails_the_audit_naming_the_file(finished
     assert "Records sealed" in proc.stderr and str(path) in proc.stderr  # the terminal names the file too
     md = (root / "report.md").read_text()
     assert f"{path}: edited" in md
-    # --allow-edited: reported, exit 0, a banner in every output
+    # --allow-edited: reported, a banner in every output; the server's own counters still catch this edit (exit 1)
     proc = report(str(root), "--allow-edited")
-    assert proc.returncode == 0, proc.stdout + proc.stderr
+    assert proc.returncode == 1, proc.stdout + proc.stderr
+    assert "AUDIT FAILED: Per-request counts add up to the server's own counters" in proc.stdout + proc.stderr
     assert "EDITED RECORDS (--allow-edited)" in proc.stdout and str(path) in proc.stdout
     for name in ("report.md", "pr.md"):
         assert (root / name).read_text().startswith("> **EDITED RECORDS (--allow-edited)"), name
     assert str(path) in json.loads((root / "summary.json").read_text())["edited_records"]
-    assert "edited records (--allow-edited)" in proc.stdout  # in the verdict's warnings
 
 
 def test_a_truncated_records_file_fails_the_audit(finished, tmp_path):
