@@ -817,7 +817,8 @@ def check_counter_sums(data: Loaded, sel: Selection) -> Check:
         return Check(name, INFO, "no run recorded its server's counters (llama-server and embedded runs do)")
     rec = data.records
     run_of = rec["_run"].to_numpy()
-    details, compared = [], {}
+    details: list[str] = []
+    compared: dict[str, None] = {}  # the pairs checked, in order (a dict as an ordered set)
     for run, label, man in runs:
         mine = sel.measured & (run_of == run)
         deltas = counter_deltas(man)
