@@ -27,7 +27,15 @@ from harness.client.dialect import Dialect, Route
 from harness.client.drive import read_body, single_chunk
 from harness.client.requests import Outcome, RequestPlan, StreamError
 from harness.client.sse import parse_object
-from harness.client.streams import Chunks, Parser, completion_count, joined_response, read_stream
+from harness.client.streams import (
+    Chunks,
+    Parser,
+    choice_text,
+    completion_count,
+    first_choice,
+    joined_response,
+    read_stream,
+)
 from harness.server.redact import clip
 
 PATHS = {"chat": "/v1/chat/completions", "completions": "/v1/completions"}
@@ -93,18 +101,6 @@ def meta_info(reason: Any, usage: dict | None, timings: dict | None) -> dict[str
     }
 
 
-def choice_text(choice: dict) -> tuple[str, str]:
-    """(content, reasoning) of a chunk's choice: a chat delta, or a completion's text."""
-    delta = choice.get("delta")
-    if isinstance(delta, dict):
-        return delta.get("content") or "", delta.get("reasoning_content") or ""
-    message = choice.get("message")
-    if isinstance(message, dict):
-        return message.get("content") or "", message.get("reasoning_content") or ""
-    text = choice.get("text")
-    return (text if isinstance(text, str) else ""), ""
-
-
 class LlamaStream:
     """One streamed response of either route: the text, the finish reason, the last usage and timings, and each
     chunk's cumulative predicted_n (timings_per_token)."""
@@ -155,10 +151,7 @@ async def read_response(
         await read_stream(resp, LlamaStream(), out, parser)
         return
     body = await read_body(resp)
-    try:
-        choice = body["choices"][0]
-    except (KeyError, IndexError, TypeError) as e:
-        raise StreamError(f"the response has no choices[0] ({e!r}): {clip(str(body), 200)}") from None
+    choice = first_choice(body)
     content, thought = choice_text(choice)
     out.text = joined_response(thought, content)
     out.meta_info = meta_info(choice.get("finish_reason"), body.get("usage"), body.get("timings"))

@@ -25,7 +25,15 @@ from harness.client.dialect import Dialect, Route
 from harness.client.drive import read_body, single_chunk
 from harness.client.requests import Outcome, RequestPlan, StreamError
 from harness.client.sse import parse_object
-from harness.client.streams import Chunks, Parser, completion_count, joined_response, read_stream
+from harness.client.streams import (
+    Chunks,
+    Parser,
+    choice_text,
+    completion_count,
+    first_choice,
+    joined_response,
+    read_stream,
+)
 from harness.contract import Manifest, ServerBinary, ServerCode
 from harness.server.config import ArmConfig, ServerConfig
 from harness.server.control import get_json
@@ -76,16 +84,6 @@ def meta_info(reason: Any, usage: Any) -> dict[str, Any]:
     }
 
 
-def choice_text(choice: dict) -> tuple[str, str]:
-    """(content, reasoning) of a choice: a chat delta or message, or a completion's text."""
-    for key in ("delta", "message"):
-        part = choice.get(key)
-        if isinstance(part, dict):
-            return part.get("content") or "", part.get("reasoning_content") or ""
-    text = choice.get("text")
-    return (text if isinstance(text, str) else ""), ""
-
-
 class OpenAIStream:
     """One streamed response: its text, finish reason and final usage; each chunk that carried text is one chunk
     (the API says no token count per chunk: ITL per chunk, tokens from usage)."""
@@ -126,10 +124,7 @@ async def read_response(
         await read_stream(resp, OpenAIStream(), out, parser)
         return
     body = await read_body(resp)
-    try:
-        choice = body["choices"][0]
-    except (KeyError, IndexError, TypeError) as e:
-        raise StreamError(f"the response has no choices[0] ({e!r}): {clip(str(body), 200)}") from None
+    choice = first_choice(body)
     content, thought = choice_text(choice)
     out.text = joined_response(thought, content)
     out.meta_info = meta_info(choice.get("finish_reason"), body.get("usage"))

@@ -21,6 +21,7 @@ import orjson
 
 from harness.client.requests import Outcome, StreamError, token_ids
 from harness.client.sse import DONE, SseFramer, parse_object
+from harness.server.redact import clip
 
 NOT_CUMULATIVE = (
     "the stream is not cumulative (an event's text does not extend the previous one); the server "
@@ -203,6 +204,24 @@ class IncrementalGenerate:
     def finish(self, out: Outcome) -> None:
         out.text, out.meta_info, out.output_ids = "".join(self.parts), self.meta, self.ids
         self.chunks.store(out)
+
+
+def first_choice(body: Any) -> dict:
+    """`choices[0]` of an OpenAI-shaped response body; StreamError quoting the body (masked, then cut) without it."""
+    try:
+        return body["choices"][0]
+    except (KeyError, IndexError, TypeError) as e:
+        raise StreamError(f"the response has no choices[0] ({e!r}): {clip(str(body), 200)}") from None
+
+
+def choice_text(choice: dict) -> tuple[str, str]:
+    """(content, reasoning) of an OpenAI-shaped choice: a chat delta or message, or a completion's text."""
+    for key in ("delta", "message"):
+        part = choice.get(key)
+        if isinstance(part, dict):
+            return part.get("content") or "", part.get("reasoning_content") or ""
+    text = choice.get("text")
+    return (text if isinstance(text, str) else ""), ""
 
 
 def joined_response(reasoning: str | None, content: str | None) -> str:
