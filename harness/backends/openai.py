@@ -131,7 +131,9 @@ async def read_response(
     single_chunk(out, completion_count(out.meta_info))
 
 
-DIALECT = Dialect("openai", {route: Route(path, read_response) for route, path in PATHS.items()}, payload)
+# one connection per request: a server may close a kept-alive connection between requests (llama-server does), and
+# a request sent on it would fail as "Server disconnected"; both arms pay the same connect (loopback: microseconds)
+DIALECT = Dialect("openai", {route: Route(path, read_response) for route, path in PATHS.items()}, payload, True)
 
 
 class OpenAI(Backend):
