@@ -210,6 +210,7 @@ async def drive_run(ctx: RunContext, server_pid: int | None) -> None:
         ctx.manifest.server_cpu = machine.server_cpu(tree, machine.tree_times(server_pid))
         ctx.manifest.machine.during = machine.during(start, machine.read_counters())
         if before is not None and (counters := backend.counter_map(cfg.server)) is not None:
+            check_failed_requests(ctx)  # failed requests name the cause (a dead server), not its unread /metrics
             after = await backend.read_counters(cfg.server, base) or {}
             ctx.manifest.server_counters = ServerCounters(
                 counters.path, before, after, counters.delta(before, after), dict(counters.names)

@@ -157,7 +157,7 @@ def test_server_that_hangs_after_the_last_request_fails_the_run(tmp_path):
     from harness.runner.runs import check_server_health  # noqa: PLC0415
 
     with engine_server(MINI) as srv:
-        spec = Launch(
+        launch = Launch(
             argv=[],
             env_overrides={},
             host="127.0.0.1",
@@ -168,8 +168,8 @@ def test_server_that_hangs_after_the_last_request_fails_the_run(tmp_path):
             stop_timeout_s=5,
             health_timeout_s=2,
         )
-        server = Server(spec, proc=srv.proc)
-        ctx = type("Ctx", (), {"spec": spec})()
+        server = Server(launch, proc=srv.proc)
+        ctx = type("Ctx", (), {"launch": launch})()
         asyncio.run(check_server_health(ctx, server))  # healthy: no exception
         srv.proc.send_signal(signal.SIGSTOP)
         try:
