@@ -49,7 +49,8 @@ def clone(tmp_path_factory) -> Path:
     """A fresh clone of HEAD, `main` there too, with this checkout's .venv (linked, and ignored as make ignores it)."""
     path = tmp_path_factory.mktemp("clone") / "specbench"
     subprocess.run(["git", "clone", "-q", "--shared", str(ROOT), str(path)], check=True, timeout=120)
-    subprocess.run(["git", "-C", str(path), "branch", "-f", "main", "HEAD"], check=True, capture_output=True)
+    # `checkout -B`, not `branch -f`: CI's clone has `main` checked out already, a worktree may be detached.
+    subprocess.run(["git", "-C", str(path), "checkout", "-q", "-B", "main"], check=True, capture_output=True)
     (path / ".venv").symlink_to(ROOT / ".venv")
     with (path / ".git" / "info" / "exclude").open("a") as f:
         f.write(".venv\n")
