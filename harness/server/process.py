@@ -18,6 +18,7 @@ import socket
 import subprocess
 import sys
 import time
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import IO
 
@@ -97,6 +98,23 @@ def _prepare_child(cpus: list[int], runner: int) -> None:  # runs in the child b
         os.sched_setaffinity(0, cpus)
 
 
+async def poll_ready(url: str, timeout_s: float, check: Callable[[], None] = lambda: None) -> bool:
+    """Whether `url` answered 200 within timeout_s, polled every 0.25 s; `check` runs before each poll and raises to
+    stop early (a launched server that exited)."""
+    deadline = time.monotonic() + timeout_s
+    async with aiohttp.ClientSession(timeout=aiohttp.ClientTimeout(total=10)) as session:
+        while time.monotonic() < deadline:
+            check()
+            try:
+                async with session.get(url) as resp:
+                    if resp.status == 200:
+                        return True
+            except (TimeoutError, aiohttp.ClientError):
+                pass
+            await asyncio.sleep(0.25)
+    return False
+
+
 @dataclass
 class Server:
     """A running server process (use as an async context manager)."""
@@ -142,28 +160,22 @@ class Server:
     async def wait_ready(self) -> None:
         """Poll the launch's ready path (/health_generate; llama-server's /health) until 200; fail with the log's
         tail on timeout or exit."""
-        proc = self.started()
-        deadline = time.monotonic() + self.launch.ready_timeout_s
-        url = self.launch.base_url + self.launch.ready_path
-        async with aiohttp.ClientSession(timeout=aiohttp.ClientTimeout(total=10)) as session:
-            while time.monotonic() < deadline:
-                if proc.poll() is not None:
-                    raise ServerError(
-                        f"server exited with code {proc.returncode} before it was ready; "
-                        f"log {self.launch.log_path}:\n{self.log_tail()}"
-                    )
-                try:
-                    async with session.get(url) as resp:
-                        if resp.status == 200:
-                            self.check_identity()
-                            return
-                except (TimeoutError, aiohttp.ClientError):
-                    pass
-                await asyncio.sleep(0.25)
+        if await poll_ready(self.launch.base_url + self.launch.ready_path, self.launch.ready_timeout_s, self._exited):
+            self.check_identity()
+            return
         raise ServerError(
             f"server not ready after {self.launch.ready_timeout_s:g} s (server.ready_timeout_s: a longer "
             f"one resumes the campaign); log {self.launch.log_path}:\n{self.log_tail()}"
         )
+
+    def _exited(self) -> None:
+        """ServerError, with the log's tail, if the server process has exited."""
+        proc = self.started()
+        if proc.poll() is not None:
+            raise ServerError(
+                f"server exited with code {proc.returncode} before it was ready; "
+                f"log {self.launch.log_path}:\n{self.log_tail()}"
+            )
 
     def alive(self) -> bool:
         return self.proc is not None and self.proc.poll() is None
@@ -238,17 +250,9 @@ class Attached:
     launch: Launch
 
     async def wait_ready(self) -> None:
-        deadline = time.monotonic() + self.launch.ready_timeout_s
         url = self.launch.base_url + self.launch.ready_path
-        async with aiohttp.ClientSession(timeout=aiohttp.ClientTimeout(total=10)) as session:
-            while time.monotonic() < deadline:
-                try:
-                    async with session.get(url) as resp:
-                        if resp.status == 200:
-                            return
-                except (TimeoutError, aiohttp.ClientError):
-                    pass
-                await asyncio.sleep(0.25)
+        if await poll_ready(url, self.launch.ready_timeout_s):
+            return
         raise ServerError(
             f"the server at {self.launch.base_url} did not answer {url} with 200 within "
             f"{self.launch.ready_timeout_s:g} s (server.ready_timeout_s); it was not launched by the run"
