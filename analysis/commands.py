@@ -4,8 +4,8 @@ Each arm's manifest `command` (argv) and `env` are compared with the baseline's 
 campaign, base seed and repeat (else the baseline's first run). The port number after `--port`, the
 run's own id inside a token, and the run's base seed as the value of a seed flag (`--random-seed N`)
 are not differences. A difference is *declared* when the campaign's arm
-declarations (`arms[].args`, `env`, `python`, `source`: its PYTHONPATH) account for it; anything else is undeclared and fails
-the audit. Arms with no difference at all from the baseline form an A/A comparison.
+declarations (`arms[].args`, `env`, `python`, `source`: its PYTHONPATH; `url`: a server already running, which
+counts as the token `<server at URL>`) account for it; anything else is undeclared and fails the audit. Arms with no difference at all from the baseline form an A/A comparison.
 """
 
 from __future__ import annotations
@@ -127,6 +127,13 @@ def normalise(command: list[Any], run_id: str, base_seed: Any = None) -> list[st
     return out
 
 
+def attached(man: dict[str, Any]) -> list[str]:
+    """A server the run did not launch, as the token that stands for it in the compared commands (its command is
+    empty): where it was (`server_url`)."""
+    url = man.get("server_url")
+    return [f"<server at {url}>"] if isinstance(url, str) else []
+
+
 def token_hunks(base: list[str], other: list[str]) -> list[Hunk]:
     matcher = difflib.SequenceMatcher(a=base, b=other, autojunk=False)
     return [
@@ -240,11 +247,14 @@ def _partner(base_runs: pd.DataFrame, run: Any) -> Any:
 def _compare_pair(
     camp: CampaignDir, base_man: dict, base_id: str, arm_man: dict, arm_id: str, arm: str, baseline: str
 ) -> tuple[list[Hunk], list[EnvDiff], Counter, Counter]:
-    base_cmd = normalise(base_man.get("command") or [], base_id, base_man.get("base_seed"))
-    arm_cmd = normalise(arm_man.get("command") or [], arm_id, arm_man.get("base_seed"))
+    base_cmd = attached(base_man) + normalise(base_man.get("command") or [], base_id, base_man.get("base_seed"))
+    arm_cmd = attached(arm_man) + normalise(arm_man.get("command") or [], arm_id, arm_man.get("base_seed"))
     hunks = token_hunks(base_cmd, arm_cmd)
     decl = _declarations(camp)
     exp_removed, exp_added, env_keys = _expected(decl, arm, baseline)
+    if decl.get(arm, {}).get("url") != decl.get(baseline, {}).get("url"):  # the arms' own servers, declared
+        exp_removed.update(attached(base_man))
+        exp_added.update(attached(arm_man))
     if (decl.get(arm, {}).get("python") != decl.get(baseline, {}).get("python")) and base_cmd and arm_cmd:
         exp_removed[base_cmd[0]] += 1
         exp_added[arm_cmd[0]] += 1

@@ -31,6 +31,8 @@ def warning_words(check: Check) -> str:
     """A warned check in a few words, with how many runs it concerns where its summary says ("6 of 6 runs")."""
     if check.name == SEALS_CHECK:
         words = "edited records (--allow-edited)" if "--allow-edited" in check.summary else "unsealed records"
+    elif check.name == CODE_CHECK and "already running" in check.summary:
+        words = "code unknown (servers not launched by the campaign)"
     else:
         words = SHORT.get(check.name, check.name)
     count = re.search(r"\d+ of \d+ runs|\d+ run\(s\)", check.summary) if check.name in COUNTED else None

@@ -508,6 +508,7 @@ class ArmDoc:
     python: str | None
     seed_stream: int
     source: SourceDoc | None = None  # None: the interpreter's own install of the server's module
+    url: str | None = None  # its own server already running there (experiment.arms.N.url); None: server.url or launched
 
 
 @dataclass(frozen=True)

@@ -72,7 +72,7 @@ def launch_template(
         ready_path=backend.ready_path,
         info_path=backend.info_path,
         native=backend.native,
-        url=server.url,
+        url=arm.url or server.url,
     )
 
 

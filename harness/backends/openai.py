@@ -147,7 +147,7 @@ class OpenAI(Backend):
     cannot_measure = (
         "per-request speculative counts (the OpenAI API has none): acceptance only per run, from the server's "
         "Prometheus counters named in server.counters",
-        "a server given as server.url: what code it runs (it was not launched by the campaign)",
+        "a server already running (server.url, an arm's url): what code it runs (the campaign did not launch it)",
         "output token ids (outputs are compared as text)",
     )
 
@@ -156,7 +156,8 @@ class OpenAI(Backend):
         if bool(server.url) == bool(server.command):
             raise ConfigError(
                 "server=openai needs exactly one of server.url (a server already running: "
-                "server.url=http://HOST:PORT) or server.command (the command that starts one per run, with {port}; "
+                "server.url=http://HOST:PORT, or one per arm: experiment.arms.N.url) or server.command (the command "
+                "that starts one per run, with {port}; "
                 f"given: url={server.url!r}, command={list(server.command)!r})"
             )
         self.counter_map(server)  # (a ConfigError naming an unknown counter)

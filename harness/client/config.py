@@ -40,6 +40,9 @@ class ClientConfig:
     store_output_text: bool = True
     store_output_ids: bool = True  # each response's token ids (the routes that return them): output identity
     chat_template_kwargs: dict[str, Any] = field(default_factory=dict)
+    # JSON fields added to every request's body, for a server that takes more than the harness sends (e.g.
+    # cache_prompt: false for llama-server behind server=openai); a field the harness writes itself is refused
+    extra_body: dict[str, Any] = field(default_factory=dict)
     cpus: list[int] = field(default_factory=list)  # pin the runner to these CPUs while it drives; [] = no pinning
 
     def __post_init__(self) -> None:

@@ -195,7 +195,7 @@ async def drive(
             scheduled = start + offset
             await asyncio.sleep(max(0.0, scheduled - time.monotonic()))
             out = Outcome(t_scheduled=scheduled if open_loop else start)
-            payload = dialect.payload(client.route, sampling, client, request, model)
+            payload = {**dialect.payload(client.route, sampling, client, request, model), **client.extra_body}
             async with semaphore:
                 await send_one(
                     session, base_url, client.route, payload, client.timeout_s, out, incremental, parser, dialect

@@ -10,16 +10,18 @@ converts the composed DictConfig into these objects once (`OmegaConf.to_object`)
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 
 from omegaconf import MISSING
 
 from harness import contract
 from harness.backends import get as get_backend
 from harness.client.config import ClientConfig, SamplingConfig
+from harness.client.requests import RequestPlan
 from harness.contract import parse_gate_rule
 from harness.server.config import ArmConfig, ServerConfig
 from harness.validation import ConfigError, check_choice, check_name, check_range
+from workloads.base import Item
 from workloads.config import WorkloadConfig
 
 INT64_MIN, INT64_MAX = -(2**63), 2**63 - 1  # a request seed is a 64-bit integer (SGLang's sampling_seed)
@@ -155,6 +157,7 @@ class BenchConfig:
         if self.shard is not None and self.shard < 0:
             raise ConfigError(f"shard={self.shard} must be >= 0 (a slot of the plan; leave it out to run every slot)")
         check_backend_client(self)
+        check_extra_body(self)
         shared = sorted(set(self.server.cpus) & set(self.client.cpus))
         if shared:
             raise ConfigError(
@@ -165,8 +168,75 @@ class BenchConfig:
 
 
 def check_backend_client(cfg: BenchConfig) -> None:
-    """The backend exists (ConfigError listing the valid names), and serves the client's route and settings."""
-    get_backend(cfg.server.backend).check_config(cfg.server, cfg.client, cfg.experiment.warmup.flush_cache)
+    """The backend exists (ConfigError listing the valid names), and serves the client's route and settings, for
+    each arm's server (an arm's own url in place of server.url)."""
+    backend = get_backend(cfg.server.backend)
+    flush = cfg.experiment.warmup.flush_cache
+    own = [arm for arm in cfg.experiment.arms if arm.url]
+    if not own or len(own) < len(cfg.experiment.arms):
+        backend.check_config(cfg.server, cfg.client, flush)
+    for arm in own:
+        try:
+            backend.check_config(replace(cfg.server, url=arm.url), cfg.client, flush)
+        except ConfigError as exc:
+            raise ConfigError(f"experiment.arms[{arm.name}].url={arm.url} (its server.url): {exc}") from None
+    check_attached(cfg)
+
+
+def check_extra_body(cfg: BenchConfig) -> None:
+    """ConfigError when client.extra_body sets a field the harness writes itself (the prompt, the sampling, the
+    per-request seed, the token cap, ...): the records would no longer say what was sent."""
+    if not cfg.client.extra_body:
+        return
+    probe = RequestPlan(Item("0", 0, "", [{"role": "user", "content": ""}], None, None), 0, False, 1)
+    dialect = get_backend(cfg.server.backend).dialect
+    body = dialect.payload(cfg.client.route, cfg.sampling, cfg.client, probe, cfg.server.model_path)
+    taken = sorted(set(cfg.client.extra_body) & set(body))
+    if taken:
+        raise ConfigError(
+            f"client.extra_body sets {', '.join(taken)}: the harness writes {'it' if len(taken) == 1 else 'them'} "
+            f"in every {cfg.client.route} request to backend {cfg.server.backend} (from sampling.*, the workload, "
+            "the request seeds); set them there, and keep client.extra_body for fields the harness does not send"
+        )
+
+
+def check_attached(cfg: BenchConfig) -> None:
+    """ConfigError when an arm's server is one already running (its url, or server.url) and the campaign would give
+    it what only a launch gives: arguments, environment, interpreter, code, CPUs. None of it reaches a server the
+    campaign does not start, and arms that differ only there would measure one server under two names."""
+    server = cfg.server
+    common = [
+        f"server.{key}={value!r}"
+        for key, value in (
+            ("args", list(server.args)),
+            ("env", dict(server.env)),
+            ("python", server.python),
+            ("seed_arg", server.seed_arg),
+            ("cpus", list(server.cpus)),
+        )
+        if value
+    ]
+    for i, arm in enumerate(cfg.experiment.arms):
+        if not (arm.url or server.url):
+            continue
+        own = [
+            f"experiment.arms.{i}.{key}={value!r}"
+            for key, value in (
+                ("args", list(arm.args)),
+                ("env", dict(arm.env)),
+                ("python", arm.python),
+                ("source.ref", arm.source.ref),
+            )
+            if value
+        ]
+        if common or own:
+            raise ConfigError(
+                f"arm {arm.name}'s server is already running at {arm.url or server.url}: the campaign does not "
+                f"launch it, so {', '.join(common + own)} would not reach it (arms that differ only there would "
+                "measure one server twice). Remove them (e.g. server.args=[]); compare servers already running by "
+                "giving each arm its own experiment.arms.N.url, or let each run start its server with "
+                "server.command=[...]"
+            )
 
 
 def register_configs() -> None:

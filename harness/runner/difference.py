@@ -9,7 +9,7 @@ resolve to one file are one interpreter; two installs count as one when both ans
 same Python, the same package set and the same code of the served module; when a probe cannot answer and nothing
 else differs, the arms are refused: whether they differ cannot be told), and its code (the tree of the commit its source resolved to, with its package_dir; no source:
 whatever the interpreter has installed). Seed streams are not a launch difference: arms that differ only there
-are an A/A.
+are an A/A. Servers already running (server.url, an arm's url) differ only in where they are.
 """
 
 from __future__ import annotations
@@ -122,7 +122,11 @@ def same_interpreter(a: ArmLaunch, b: ArmLaunch, probe: Probe) -> bool:
 
 def differences(a: ArmLaunch, b: ArmLaunch, probe: Probe) -> list[str]:
     """What differs between two arms' launches, in words; [] when they resolve equal. The interpreters are
-    probed only when nothing else differs (then they decide)."""
+    probed only when nothing else differs (then they decide). Servers already running (a url): only where they are
+    can differ (harness.runner.config.check_attached refuses anything else given to them)."""
+    if a.launch.url or b.launch.url:
+        where_a, where_b = a.launch.base_url, b.launch.base_url
+        return [] if where_a == where_b else [f"server {where_a} vs {where_b}"]
     out = []
     if a.options != b.options:
         out.append(f"args {list(a.args)} vs {list(b.args)}")
@@ -140,6 +144,8 @@ def differences(a: ArmLaunch, b: ArmLaunch, probe: Probe) -> list[str]:
 
 def equal_parts(a: ArmLaunch, b: ArmLaunch, sources: dict[str, SourceDoc]) -> str:
     """What resolved equal, for the refusal."""
+    if a.launch.url:
+        return f"one server, already running at {a.launch.base_url}"
     code = "the interpreter's installed code"
     if a.name in sources and b.name in sources:
         sa, sb = sources[a.name], sources[b.name]

@@ -180,9 +180,12 @@ def print_dry_run(
             highlight=False,
             soft_wrap=True,
         )
-        console.print("  argv: " + shlex.join(launch.shown_argv()), highlight=False, soft_wrap=True)
-        env = " ".join(f"{k}={v}" for k, v in sorted(planned.env_overrides.items())) or "(none)"
-        console.print(f"  env:  {env}", highlight=False, soft_wrap=True)
+        if planned.launched:
+            console.print("  argv: " + shlex.join(launch.shown_argv()), highlight=False, soft_wrap=True)
+            env = " ".join(f"{k}={v}" for k, v in sorted(planned.env_overrides.items())) or "(none)"
+            console.print(f"  env:  {env}", highlight=False, soft_wrap=True)
+        else:
+            console.print(f"  server: already running at {planned.base_url} (not launched)", highlight=False)
         console.print(f"  request seeds: {seeds_line(cfg, run)}", highlight=False, soft_wrap=True)
         if preflight is not None:
             console.print(f"  preflight: {escape(preflight.line(run.run_id))}", highlight=False, soft_wrap=True)
@@ -221,9 +224,10 @@ def difference_table(cfg: BenchConfig, first_slot: list[PlannedLaunch]) -> Table
     for launch in first_slot:
         if launch.run.arm != exp.baseline:
             env_other = {k: v for k, v in launch.launch.env_overrides.items() if k != "CUDA_VISIBLE_DEVICES"}
+            other = launch.launch
             table.add_row(
                 launch.run.arm,
-                argv_diff(base.argv, launch.launch.argv),
+                argv_diff(base.argv, other.argv) if other.launched else f"server {other.base_url} (vs {base.base_url})",
                 env_diff(env_base, env_other),
                 stream_diff(cfg, launch.run.arm),
             )

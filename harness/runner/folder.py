@@ -100,6 +100,7 @@ class Campaign:
                     python=a.python,
                     seed_stream=a.seed_stream,
                     source=self.sources.get(a.name),
+                    url=a.url,
                 )
                 for a in exp.arms
             ],

@@ -74,10 +74,13 @@ class ServerConfig:
         check_range("server.ready_timeout_s", self.ready_timeout_s, 0, low_open=True)
         check_range("server.stop_timeout_s", self.stop_timeout_s, 0, low_open=True)
         check_range("server.health_timeout_s", self.health_timeout_s, 0, low_open=True)
-        if self.url is not None and not re.fullmatch(r"https?://[^/\s]+/?", self.url):
-            raise ConfigError(
-                f"server.url={self.url!r} is not a server's base URL: give http://HOST:PORT (the routes are added)"
-            )
+        check_base_url("server.url", self.url)
+
+
+def check_base_url(key: str, url: str | None) -> None:
+    """ConfigError unless `url` is None or a server's base URL (http://HOST:PORT, no path)."""
+    if url is not None and not re.fullmatch(r"https?://[^/\s]+/?", url):
+        raise ConfigError(f"{key}={url!r} is not a server's base URL: give http://HOST:PORT (the routes are added)")
 
 
 WORKTREE = "WORKTREE"  # a source ref: the repository's checkout as it is now, uncommitted changes included
@@ -124,8 +127,12 @@ class ArmConfig:
     # request seed = base seed + seed offset + seed_stream * 2**32: arms with different streams draw
     # different seeds (an A/A run that measures sampling noise); 0 = the plain base seed + offset
     seed_stream: int = 0
+    # this arm's server, already running at this base URL (overrides server.url; backends that can attach: openai):
+    # an A/B of two servers the campaign did not launch, e.g. two deployments. It takes no args, env, python or source
+    url: str | None = None
 
     def __post_init__(self) -> None:
+        check_base_url(f"experiment.arms[{self.name}].url", self.url)
         if self.seed_stream < 0:
             raise ConfigError(
                 f"experiment.arms[{self.name}].seed_stream={self.seed_stream} must be >= 0 "

@@ -13,20 +13,25 @@ from __future__ import annotations
 
 import json
 import shutil
+import urllib.request
 from pathlib import Path
 
 import pytest
 from conftest import bench_process
 from llamacpp_support import require_llama_server
+from serverutil import engine_server
 
 from analysis.audit import counter_acceptance
 from analysis.load import load
 from analysis.selection import pick
+from configs import composed
 from harness.backends import get
-from harness.backends.counters import CounterMap
+from harness.backends.counters import CounterMap, parse_metrics
 from harness.backends.openai import OpenAIStream, payload
 from harness.client.config import ClientConfig, SamplingConfig
 from harness.client.requests import Outcome, RequestPlan, StreamError
+from harness.runner.difference import check_arms_differ
+from harness.runner.plan import planned_launches
 from harness.server.config import ServerConfig
 from harness.validation import ConfigError
 from workloads.base import Item
@@ -106,15 +111,58 @@ def test_refusals(server, said):
 
 
 def test_a_dry_run_against_a_url(tmp_path):
-    """Nothing needs to answer there for a dry run: it says the server is not launched and its code unknown."""
+    """Nothing needs to answer there for a dry run: it says the servers are not launched and their code unknown."""
     done = bench_process(
-        tmp_path, "server=openai_vllm", "server.url=http://127.0.0.1:9", "server.model_path=m", "client.route=chat",
-        "experiment.warmup.flush_cache=false", "dry_run=true", timeout=120,
+        tmp_path, "experiment=openai_two_servers", "server=openai_vllm", "server.model_path=m",
+        "experiment.arms.0.url=http://127.0.0.1:9", "experiment.arms.1.url=http://127.0.0.1:10", "dry_run=true",
+        timeout=120,
     )  # fmt: skip
     assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-3000:]
     out = " ".join(done.stdout.split())
+    assert "server: already running at http://127.0.0.1:10 (not launched)" in out
     assert "not launched by the run (its code cannot be pinned)" in out
     assert "not measured on backend openai" in out and "nothing was launched" in out
+
+
+NO_FLUSH = "experiment.warmup.flush_cache=false"  # (the default experiment flushes; the OpenAI API cannot)
+
+
+@pytest.mark.parametrize(
+    ("overrides", "said"),
+    [
+        # the default experiment's DFLASH flags and its arm's block flag cannot reach a server already running
+        (("server.url=http://127.0.0.1:9", NO_FLUSH), r"server.args=\['--speculative-algorithm'.* would not reach it"),
+        (
+            ("server.url=http://127.0.0.1:9", NO_FLUSH, "server.args=[]"),
+            r"experiment.arms.1.args=\['--speculative-use-block-verification'\] would not reach it",
+        ),
+        (
+            ("experiment=openai_two_servers", "experiment.arms.1.url=http://127.0.0.1:8000"),
+            "resolve to the same launch \\(one server, already running at http://127.0.0.1:8000\\)",
+        ),
+        (
+            ("experiment=openai_two_servers", "+experiment.arms.1.env={X: '1'}"),
+            r"experiment.arms.1.env=\{'X': '1'\} would not reach it",
+        ),
+        (
+            ("experiment=openai_two_servers", "server.command=[serve]"),
+            r"experiment.arms\[deployed\].url=http://127.0.0.1:8000 \(its server.url\): .*exactly one of",
+        ),
+        (("experiment=openai_two_servers", "experiment.arms.0.url=127.0.0.1:8000"), "is not a server's base URL"),
+        (("experiment.arms.0.url=http://127.0.0.1:8000", "server=embedded"), "launches its own server per run"),
+        (("experiment=openai_two_servers", "+client.extra_body.seed=1"), "client.extra_body sets seed: the harness"),
+        (
+            ("experiment=openai_two_servers", "+client.extra_body={max_tokens: 5, top_p: 1}"),
+            "client.extra_body sets max_tokens, top_p: the harness writes them in every chat request",
+        ),
+    ],
+)
+def test_servers_already_running_take_nothing_a_launch_gives(overrides, said):
+    """A server the campaign does not launch takes no args, env, interpreter or code: arms that differed only there
+    would measure one server twice; arms at one URL are one server (an A/A, refused unless declared)."""
+    with pytest.raises(ConfigError, match=said):
+        cfg = composed("server=openai_vllm", "server.model_path=m", "client.route=chat", *overrides)
+        check_arms_differ(cfg, planned_launches(cfg), {})
 
 
 def campaign(results: Path, *overrides: str) -> Path:
@@ -139,6 +187,7 @@ def test_the_generic_counters_give_the_dedicated_backends_acceptance(tmp_path):
         "server.seed_arg=--seed",
         "server.model_path=smollm2",
         "server.args=[--threads,'1',--no-webui]",
+        "+client.extra_body.cache_prompt=false",  # (as the llama.cpp backend sends: outputs identical across arms)
         *(f"+server.counters.{ours}={name}" for ours, name in LLAMA_COUNTERS.items()),
     )
     data = load([dedicated])
@@ -156,3 +205,53 @@ def test_the_generic_counters_give_the_dedicated_backends_acceptance(tmp_path):
     report = (generic / "report.md").read_text()
     assert "acceptance length from the counters" in report
     shutil.rmtree(tmp_path / "llamacpp", ignore_errors=True)
+
+
+# the embedded server's /metrics under the generic mapping (prefix and all)
+EMBEDDED_COUNTERS = {
+    "output_tokens": "embedded:output_tokens_total",
+    "drafts": "embedded:drafts_total",
+    "draft_tokens": "embedded:draft_tokens_total",
+    "accepted_tokens": "embedded:accepted_tokens_total",
+    "verify_steps": "embedded:verify_steps_total",
+}
+
+
+def requests_served(url: str) -> float:
+    with urllib.request.urlopen(url + "/metrics", timeout=30) as resp:  # noqa: S310  (a loopback http URL)
+        return parse_metrics(resp.read().decode())["embedded:requests_total"]
+
+
+@pytest.mark.slow
+def test_two_servers_already_running_are_each_measured_at_their_url(tmp_path):
+    """Experiment openai_two_servers against two embedded servers started beforehand (token-wise vs block
+    verification): each arm's requests reach its own server only, each run's counters are its server's (the audit
+    sums the run's records against them), and the report gives each arm the acceptance length from its counters."""
+    flags = ["--model-path", "embedded:mini", "--speculative-algorithm", "DFLASH", "--speculative-num-draft-tokens",
+             "8", "--draft-mode", "sampled", "--max-running-requests", "4"]  # fmt: skip
+    items, warmup, seeds = 3, 2, 2
+    with engine_server(flags) as token, engine_server([*flags, "--speculative-use-block-verification"]) as block:
+        before = {"deployed": requests_served(token.url), "candidate": requests_served(block.url)}
+        done = bench_process(
+            tmp_path, "experiment=openai_two_servers", "server.model_path=embedded:mini",
+            f"experiment.arms.0.url={token.url}", f"experiment.arms.1.url={block.url}",
+            *(f"+server.counters.{ours}={name}" for ours, name in EMBEDDED_COUNTERS.items()),
+            "experiment.base_seeds=[1,2]", f"workload.n_items={items}", f"experiment.warmup.requests={warmup}",
+            "sampling.max_new_tokens=16", "client.concurrency=2", "load_sample_s=0.1", timeout=300,
+        )  # fmt: skip
+        assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-3000:]
+        served = {"deployed": requests_served(token.url), "candidate": requests_served(block.url)}
+    assert {arm: served[arm] - before[arm] for arm in served} == dict.fromkeys(served, seeds * (items + warmup))
+    campaign = next((tmp_path / "openai_two_servers").iterdir())
+    urls = {"deployed": token.url, "candidate": block.url}
+    for path in campaign.glob("runs/*/manifest.json"):
+        man = json.loads(path.read_text())
+        assert man["server_url"] == urls[man["arm"]] and man["server_code"] is None
+        assert man["server_counters"]["names"] == EMBEDDED_COUNTERS
+    data = load([campaign])
+    acceptance = {arm_of(k): v for k, v in counter_acceptance(data, pick(data).selection).items()}
+    assert set(acceptance) == {"deployed", "candidate"} and all(v > 1.0 for v in acceptance.values())
+    out = " ".join(done.stdout.split())
+    assert "audit: passed with" in out and "code unknown (servers not launched by the campaign)" in out
+    report = (campaign / "report.md").read_text()
+    assert "candidate: only the declared difference" in report  # (the arms' URLs, as declared)

@@ -7,6 +7,7 @@ import asyncio
 import math
 import os
 from collections.abc import Callable
+from typing import ClassVar
 
 import orjson
 import pytest
@@ -246,3 +247,24 @@ def test_streamed_text_equals_the_plain_text_in_both_modes(incremental: bool):
     )
     for out in chat.values():  # continuous_usage_stats: per-chunk counts on the chat route too
         assert out.error is None and sum(out.chunk_tokens) == out.meta_info["completion_tokens"] == 24
+
+
+class Recording(Canned):
+    """Canned, keeping each request's body."""
+
+    bodies: ClassVar[list[dict]] = []
+
+    def data_received(self, data: bytes) -> None:
+        super().data_received(data)
+        if self.transport.is_closing():  # the whole request was read, and answered
+            Recording.bodies.append(orjson.loads(self.buf.partition(b"\r\n\r\n")[2]))
+
+
+def test_extra_body_fields_go_into_every_request_beside_the_harness_own():
+    Recording.bodies = []
+    client = ClientConfig(concurrency=2, extra_body={"cache_prompt": False, "priority": 3})
+    outs = with_server(Recording, lambda url: run_drive(url, ["good", "good"], client))
+    assert all(out.error is None for out in outs.values()) and len(Recording.bodies) == 2
+    for body in Recording.bodies:
+        assert body["cache_prompt"] is False and body["priority"] == 3 and body["text"] == "good"
+        assert body["sampling_params"]["max_new_tokens"] == SAMPLING.max_new_tokens

@@ -31,6 +31,7 @@ NEEDS = {
         "experiment.arms.0.python=/envs/before/bin/python",
         "experiment.arms.1.python=/envs/after/bin/python",
     ],
+    "openai_two_servers": ["server.model_path=MODEL"],  # (the model name the two servers serve)
 }
 
 
