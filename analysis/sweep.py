@@ -20,7 +20,7 @@ from analysis.load import InputError
 from analysis.model import Report
 from analysis.report import MismatchError, build_report
 from analysis.tables import fmt_num
-from harness.contract import read_json, unmeasured
+from harness.contract import read_json, unmeasured, with_added_keys
 
 
 def flatten(config: Any, prefix: str = "") -> dict[str, Any]:
@@ -36,7 +36,7 @@ def flatten(config: Any, prefix: str = "") -> dict[str, Any]:
 def swept_keys(configs: list[dict[str, Any]]) -> list[str]:
     """The dotted keys whose values differ between the campaigns' configs; lists (argv, seeds) only when no
     single value differs (an argv that interpolates a swept value differs with it)."""
-    flat = [flatten(c) for c in configs]
+    flat = [flatten(with_added_keys(c)) for c in configs]  # (a key added since: its neutral value where absent)
     keys = sorted({k for f in flat for k in f})
     # (unmeasured: settings that never change what is measured, where the campaigns were written among them)
     differ = [k for k in keys if not unmeasured(k) and len({repr(f.get(k)) for f in flat}) > 1]

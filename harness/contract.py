@@ -14,6 +14,7 @@ Unix time.
 
 from __future__ import annotations
 
+import copy
 import dataclasses
 import functools
 import hashlib
@@ -53,6 +54,51 @@ def unmeasured(key: str) -> bool:
     """Whether the dotted config key is one of UNMEASURED_KEYS or inside one."""
     parts = key.split(".")
     return any(".".join(parts[:n]) in UNMEASURED_KEYS for n in range(1, len(parts) + 1))
+
+
+# keys added to the config after campaigns were made: absent from an older campaign's stored config, they mean what
+# these values mean (so such a campaign still resumes, and a table over campaigns does not call them swept)
+ADDED_KEYS: dict[str, Any] = {
+    "server.cpus": [],
+    "client.cpus": [],
+    "experiment.arms.seed_stream": 0,
+    "experiment.arms.source": {"repo": "", "ref": "", "package_dir": "."},
+    "experiment.packages_may_differ": [],
+    "experiment.dirty_declared": False,
+    "server.binary": None,
+    "experiment.expect": None,
+    "experiment.aa": False,
+    "client.store_output_ids": True,
+    "workload.level": "standard",
+    "server.url": None,
+    "server.command": [],
+    "server.counters": {},
+    "client.extra_body": {},
+    "experiment.arms.url": None,
+}
+# keys removed since (nothing read them): an older campaign's value is dropped before comparing
+REMOVED_KEYS = ("experiment.fresh_server_per_run",)
+
+
+def with_added_keys(config: dict[str, Any]) -> dict[str, Any]:
+    """An older campaign's stored config with the keys added since filled in with their neutral values,
+    and the keys removed since dropped."""
+    out = copy.deepcopy(config)
+    for dotted in REMOVED_KEYS:
+        head, key = dotted.rsplit(".", 1)
+        if isinstance(section := out.get(head), dict):
+            section.pop(key, None)
+    for dotted, value in ADDED_KEYS.items():
+        head, key = dotted.rsplit(".", 1)
+        parts = head.split(".")
+        node: Any = out
+        for part in parts:
+            node = node.get(part) if isinstance(node, dict) else None
+        targets = node if isinstance(node, list) else [node]
+        for target in targets:
+            if isinstance(target, dict):
+                target.setdefault(key, copy.deepcopy(value))
+    return out
 
 
 SEED_STREAM_STRIDE = 2**32  # an arm's seed_stream moves every request seed of its runs this far

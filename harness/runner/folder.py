@@ -36,6 +36,7 @@ from harness.contract import (
     seal_file,
     to_json,
     unmeasured,
+    with_added_keys,
     write_json,
 )
 from harness.host.machine import CpuPin
@@ -344,45 +345,6 @@ def workload_doc(workload: Workload) -> WorkloadDoc:
             for i in workload.items
         ],
     )
-
-
-# keys added to the config after campaigns were made: absent from an older campaign's stored config,
-# they mean what these values mean (so such a campaign still resumes)
-ADDED_KEYS: dict[str, Any] = {
-    "server.cpus": [],
-    "client.cpus": [],
-    "experiment.arms.seed_stream": 0,
-    "experiment.arms.source": {"repo": "", "ref": "", "package_dir": "."},
-    "experiment.packages_may_differ": [],
-    "experiment.dirty_declared": False,
-    "server.binary": None,
-    "experiment.expect": None,
-    "experiment.aa": False,
-    "client.store_output_ids": True,
-}
-# keys removed since (nothing read them): an older campaign's value is dropped before comparing
-REMOVED_KEYS = ("experiment.fresh_server_per_run",)
-
-
-def with_added_keys(config: dict[str, Any]) -> dict[str, Any]:
-    """An older campaign's stored config with the keys added since filled in with their neutral values,
-    and the keys removed since dropped."""
-    out = copy.deepcopy(config)
-    for dotted in REMOVED_KEYS:
-        head, key = dotted.rsplit(".", 1)
-        if isinstance(section := out.get(head), dict):
-            section.pop(key, None)
-    for dotted, value in ADDED_KEYS.items():
-        head, key = dotted.rsplit(".", 1)
-        parts = head.split(".")
-        node: Any = out
-        for part in parts:
-            node = node.get(part) if isinstance(node, dict) else None
-        targets = node if isinstance(node, list) else [node]
-        for target in targets:
-            if isinstance(target, dict):
-                target.setdefault(key, copy.deepcopy(value))
-    return out
 
 
 def config_differences(old: Any, new: Any, prefix: str = "") -> list[str]:
