@@ -3,9 +3,10 @@
 Each arm's manifest `command` (argv) and `env` are compared with the baseline's run of the same
 campaign, base seed and repeat (else the baseline's first run). The port number after `--port`, the
 run's own id inside a token, and the run's base seed as the value of a seed flag (`--random-seed N`)
-are not differences. A difference is *declared* when the campaign's arm
-declarations (`arms[].args`, `env`, `python`, `source`: its PYTHONPATH; `url`: a server already running, which
-counts as the token `<server at URL>`) account for it; anything else is undeclared and fails the audit. Arms with no difference at all from the baseline form an A/A comparison.
+are not differences. A difference is *declared* when the campaign's arm declarations (`arms[].args`, `env`,
+`python`, `source`: its PYTHONPATH; `url`: a server already running, which counts as the token `<server at URL>`)
+account for it; anything else is undeclared and fails the audit. Arms with no difference at all from the baseline
+form an A/A comparison.
 """
 
 from __future__ import annotations

@@ -23,6 +23,7 @@ from hydra import compose, initialize_config_dir
 from serverutil import start_engine, stop_engine, wait_ready
 from sglang_support import import_sglang
 
+from configs import NEEDS
 from harness.engine import server as engine
 from harness.engine.args import parse_args
 from harness.engine.logs import DATEFMT, FORMAT
@@ -128,7 +129,7 @@ def composed(name: str) -> BenchConfig:
     register_configs()
     with initialize_config_dir(config_dir=str(CONFIG_DIR), version_base="1.3"):
         backend = compose(config_name="bench", overrides=[f"experiment={name}"]).server.backend
-        extra = PLACEHOLDERS if backend == "sglang" else []
+        extra = PLACEHOLDERS if backend == "sglang" else NEEDS.get(name, [])  # (openai_two_servers: a model name)
         return to_typed(compose(config_name="bench", overrides=[f"experiment={name}", *extra]))
 
 
