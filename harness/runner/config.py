@@ -205,30 +205,19 @@ def check_attached(cfg: BenchConfig) -> None:
     it what only a launch gives: arguments, environment, interpreter, code, CPUs. None of it reaches a server the
     campaign does not start, and arms that differ only there would measure one server under two names."""
     server = cfg.server
-    common = [
-        f"server.{key}={value!r}"
-        for key, value in (
-            ("args", list(server.args)),
-            ("env", dict(server.env)),
-            ("python", server.python),
-            ("seed_arg", server.seed_arg),
-            ("cpus", list(server.cpus)),
-        )
-        if value
-    ]
+    common = given(
+        "server",
+        args=list(server.args),
+        env=dict(server.env),
+        python=server.python,
+        seed_arg=server.seed_arg,
+        cpus=list(server.cpus),
+    )
     for i, arm in enumerate(cfg.experiment.arms):
         if not (arm.url or server.url):
             continue
-        own = [
-            f"experiment.arms.{i}.{key}={value!r}"
-            for key, value in (
-                ("args", list(arm.args)),
-                ("env", dict(arm.env)),
-                ("python", arm.python),
-                ("source.ref", arm.source.ref),
-            )
-            if value
-        ]
+        own = given(f"experiment.arms.{i}", args=list(arm.args), env=dict(arm.env), python=arm.python)
+        own += given(f"experiment.arms.{i}.source", ref=arm.source.ref)
         if common or own:
             raise ConfigError(
                 f"arm {arm.name}'s server is already running at {arm.url or server.url}: the campaign does not "
@@ -237,6 +226,11 @@ def check_attached(cfg: BenchConfig) -> None:
                 "giving each arm its own experiment.arms.N.url, or let each run start its server with "
                 "server.command=[...]"
             )
+
+
+def given(prefix: str, **values: object) -> list[str]:
+    """`prefix.key=value` for each value that is set (not empty, not None)."""
+    return [f"{prefix}.{key}={value!r}" for key, value in values.items() if value]
 
 
 def register_configs() -> None:
